@@ -1,0 +1,118 @@
+"""spectrum.py against numpy.linalg.eig and against its own small-side / dense paths."""
+
+import numpy as np
+import pytest
+import torch
+
+from eigenhooks.spectrum import Factors, layer_spectrum, rank_scores
+
+
+def _random_factors(d=24, H=4, G=4, dh=6, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    O = torch.randn(d, H * dh, generator=g, dtype=torch.float64)
+    V = torch.randn(G * dh, d, generator=g, dtype=torch.float64)
+    return Factors.from_stacked(O, V, H, G)
+
+
+def _match(a, b, tol):
+    """Every eigenvalue in a has a distinct partner in b within tol."""
+    b = list(b)
+    for x in a:
+        j = int(np.argmin([abs(x - y) for y in b]))
+        assert abs(x - b[j]) < tol, (x, b[j])
+        b.pop(j)
+
+
+@pytest.mark.parametrize("H,G", [(4, 4), (4, 2), (4, 1)])
+@pytest.mark.parametrize("rank", ["modulus", "residual"])
+def test_eigenvalues_match_numpy(H, G, rank):
+    f = _random_factors(H=H, G=G, seed=H + G)
+    s = layer_spectrum(f, rank=rank)
+    ref = np.linalg.eig(f.matrix().numpy()).eigenvalues
+    _match(s.eigenvalues.numpy(), ref, 1e-9)
+    scores = rank_scores(s.eigenvalues, rank)
+    assert torch.all(scores[:-1] >= scores[1:] - 1e-12), "eigenvalues are not sorted by the ranking rule"
+    assert (
+        abs(s.lambda_1 - ref[np.argmax(np.abs(ref if rank == "modulus" else 1 + ref))]) < 1e-9
+        or abs(s.lambda_1 - np.conj(ref[np.argmax(np.abs(ref if rank == "modulus" else 1 + ref))])) < 1e-9
+    )
+
+
+@pytest.mark.parametrize("H,G", [(4, 4), (4, 2)])
+def test_top_eigenvectors_are_right_eigenvectors(H, G):
+    f = _random_factors(H=H, G=G)
+    F = f.matrix().to(torch.complex128)
+    s = layer_spectrum(f, top=4)
+    for i in range(4):
+        v, lam = s.eigenvectors[:, i], s.eigenvalues[i]
+        torch.testing.assert_close(F @ v, lam * v, atol=1e-10, rtol=0)
+        assert abs(float(torch.linalg.vector_norm(v)) - 1) < 1e-12
+
+
+def test_small_side_equals_dense_on_gqa_shape():
+    """GQA-shaped layer (rank n_kv*d_head < d): small side vs a dense eig of the same F."""
+    f = _random_factors(d=48, H=8, G=2, dh=6, seed=3)  # rank 12 < 48
+    small = layer_spectrum(f)
+    F = f.matrix()
+    dense = layer_spectrum(Factors(F[None], torch.eye(48, dtype=torch.float64)[None], torch.zeros(1, dtype=torch.long)))
+    _match(small.eigenvalues.numpy(), dense.eigenvalues.numpy(), 1e-9)
+    assert small.kind == dense.kind and small.k == dense.k
+    torch.testing.assert_close(small.basis, dense.basis, atol=1e-9, rtol=0)
+    assert abs(small.gap_ratio - dense.gap_ratio) < 1e-9
+
+
+def test_complex_principal_plane_and_gap_skips_conjugate():
+    d = 6
+    theta = 0.7
+    F = torch.zeros(d, d, dtype=torch.float64)
+    F[:2, :2] = 2.0 * torch.tensor([[np.cos(theta), -np.sin(theta)], [np.sin(theta), np.cos(theta)]])
+    F[2:, 2:] = torch.diag(torch.tensor([1.5, 0.5, 0.2, 0.1], dtype=torch.float64))
+    s = layer_spectrum(Factors(F[None], torch.eye(d, dtype=torch.float64)[None], torch.zeros(1, dtype=torch.long)))
+    assert s.kind == "complex-dominant" and s.k == 2
+    assert s.lambda_1.imag > 0 and abs(s.lambda_1 - 2 * np.exp(1j * theta)) < 1e-12
+    assert abs(s.gap_ratio - 1.5 / 2.0) < 1e-12  # the conjugate is not "next"
+    P = s.basis @ s.basis.T
+    torch.testing.assert_close(P[:2, :2], torch.eye(2, dtype=torch.float64), atol=1e-12, rtol=0)
+    torch.testing.assert_close(s.basis.T @ s.basis, torch.eye(2, dtype=torch.float64), atol=1e-12, rtol=0)
+
+
+def test_residual_rank_reorders_negative_eigenvalues():
+    F = torch.diag(torch.tensor([-1.8, 1.2, 0.3], dtype=torch.float64))
+    f = Factors(F[None], torch.eye(3, dtype=torch.float64)[None], torch.zeros(1, dtype=torch.long))
+    assert abs(layer_spectrum(f, rank="modulus").lambda_1 - (-1.8)) < 1e-12
+    r = layer_spectrum(f, rank="residual")
+    assert abs(r.lambda_1 - 1.2) < 1e-12  # |1 + 1.2| = 2.2 > |1 - 1.8| = 0.8
+    assert abs(r.gap_ratio - 1.3 / 2.2) < 1e-12
+
+
+def test_near_degenerate_and_deterministic_sign():
+    F = torch.diag(torch.tensor([1.0, -0.9995, 0.1], dtype=torch.float64))
+    f = Factors(F[None], torch.eye(3, dtype=torch.float64)[None], torch.zeros(1, dtype=torch.long))
+    s = layer_spectrum(f)
+    assert s.kind == "near-degenerate" and s.gap_ratio > 0.99
+    f2 = Factors((-1 * F)[None] * -1, torch.eye(3, dtype=torch.float64)[None], torch.zeros(1, dtype=torch.long))
+    s2 = layer_spectrum(f2)
+    assert s.basis[0, 0] > 0 and torch.equal(s.basis, s2.basis)
+
+
+def test_head_copying_score():
+    # head 0 copies (F_0 = 2 I on its subspace), head 1 anti-copies
+    d = 4
+    O = torch.eye(d, dtype=torch.float64)
+    V = torch.diag(torch.tensor([2.0, 2.0, -1.0, -1.0], dtype=torch.float64))
+    s = layer_spectrum(Factors.from_stacked(O, V, 2), heads=True)
+    assert [round(h.copying_score, 12) for h in s.heads] == [1.0, -1.0]
+
+
+def test_bad_rank_and_non_finite():
+    f = _random_factors()
+    with pytest.raises(ValueError, match="rank must be one of"):
+        layer_spectrum(f, rank="spectral")
+    f.O_heads[0, 0, 0] = float("nan")
+    with pytest.raises(ValueError, match="non-finite"):
+        layer_spectrum(f)
+
+
+def test_factor_shapes_checked():
+    with pytest.raises(ValueError, match="do not fit"):
+        Factors.from_stacked(torch.zeros(8, 8), torch.zeros(6, 8), n_heads=2)
