@@ -1,0 +1,161 @@
+"""The adapter interface: everything eigenhooks needs to know about a model's layout.
+
+An adapter is the only object that knows where a family keeps its layers, which linear is
+V and which is O, which norm feeds attention and where the residual stream can be read.
+Everything downstream (spectra, monitor, dynamics, steering) talks to this interface.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Literal
+
+import torch
+from torch import nn
+
+from ..spectrum import Factors
+
+NormPosition = Literal["pre", "post"]
+
+
+class UnsupportedModelError(TypeError):
+    """Raised when no adapter fits a model (and the probe fallback cannot find attention)."""
+
+
+@dataclass(frozen=True)
+class Tap:
+    """Where to read a tensor: a module's input or output (HF), or a hook name (TransformerLens)."""
+
+    module: nn.Module | None = None
+    where: Literal["input", "output"] = "output"
+    hook_name: str | None = None
+
+
+@dataclass(frozen=True)
+class ReadingPoints:
+    """The residual stream around one attention block.
+
+    pre: the residual entering the block. post: after the whole block. mid: after the
+    attention sublayer. For pre-norm models mid = pre + attn (``mid_is_sum``); for post-norm
+    models mid is read directly at the output of the norm that follows attention.
+    """
+
+    pre: Tap
+    attn: Tap
+    mid: Tap | None
+    post: Tap
+    mid_is_sum: bool
+
+
+@dataclass
+class Layer:
+    """One attention block, as the adapter sees it.
+
+    Attributes:
+        index: position in the unrolled stack (ALBERT's shared layer appears once per use).
+        block: the block module (its input is 'pre', its output 'post').
+        attn_in: the module whose ``hidden_states`` input is the attention input (probe target).
+        attn_out: the module whose output is O (sum_j A_ij V x_j + b_V) + b_O.
+        norm: the LayerNorm/RMSNorm feeding attention (pre-norm) or following it (post-norm).
+        factors: a function returning this layer's (O, V) factors in the column convention.
+        group: shared-weight group id; layers with equal ids share all attention weights.
+    """
+
+    index: int
+    block: nn.Module
+    attn_in: nn.Module
+    attn_out: nn.Module
+    norm: nn.Module | None
+    factors: Callable[[], Factors] | None
+    group: int
+    name: str = ""
+
+
+@dataclass
+class Adapter:
+    """A model seen through one family's layout.
+
+    Attributes:
+        model: the wrapped model.
+        family: e.g. 'gpt2', 'llama', 'lens-bridge'.
+        backend: 'hf' or 'lens'.
+        layers: the attention blocks in forward order.
+        norm_position: 'pre' (norm, attention, residual add) or 'post' (add, then norm).
+        d_model: residual width.
+        notes: facts the user should know about the weights that were read (e.g. folded norms).
+    """
+
+    model: nn.Module
+    family: str
+    backend: str
+    layers: list[Layer]
+    norm_position: NormPosition
+    d_model: int
+    n_heads: int
+    n_kv_heads: int
+    final_norm_module: nn.Module | None = None
+    unembed_weight: Callable[[], torch.Tensor | None] = lambda: None
+    notes: list[str] = field(default_factory=list)
+    probe_runner: Callable | None = None  # backend-specific forward used by the probe
+    reading_points_fn: Callable | None = None  # backend-specific reading points (hook names)
+
+    @property
+    def n_layers(self) -> int:
+        return len(self.layers)
+
+    def factors(self, layer: int) -> Factors:
+        """(O, V) of one layer, column convention (F = sum_h O_h V_h)."""
+        fn = self.layers[layer].factors
+        if fn is None:
+            raise UnsupportedModelError(
+                f"{self.family}: layer {layer} has no weight-reading rule; its F comes from the probe"
+            )
+        return fn()
+
+    def norm_weight(self, layer: int) -> torch.Tensor | None:
+        """The elementwise scale of the norm feeding (pre-norm) or following (post-norm) attention."""
+        norm = self.layers[layer].norm
+        w = getattr(norm, "weight", None) if norm is not None else None
+        if w is None:
+            return None
+        if getattr(norm, "eigenhooks_offset", 0.0):
+            w = w + norm.eigenhooks_offset
+        return w.detach()
+
+    def shared_groups(self) -> list[list[int]]:
+        """Lists of layer indices that share the same attention weights."""
+        groups: dict[int, list[int]] = {}
+        for layer in self.layers:
+            groups.setdefault(layer.group, []).append(layer.index)
+        return list(groups.values())
+
+    def final_norm(self) -> nn.Module | None:
+        return self.final_norm_module
+
+    def unembedding(self) -> torch.Tensor | None:
+        """(vocab, d) unembedding matrix, or None if the model has no LM head."""
+        return self.unembed_weight()
+
+    def reading_points(self, layer: int) -> ReadingPoints:
+        if self.reading_points_fn is not None:
+            return self.reading_points_fn(self, layer)
+        ly = self.layers[layer]
+        attn = Tap(ly.attn_out, "output")
+        if self.norm_position == "post":
+            return ReadingPoints(Tap(ly.block, "input"), attn, Tap(ly.norm, "output"), Tap(ly.block, "output"), False)
+        return ReadingPoints(Tap(ly.block, "input"), attn, None, Tap(ly.block, "output"), True)
+
+    def describe(self) -> dict:
+        return {
+            "family": self.family,
+            "backend": self.backend,
+            "model_class": type(self.model).__name__,
+            "n_layers": self.n_layers,
+            "d_model": self.d_model,
+            "n_heads": self.n_heads,
+            "n_kv_heads": self.n_kv_heads,
+            "norm_position": self.norm_position,
+            "shared_groups": self.shared_groups(),
+            "notes": list(self.notes),
+        }

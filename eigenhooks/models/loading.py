@@ -1,0 +1,91 @@
+"""Load a model by zoo name, local path or hub id, for the CLI and for users."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+
+class ModelLoadError(RuntimeError):
+    """A model could not be loaded; the message says why and what to try."""
+
+
+def load_model(spec: str, dtype=None, device=None, backend: str = "hf"):
+    """Return (model, tokenizer) for a zoo name, a local folder or a hub id.
+
+    Args:
+        spec: 'gpt2-tiny' / 'albert-tiny', a folder saved with ``save_pretrained``, or a hub id.
+        dtype: torch dtype to load in (default: as saved).
+        device: device to move the model to.
+        backend: 'hf', or 'lens' to wrap the model in a TransformerLens TransformerBridge.
+
+    Raises:
+        ModelLoadError: unknown name, missing folder, or hub unreachable.
+    """
+    from .. import zoo
+
+    if backend not in ("hf", "lens"):
+        raise ModelLoadError(f"backend must be 'hf' or 'lens', got {backend!r}")
+    if spec in zoo.NAMES:
+        model, tok = zoo.load(spec, dtype=dtype, device=device)
+    else:
+        model, tok = _load_hf(spec, dtype, device)
+    if backend == "lens":
+        model = to_bridge(model, tok, spec, dtype)
+    return model, tok
+
+
+def _load_hf(spec: str, dtype, device):
+    from transformers import AutoConfig, AutoModel, AutoModelForCausalLM, AutoModelForMaskedLM, AutoTokenizer
+
+    local = Path(spec).expanduser()
+    if not local.exists() and (spec.startswith((".", "/", "~")) or spec.count("/") > 1):
+        raise ModelLoadError(f"no model folder at {spec!r}")
+    kwargs = {"dtype": dtype} if dtype is not None else {}
+    src = str(local) if local.exists() else spec
+    try:
+        config = AutoConfig.from_pretrained(src)
+    except OSError as e:
+        raise ModelLoadError(
+            f"could not load {spec!r}: not a zoo name ({', '.join(_zoo_names())}), not a local folder, "
+            f"and the hub did not answer ({type(e).__name__}). Offline? Save the model with "
+            "save_pretrained and pass its folder."
+        ) from e
+    archs = config.architectures or []
+    order = [AutoModelForCausalLM, AutoModelForMaskedLM, AutoModel]
+    if any("MaskedLM" in a for a in archs):
+        order = [AutoModelForMaskedLM, AutoModel]
+    last = None
+    for cls in order:
+        try:
+            model = cls.from_pretrained(src, **kwargs)
+            break
+        except (ValueError, OSError) as e:
+            last = e
+    else:
+        raise ModelLoadError(f"could not load {spec!r} with transformers: {last}") from last
+    try:
+        tok = AutoTokenizer.from_pretrained(src)
+    except (OSError, ValueError):
+        tok = None
+    if device is not None:
+        model = model.to(device)
+    return model.eval(), tok
+
+
+def to_bridge(model, tokenizer, name: str, dtype=None):
+    """Wrap an HF model in a TransformerLens TransformerBridge (raw mode), offline."""
+    try:
+        from transformer_lens import TransformerBridge
+    except ImportError as e:
+        raise ModelLoadError("the lens backend needs TransformerLens: pip install 'eigenhooks[lens]'") from e
+    import torch
+
+    dtype = dtype or next(model.parameters()).dtype or torch.float32
+    arch_name = getattr(model.config, "model_type", name)
+    return TransformerBridge.boot_transformers(arch_name, hf_model=model, tokenizer=tokenizer, dtype=dtype)
+
+
+def _zoo_names():
+    from .. import zoo
+
+    return zoo.NAMES

@@ -1,0 +1,157 @@
+"""The identical-token probe: F recovered from the attention module's own forward pass.
+
+Feed attention a sequence whose tokens all equal x. All values are then equal, so every
+attention row averages identical vectors, whatever the scores, masks or positions: the
+module returns F x + c, with c = O b_V + b_O. Probing with 0 and the basis vectors gives
+F column by column. This is the reference every weight-reading adapter is tested
+against, and the fallback for architectures with no weight rule.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .base import Adapter
+
+N_TOKENS = 2  # a causal first token attends to itself alone; the second averages two equal values
+
+
+class _Stop(Exception):
+    """Raised inside a hook to end a probe forward once every output is captured."""
+
+
+def hf_runner(adapter: Adapter, layers: list[int], x: torch.Tensor) -> dict[int, torch.Tensor]:
+    """Run the HF model once with every probed layer's attention input replaced by x.
+
+    Args:
+        layers: layer indices, at most one per shared-weight group.
+        x: (b, n, d) probe input in the model's dtype and device.
+
+    Returns:
+        {layer: (b, d)} the attention output at the last position.
+    """
+    model = adapter.model
+    base = getattr(model, "base_model", model)
+    outs_by_module = {id(adapter.layers[i].attn_out): i for i in layers}
+    captured: dict[int, torch.Tensor] = {}
+    handles = []
+
+    def pre_hook(module, args, kwargs):
+        xi = x.to(_param_device(module))
+        if "hidden_states" in kwargs:
+            kwargs["hidden_states"] = xi
+        else:
+            args = (xi, *args[1:])
+        return args, kwargs
+
+    def fwd_hook(module, args, output):
+        i = outs_by_module[id(module)]
+        if i not in captured:
+            out = output[0] if isinstance(output, tuple) else output
+            captured[i] = out[:, -1, :].detach()
+        if len(captured) == len(layers):
+            raise _Stop
+
+    try:
+        for i in layers:
+            ly = adapter.layers[i]
+            handles.append(ly.attn_in.register_forward_pre_hook(pre_hook, with_kwargs=True))
+            handles.append(ly.attn_out.register_forward_hook(fwd_hook))
+        b, n, _ = x.shape
+        emb = base.get_input_embeddings() if hasattr(base, "get_input_embeddings") else None
+        dev = emb.weight.device if emb is not None else _param_device(base)
+        ids = torch.full((b, n), _safe_token(model), dtype=torch.long, device=dev)
+        kwargs = {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
+        if getattr(getattr(model, "config", None), "use_cache", None) is not None:
+            kwargs["use_cache"] = False
+        try:
+            with torch.no_grad():
+                base(**kwargs)
+        except _Stop:
+            pass
+    finally:
+        for h in handles:
+            h.remove()
+    missing = [i for i in layers if i not in captured]
+    if missing:
+        raise RuntimeError(f"probe: attention of layers {missing} was never called in {type(model).__name__}'s forward")
+    return captured
+
+
+def _param_device(module: torch.nn.Module) -> torch.device:
+    p = next(module.parameters(), None)
+    return p.device if p is not None else torch.device("cpu")
+
+
+def _safe_token(model) -> int:
+    cfg = getattr(model, "config", None)
+    pad = getattr(cfg, "pad_token_id", None)
+    return int(pad) if isinstance(pad, int) and pad >= 0 else 0
+
+
+def apply_attention(
+    adapter: Adapter, layer: int, X: torch.Tensor, chunk: int = 512, n_tokens: int = N_TOKENS
+) -> torch.Tensor:
+    """Push each row of X through layer's attention module as an identical-token sequence.
+
+    Args:
+        X: (m, d) vectors.
+
+    Returns:
+        (m, d) float64 rows F x, with the bias terms removed (the output for x = 0 subtracted).
+    """
+    return apply_attention_many(adapter, [layer], X, chunk, n_tokens)[layer]
+
+
+def apply_attention_many(
+    adapter: Adapter, layers: list[int], X: torch.Tensor, chunk: int = 512, n_tokens: int = N_TOKENS
+) -> dict[int, torch.Tensor]:
+    """`apply_attention` for several layers, sharing one forward pass per chunk.
+
+    n_tokens is the probe sequence's length. With 1, attention is trivially the identity
+    on the values; with 2 or more the softmax really averages, so any rounding in it shows
+    (TransformerLens's bridge computes rotary-model softmax in float32: ~1e-8 relative).
+    """
+    runner = adapter.probe_runner or hf_runner
+    dtype = _model_dtype(adapter.model)
+    rep = _representatives(adapter, layers)
+    X = torch.cat([torch.zeros(1, X.shape[1], dtype=X.dtype, device=X.device), X])  # row 0 measures the bias
+    pieces: dict[int, list[torch.Tensor]] = {i: [] for i in rep}
+    for s in range(0, X.shape[0], chunk):
+        xb = X[s : s + chunk].to(dtype)
+        x = xb[:, None, :].expand(xb.shape[0], n_tokens, xb.shape[1]).contiguous()  # (b, n, d)
+        got = runner(adapter, list(rep), x)
+        for i in rep:
+            pieces[i].append(got[i].to("cpu", torch.float64))
+    out = {}
+    for i in layers:
+        full = torch.cat(pieces[rep_of(adapter, i, rep)])
+        out[i] = full[1:] - full[:1]
+    return out
+
+
+def probe_matrices(
+    adapter: Adapter, layers: list[int] | None = None, chunk: int = 512, n_tokens: int = N_TOKENS
+) -> dict[int, torch.Tensor]:
+    """F (d, d) float64 of each layer, recovered from the model's forward code."""
+    layers = list(range(adapter.n_layers)) if layers is None else list(layers)
+    eye = torch.eye(adapter.d_model, dtype=torch.float64)
+    rows = apply_attention_many(adapter, layers, eye, chunk, n_tokens)
+    return {i: r.T for i, r in rows.items()}  # row i of r is F e_i, i.e. column i of F
+
+
+def _representatives(adapter: Adapter, layers: list[int]) -> list[int]:
+    seen: dict[int, int] = {}
+    for i in layers:
+        seen.setdefault(adapter.layers[i].group, i)
+    return list(seen.values())
+
+
+def rep_of(adapter: Adapter, layer: int, reps: list[int]) -> int:
+    g = adapter.layers[layer].group
+    return next(r for r in reps if adapter.layers[r].group == g)
+
+
+def _model_dtype(model) -> torch.dtype:
+    p = next((p for p in model.parameters() if p.is_floating_point()), None)
+    return p.dtype if p is not None else torch.float32
