@@ -1,0 +1,35 @@
+"""eigenhooks: power-method alignment of transformer tokens, measured with forward hooks.
+
+Public API (DESIGN.md §3)::
+
+    import eigenhooks as eh
+    specs = eh.spectra(model, variant="ov", rank="modulus")
+    eh.verify(model)            # F from the weights vs F from the model's own forward
+    model, tok = eh.zoo.load("gpt2-tiny")
+"""
+
+from . import zoo
+from .api import Verification, spectra, verify
+from .models import Adapter, UnsupportedModelError, get_adapter, supported_families
+from .models.loading import ModelLoadError, load_model
+from .spectrum import Factors, HeadSpectrum, LayerSpectrum, layer_spectrum
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "Adapter",
+    "Factors",
+    "ModelLoadError",
+    "load_model",
+    "HeadSpectrum",
+    "LayerSpectrum",
+    "UnsupportedModelError",
+    "Verification",
+    "get_adapter",
+    "layer_spectrum",
+    "spectra",
+    "supported_families",
+    "verify",
+    "zoo",
+    "__version__",
+]

@@ -1,0 +1,100 @@
+"""spectra(): cache, dtypes, and the errors a user can trigger."""
+
+import os
+
+import pytest
+import torch
+from conftest import build
+
+import eigenhooks as eh
+
+
+def test_cache_hit_skips_computation(monkeypatch):
+    model = build("gpt2")
+    first = eh.spectra(model, heads=True)
+    files = os.listdir(os.environ["EIGENHOOKS_CACHE"])
+    assert files and all(f.endswith(".safetensors") for f in files)
+
+    def boom(*a, **k):
+        raise AssertionError("recomputed despite a cache hit")
+
+    monkeypatch.setattr(eh.api, "layer_spectrum", boom)
+    second = eh.spectra(model, heads=True)
+    for a, b in zip(first, second):
+        assert torch.equal(a.eigenvalues, b.eigenvalues) and torch.equal(a.basis, b.basis)
+        assert (a.kind, a.k, a.gap_ratio, a.lambda_next) == (b.kind, b.k, b.gap_ratio, b.lambda_next)
+        assert [h.copying_score for h in a.heads] == [h.copying_score for h in b.heads]
+
+
+def test_cache_key_follows_weights_and_options():
+    model = build("gpt2")
+    a = eh.spectra(model)
+    with torch.no_grad():
+        model.transformer.h[0].attn.c_proj.weight.mul_(2.0)
+    b = eh.spectra(model)
+    torch.testing.assert_close(b[0].eigenvalues, 2 * a[0].eigenvalues)
+    assert torch.equal(a[1].eigenvalues, b[1].eigenvalues)
+    r = eh.spectra(model, rank="residual")
+    assert r[0].rank == "residual"
+
+
+def test_corrupt_cache_entry_is_recomputed(monkeypatch):
+    model = build("gpt2")
+    eh.spectra(model)
+    folder = os.environ["EIGENHOOKS_CACHE"]
+    for f in os.listdir(folder):
+        with open(os.path.join(folder, f), "wb") as fh:
+            fh.write(b"not a safetensors file")
+    again = eh.spectra(model)
+    assert len(again) == 2
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
+def test_low_precision_models(dtype):
+    ref = eh.spectra(build("llama"), cache=False)
+    low = eh.spectra(build("llama", dtype=dtype), cache=False)
+    for a, b in zip(ref, low):
+        assert a.eigenvalues.dtype == b.eigenvalues.dtype == torch.complex128
+        tol = 5e-2 if dtype != torch.float32 else 1e-5
+        assert abs(a.lambda_1 - b.lambda_1) < tol * abs(a.lambda_1)
+    rows = eh.verify(build("gpt2", dtype=dtype))
+    assert all(r.rel_diff < (2e-2 if dtype != torch.float32 else 1e-5) for r in rows)
+
+
+def test_meta_device_model_is_rejected():
+    import transformers as T
+
+    with torch.device("meta"):
+        model = T.GPT2LMHeadModel(T.GPT2Config(n_layer=1, n_head=2, n_embd=16, vocab_size=64))
+    with pytest.raises(ValueError, match="meta device"):
+        eh.spectra(model)
+
+
+def test_non_finite_weight_is_named():
+    model = build("gpt2")
+    with torch.no_grad():
+        model.transformer.h[1].attn.c_proj.weight[0, 0] = float("inf")
+    with pytest.raises(ValueError, match=r"layer 1 .*non-finite values in O"):
+        eh.spectra(model, cache=False)
+
+
+def test_unsupported_model_names_families():
+    with pytest.raises(eh.UnsupportedModelError, match="gpt2.*llama"):
+        eh.spectra(torch.nn.Sequential(torch.nn.Linear(4, 4)))
+    with pytest.raises(eh.UnsupportedModelError, match="Supported"):
+        eh.get_adapter("gpt2")
+
+
+def test_bad_variant_rank_and_layer():
+    model = build("gpt2")
+    with pytest.raises(ValueError, match="variant must be one of"):
+        eh.spectra(model, variant="qk")
+    with pytest.raises(ValueError, match="rank must be one of"):
+        eh.spectra(model, rank="largest")
+    with pytest.raises(IndexError, match="out of range"):
+        eh.spectra(model, layers=[5])
+
+
+def test_unknown_zoo_name():
+    with pytest.raises(KeyError, match="no zoo model named 'gpt5-tiny'"):
+        eh.zoo.load("gpt5-tiny")
