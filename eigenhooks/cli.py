@@ -1,0 +1,143 @@
+"""The ``eigenhooks`` command line: one thin command per job.
+
+Each command parses its flags, calls the public API, and prints through one helper (a
+rich table for people, ``--json`` for programs). Library errors become one line on stderr
+and exit code 1; ``--debug`` shows the traceback.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import Annotated
+
+import typer
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, help="Power-method alignment of transformer tokens.")
+
+
+@app.callback()
+def _setup() -> None:
+    _quiet_libraries()
+
+
+ModelArg = Annotated[str, typer.Argument(help="zoo name, local folder or hub id")]
+DebugOpt = Annotated[bool, typer.Option("--debug", help="show tracebacks")]
+
+
+def _quiet_libraries() -> None:
+    """Keep transformers' progress bars and warnings off stdout/stderr (tables and JSON stay clean)."""
+    try:
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.disable_progress_bar()
+        hf_logging.set_verbosity_error()
+    except ImportError:
+        pass
+
+
+def _fail(e: BaseException, debug: bool) -> None:
+    if debug:
+        raise e
+    typer.echo(f"eigenhooks: error: {e}", err=True)
+    raise typer.Exit(1)
+
+
+def _c(z: complex, digits: int = 4) -> str:
+    if abs(z.imag) < 1e-12:
+        return f"{z.real:.{digits}f}"
+    return f"{z.real:.{digits}f}{z.imag:+.{digits}f}i"
+
+
+def _emit(title: str, columns: list[str], rows: list[list], as_json: bool, records: list[dict]) -> None:
+    if as_json:
+        typer.echo(json.dumps(records, indent=2))
+        return
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=title)
+    for c in columns:
+        table.add_column(c, justify="right" if c not in ("kind",) else "left")
+    for r in rows:
+        table.add_row(*[str(x) for x in r])
+    Console().print(table)
+
+
+@app.command()
+def spectrum(
+    model: ModelArg = "gpt2-tiny",
+    variant: Annotated[str, typer.Option(help="ov or ov_ln")] = "ov",
+    rank: Annotated[str, typer.Option(help="modulus (|lambda|) or residual (|1+lambda|)")] = "modulus",
+    heads: Annotated[bool, typer.Option("--heads", help="also per-head spectra and copying scores")] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="print JSON")] = False,
+    backend: Annotated[str, typer.Option(help="hf or lens")] = "hf",
+    debug: DebugOpt = False,
+) -> None:
+    """Per-layer spectrum of F = O V: lambda_1, |lambda_1|, kind, gap ratio and k."""
+    try:
+        from . import spectra
+        from .models.loading import load_model
+
+        m, _ = load_model(model, backend=backend)
+        specs = spectra(m, variant=variant, rank=rank, heads=heads)
+    except Exception as e:  # every library error becomes one line
+        _fail(e, debug)
+        return
+    records, rows = [], []
+    for s in specs:
+        rec = {
+            "layer": s.layer,
+            "lambda_1": [s.lambda_1.real, s.lambda_1.imag],
+            "abs_lambda_1": abs(s.lambda_1),
+            "kind": s.kind,
+            "gap_ratio": s.gap_ratio,
+            "k": s.k,
+            "variant": s.variant,
+            "rank": s.rank,
+        }
+        row = [s.layer, _c(s.lambda_1), f"{abs(s.lambda_1):.4f}", s.kind, f"{s.gap_ratio:.4f}", s.k]
+        if heads and s.heads:
+            rec["heads"] = [
+                {"head": h.head, "abs_lambda_max": float(h.eigenvalues.abs().max()), "copying_score": h.copying_score}
+                for h in s.heads
+            ]
+            row.append(" ".join(f"{h.copying_score:+.2f}" for h in s.heads))
+        records.append(rec)
+        rows.append(row)
+    cols = ["layer", "lambda_1", "|lambda_1|", "kind", "gap ratio", "k"] + (["copying score per head"] if heads else [])
+    _emit(f"{model}: spectrum of F ({variant}, ranked by {rank})", cols, rows, as_json, records)
+
+
+@app.command()
+def verify(
+    model: ModelArg = "gpt2-tiny", as_json: Annotated[bool, typer.Option("--json")] = False, debug: DebugOpt = False
+) -> None:
+    """Compare F read from the weights with F from the model's own forward (identical-token probe)."""
+    try:
+        from . import verify as _verify
+        from .models.loading import load_model
+
+        m, _ = load_model(model)
+        res = _verify(m)
+    except Exception as e:
+        _fail(e, debug)
+        return
+    records = [
+        {"layer": r.layer, "max_abs_diff": r.max_abs_diff, "rel_diff": r.rel_diff, "dtype": r.dtype} for r in res
+    ]
+    rows = [[r.layer, f"{r.max_abs_diff:.2e}", f"{r.rel_diff:.2e}", r.dtype] for r in res]
+    _emit(f"{model}: F from weights vs probe", ["layer", "max |diff|", "relative", "dtype"], rows, as_json, records)
+
+
+def main() -> None:
+    _quiet_libraries()
+    try:
+        app()
+    except KeyboardInterrupt:
+        typer.echo("eigenhooks: interrupted", err=True)
+        sys.exit(130)
+
+
+if __name__ == "__main__":
+    main()
