@@ -10,8 +10,10 @@ Public API (DESIGN.md §3)::
 
 from . import zoo
 from .api import Verification, spectra, verify
+from .metrics import LayerStats
 from .models import Adapter, UnsupportedModelError, get_adapter, supported_families
 from .models.loading import ModelLoadError, load_model
+from .monitor import Monitor, monitor
 from .spectrum import Factors, HeadSpectrum, LayerSpectrum, layer_spectrum
 
 __version__ = "0.1.0"
@@ -25,7 +27,10 @@ __all__ = [
     "LayerSpectrum",
     "UnsupportedModelError",
     "Verification",
+    "LayerStats",
+    "Monitor",
     "get_adapter",
+    "monitor",
     "layer_spectrum",
     "spectra",
     "supported_families",

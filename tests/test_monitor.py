@@ -1,0 +1,269 @@
+"""The monitor: equal to a plain recomputation, padding-exact, generate-exact, hook-clean."""
+
+import json
+
+import pytest
+import torch
+from conftest import build
+
+import eigenhooks as eh
+from eigenhooks.metrics import alignment
+
+TEXTS = ["def f(x):\n    return x + 1", "class A:\n    pass", "for i in range(10): print(i)"]
+
+
+def _hook_count(model):
+    return sum(len(m._forward_hooks) + len(m._forward_pre_hooks) for m in model.modules())
+
+
+@pytest.fixture(scope="module")
+def gpt2():
+    return eh.zoo.load("gpt2-tiny")
+
+
+def _manual(model, ad, batch, specs):
+    """gamma_pre/mid/post and rho per layer, from output_hidden_states and captured attention outputs."""
+    attn_out, mids = {}, {}
+    hs = []
+    for ly in ad.layers:
+        rp = ad.reading_points(ly.index)
+        tap = rp.attn if rp.mid_is_sum else rp.mid
+        hs.append(
+            tap.module.register_forward_hook(
+                lambda m, a, o, i=ly.index: attn_out.__setitem__(i, o[0] if isinstance(o, tuple) else o)
+            )
+        )
+    try:
+        with torch.no_grad():
+            out = model(**batch, output_hidden_states=True)
+    finally:
+        for h in hs:
+            h.remove()
+    mask = batch["attention_mask"].bool()
+    res = {}
+    for s in specs:
+        i = s.layer
+        pre = out.hidden_states[i]
+        mid = pre + attn_out[i] if ad.norm_position == "pre" else attn_out[i]
+        U = s.basis.float()
+        a_pre, a_mid = alignment(pre, U)[mask], alignment(mid, U)[mask]
+        res[i] = (float(a_pre.mean()), float(a_mid.mean()), float(((a_mid - a_pre) > 0).float().mean()))
+        mids[i] = mid
+    return res
+
+
+def _check_against_manual(model, tok):
+    batch = tok(TEXTS, return_tensors="pt", padding=True)
+    ad = eh.get_adapter(model)
+    specs = eh.spectra(model)
+    with eh.monitor(model, targets=[("ov", "modulus")]) as mon:
+        with torch.no_grad():
+            model(**batch)
+    df = mon.summary().set_index("layer")
+    ref = _manual(model, ad, batch, specs)
+    assert int(df["n_tokens"].iloc[0]) == int(batch["attention_mask"].sum())
+    for i, (g_pre, g_mid, rho) in ref.items():
+        assert abs(df.loc[i, "gamma_pre"] - g_pre) < 1e-6
+        assert abs(df.loc[i, "gamma_mid"] - g_mid) < 1e-6
+        assert abs(df.loc[i, "rho"] - rho) < 1e-6
+    # post of layer i is pre of layer i+1
+    for i in range(ad.n_layers - 1):
+        assert abs(df.loc[i, "gamma_post"] - df.loc[i + 1, "gamma_pre"]) > -1  # defined
+    return df
+
+
+def test_monitor_equals_recomputation_gpt2(gpt2):
+    model, tok = gpt2
+    _check_against_manual(model, tok)
+
+
+def test_monitor_equals_recomputation_bert():
+    model = build("bert", dtype=torch.float32)
+    torch.manual_seed(0)
+    ids = torch.randint(5, 64, (3, 7))
+    mask = torch.ones_like(ids)
+    mask[1, 5:] = 0
+
+    class Tok:
+        def __call__(self, texts, **kw):
+            return {"input_ids": ids, "attention_mask": mask}
+
+    _check_against_manual(model, Tok())
+
+
+def _stats(model, batch, **kw):
+    with eh.monitor(model, **kw) as mon, torch.no_grad():
+        model(**batch)
+    return mon
+
+
+def test_padding_left_and_right_equal_separate_runs(gpt2):
+    model, tok = gpt2
+    alone = None
+    for t in TEXTS:
+        mon = _stats(model, tok([t], return_tensors="pt"))
+        alone = mon.stats if alone is None else {k: alone[k] + v for k, v in mon.stats.items()}
+    for side in ("right", "left"):
+        tok.padding_side = side
+        batch = tok(TEXTS, return_tensors="pt", padding=True)
+        if side == "left":
+            batch["position_ids"] = (batch["attention_mask"].cumsum(-1) - 1).clamp_min(0)
+        mon = _stats(model, batch)
+        for k, s in mon.stats.items():
+            a = alone[k]
+            assert s.n == a.n and s.n_up == a.n_up, (side, k)
+            for f in ("sum_pre", "sum_mid", "sum_post", "cons_sum_pre", "cons_sum_post"):
+                assert abs(getattr(s, f) - getattr(a, f)) < 1e-4, (side, k, f)
+    tok.padding_side = "right"
+
+
+def test_generate_counts_each_position_once(gpt2):
+    model, tok = gpt2
+    batch = tok(["def f(x):"], return_tensors="pt")
+    with eh.monitor(model) as mon, torch.no_grad():
+        seq = model.generate(**batch, max_new_tokens=6, do_sample=False, pad_token_id=0)
+    # the last generated token is never fed back, so the forwards saw seq[:, :-1]
+    full = seq[:, :-1]
+    ref = _stats(model, {"input_ids": full, "attention_mask": torch.ones_like(full)})
+    for k, s in mon.stats.items():
+        r = ref.stats[k]
+        assert s.n == r.n == full.shape[1] and s.n_up == r.n_up
+        for f in ("sum_pre", "sum_mid", "sum_post", "null_sum_pre"):
+            assert abs(getattr(s, f) - getattr(r, f)) < 1e-4, (k, f)
+    assert mon.n_forwards == 6
+
+
+def test_hooks_removed_after_exception_and_user_hooks_survive(gpt2):
+    model, tok = gpt2
+    fired = []
+    h = model.transformer.h[1].register_forward_hook(lambda m, a, o: fired.append(1))
+    before = _hook_count(model)
+    with pytest.raises(RuntimeError, match="boom"):
+        with eh.monitor(model):
+            model(**tok(["x = 1"], return_tensors="pt"))
+            raise RuntimeError("boom")
+    assert _hook_count(model) == before and fired == [1]
+    with eh.monitor(model) as outer, eh.monitor(model, targets=[("ov", "residual")]) as inner:
+        model(**tok(["x = 1"], return_tensors="pt"))
+    assert fired == [1, 1] and _hook_count(model) == before
+    assert outer.stats[(0, "ov", "residual")].state_dict() == inner.stats[(0, "ov", "residual")].state_dict()
+    h.remove()
+
+
+def test_failed_registration_removes_partial_hooks(gpt2, monkeypatch):
+    model, _ = gpt2
+    before = _hook_count(model)
+    orig = eh.Monitor._hook
+    calls = []
+
+    def flaky(self, *a, **k):
+        calls.append(1)
+        if len(calls) == 5:
+            raise RuntimeError("registration failed")
+        return orig(self, *a, **k)
+
+    monkeypatch.setattr(eh.Monitor, "_hook", flaky)
+    with pytest.raises(RuntimeError, match="registration failed"):
+        with eh.monitor(model):
+            pass
+    assert _hook_count(model) == before
+
+
+def test_stats_merge_and_state_dict(gpt2):
+    model, tok = gpt2
+    a = _stats(model, tok([TEXTS[0]], return_tensors="pt"))
+    b = _stats(model, tok([TEXTS[1]], return_tensors="pt"))
+    both = _stats(model, tok(TEXTS[:2], return_tensors="pt", padding=True))
+    for k in both.stats:
+        merged = a.stats[k] + b.stats[k]
+        assert merged.n == both.stats[k].n and merged.n_up == both.stats[k].n_up
+        assert abs(merged.sum_mid - both.stats[k].sum_mid) < 1e-4
+    restored = eh.Monitor(model)
+    restored._prepare()
+    restored.load_state_dict(a.state_dict())
+    assert restored.summary().equals(a.summary())
+
+
+def test_sink_and_save(gpt2, tmp_path):
+    model, tok = gpt2
+    sink = tmp_path / "log.jsonl"
+    with eh.monitor(model, sink=sink) as mon, torch.no_grad():
+        for t in TEXTS:
+            model(**tok([t], return_tensors="pt"))
+    lines = [json.loads(x) for x in sink.read_text().splitlines()]
+    assert len(lines) == 3
+    n0 = sum(s["n"] for line in lines for s in line["stats"] if s["layer"] == 0 and s["rank"] == "modulus")
+    assert n0 == mon.stats[(0, "ov", "modulus")].n
+    for suffix in (".csv", ".json", ".parquet"):
+        try:
+            mon.save(tmp_path / f"s{suffix}")
+        except ImportError:
+            assert suffix == ".parquet"
+
+
+def test_bad_inputs(gpt2):
+    model, tok = gpt2
+    ids = tok(["x = 1"], return_tensors="pt")["input_ids"]
+    # all padding: nothing counted, summary is NaN not a crash
+    mon = _stats(model, {"input_ids": ids, "attention_mask": torch.zeros_like(ids)})
+    assert mon.stats[(0, "ov", "modulus")].n == 0
+    assert mon.summary()["gamma_pre"].isna().all()
+    # non-finite activations: counted, never averaged in. Poison one token of layer 1's
+    # output (its 'post'); later layers see NaN everywhere, since SDPA spreads it.
+    last = torch.tensor([ids.shape[1] - 1])
+
+    def poison(m, a, out):
+        if isinstance(out, tuple):
+            return (out[0].index_fill(1, last, float("nan")), *out[1:])
+        return out.index_fill(1, last, float("nan"))
+
+    h = model.transformer.h[1].register_forward_hook(poison)
+    try:
+        mon = _stats(model, {"input_ids": ids, "attention_mask": torch.ones_like(ids)})
+    finally:
+        h.remove()
+    s = mon.stats[(1, "ov", "modulus")]
+    assert s.n_nonfinite == 1 and s.n == ids.shape[1] - 1
+    import math
+
+    assert math.isfinite(mon.summary().set_index(["layer", "rank"]).loc[(1, "modulus"), "gamma_pre"])
+    with pytest.raises(ValueError, match="reading_points"):
+        eh.monitor(model, reading_points=("mid",))
+    with pytest.raises(eh.UnsupportedModelError):
+        eh.monitor(torch.nn.Linear(3, 3))
+
+
+def test_albert_shared_layer_calls_are_counted():
+    model, tok = eh.zoo.load("albert-tiny")
+    mon = _stats(model, tok(TEXTS[:1], return_tensors="pt"), targets=[("ov", "modulus")])
+    df = mon.summary()
+    n = int(tok(TEXTS[:1], return_tensors="pt")["attention_mask"].sum())
+    assert list(df["n_tokens"]) == [n] * 4
+    assert abs(df.loc[0, "gamma_post"] - df.loc[1, "gamma_pre"]) < 1e-6  # layer 1 reads layer 0's output
+
+
+lens = pytest.importorskip("transformer_lens", reason="TransformerLens not installed")
+
+
+def test_hf_and_lens_give_the_same_statistics(gpt2):
+    model, tok = gpt2
+    bridge = lens.TransformerBridge.boot_transformers("gpt2", hf_model=model, tokenizer=tok, dtype=torch.float32)
+    ids = tok(TEXTS[:1], return_tensors="pt")["input_ids"]
+    hf = _stats(model, {"input_ids": ids, "attention_mask": torch.ones_like(ids)})
+    with eh.monitor(bridge) as mon, torch.no_grad():
+        bridge(ids)
+    for k, s in hf.stats.items():
+        t = mon.stats[k]
+        assert s.n == t.n and s.n_up == t.n_up
+        assert abs(s.sum_pre - t.sum_pre) < 1e-4 and abs(s.sum_mid - t.sum_mid) < 1e-4
+
+    # run_with_hooks composition: an ablation of layer 2's attention changes layer 2's mid
+    plain = eh.monitor(bridge, attach=False)
+    bridge.run_with_hooks(ids, fwd_hooks=plain.fwd_hooks())
+    ablated = eh.monitor(bridge, attach=False)
+    zero = ("blocks.2.hook_attn_out", lambda act, hook: torch.zeros_like(act))
+    bridge.run_with_hooks(ids, fwd_hooks=[zero, *ablated.fwd_hooks()])
+    k2 = (2, "ov", "modulus")
+    assert plain.stats[k2].sum_pre == pytest.approx(ablated.stats[k2].sum_pre, abs=1e-5)
+    assert abs(plain.stats[k2].sum_mid - ablated.stats[k2].sum_mid) > 1e-4
+    assert ablated.stats[k2].sum_mid == pytest.approx(ablated.stats[k2].sum_pre, abs=1e-4)  # mid == pre
