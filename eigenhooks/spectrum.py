@@ -216,12 +216,16 @@ def eig_factored(
         eigenvalues = torch.cat([mu, torch.zeros(d - r, dtype=mu.dtype)])
         vecs = O.to(Y.dtype) @ Y  # (d, r): v = O y
         norms = torch.linalg.vector_norm(vecs, dim=0)
-        # Eigenvectors of zero eigenvalues may vanish under O; use the null space of V instead.
-        _, _, Vh = torch.linalg.svd(V, full_matrices=True)
-        null = Vh[r:].T.to(Y.dtype)  # (d, d - r), F null = 0
         good = norms > 1e-12 * max(float(norms.max()), 1e-300)
-        cand_vals = torch.cat([mu[good], torch.zeros(min(top, d - r), dtype=mu.dtype)])
-        cand_vecs = torch.cat([vecs[:, good] / norms[good], null[:, : min(top, d - r)]], 1)
+        cand_vals, cand_vecs = mu[good], vecs[:, good] / norms[good]
+        # A zero eigenvalue reaches the top only if few nonzero ones outrank it (|1 + 0| = 1
+        # in residual ranking). Its eigenvectors span null(V): computed only then (costly SVD).
+        n_over_zero = min(int(good.sum()), int(((1 + cand_vals).abs() > 1).sum()))
+        if n_over_zero <= top:
+            _, _, Vh = torch.linalg.svd(V, full_matrices=True)
+            null = Vh[r:].T.to(Y.dtype)[:, : min(top, d - r)]  # (d, <= top), F null = 0
+            cand_vals = torch.cat([cand_vals, torch.zeros(null.shape[1], dtype=mu.dtype)])
+            cand_vecs = torch.cat([cand_vecs, null], 1)
         return eigenvalues, cand_vecs, cand_vals
     F = O @ V
     eigenvalues = torch.linalg.eigvals(F)
