@@ -59,15 +59,23 @@ def main() -> None:
         with eh.monitor(model):
             mon_t.append(best_of(fwd, 1))
     r1 = statistics.median(mon_t) / statistics.median(plain)
-    print(f"[1] batched forward 8x128: plain {statistics.median(plain):.3f} s, monitored {statistics.median(mon_t):.3f} s "
-          f"-> ratio {r1:.3f} (goal <= 1.05)")
+    print(
+        f"[1] batched forward 8x128: plain {statistics.median(plain):.3f} s, monitored {statistics.median(mon_t):.3f} s "
+        f"-> ratio {r1:.3f} (goal <= 1.05)"
+    )
 
     prompt = torch.randint(0, 50257, (1, 8))
 
     def gen():
         with torch.no_grad():
-            model.generate(prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=64, min_new_tokens=64,
-                           do_sample=False, pad_token_id=0)
+            model.generate(
+                prompt,
+                attention_mask=torch.ones_like(prompt),
+                max_new_tokens=64,
+                min_new_tokens=64,
+                do_sample=False,
+                pad_token_id=0,
+            )
 
     gen()
     plain, mon_t = [], []
@@ -76,8 +84,10 @@ def main() -> None:
         with eh.monitor(model):
             mon_t.append(best_of(gen, 1))
     r2 = statistics.median(mon_t) / statistics.median(plain)
-    print(f"[2] generation of 64 tokens: plain {statistics.median(plain):.3f} s, monitored {statistics.median(mon_t):.3f} s "
-          f"-> ratio {r2:.3f} (goal <= 1.15)")
+    print(
+        f"[2] generation of 64 tokens: plain {statistics.median(plain):.3f} s, monitored {statistics.median(mon_t):.3f} s "
+        f"-> ratio {r2:.3f} (goal <= 1.15)"
+    )
 
     # Memory, side by side in this process: peak RSS after plain forwards, then the extra
     # peak while monitoring the same tokens (ru_maxrss only grows, so plain runs first),
@@ -99,13 +109,17 @@ def main() -> None:
             model(**b2)
         kept = tracemalloc.get_traced_memory()[0] - base
     tracemalloc.stop()
-    print(f"[3] {n_batches * 8 * 128} monitored tokens: extra peak RSS {peak() - plain_peak:.1f} MB over plain "
-          f"(goal <= 50 MB); Python state kept by the monitor {kept / 2**20:.3f} MB for {len(mon.stats)} "
-          "(layer, target) pairs, independent of the token count")
+    print(
+        f"[3] {n_batches * 8 * 128} monitored tokens: extra peak RSS {peak() - plain_peak:.1f} MB over plain "
+        f"(goal <= 50 MB); Python state kept by the monitor {kept / 2**20:.3f} MB for {len(mon.stats)} "
+        "(layer, target) pairs, independent of the token count"
+    )
     resid_bytes = a.tokens * 768 * 4 * (12 * 3 + 1)
-    print(f"    TransformerLens run_with_cache would keep every activation: the residual stream alone "
-          f"(resid_pre/mid/post x 12 layers, fp32) for {a.tokens} tokens is {resid_bytes / 2**20:.0f} MB "
-          "(computed from shapes, not measured here)")
+    print(
+        f"    TransformerLens run_with_cache would keep every activation: the residual stream alone "
+        f"(resid_pre/mid/post x 12 layers, fp32) for {a.tokens} tokens is {resid_bytes / 2**20:.0f} MB "
+        "(computed from shapes, not measured here)"
+    )
 
 
 if __name__ == "__main__":
