@@ -86,47 +86,11 @@ class LayerStats:
         for k, v in state.items():
             setattr(self, k, v)
 
-    def update(self, pre, mid, post, U, U_null, v1, mask) -> None:
-        """Add one forward's tokens.
-
-        Args:
-            pre, mid, post: (b, n, d) float32 residuals (mid/post may be None).
-            U, U_null: (d, k) principal and null bases. v1: (d,) or None (k = 2).
-            mask: (b, n) bool, valid (non-padding) tokens.
-        """
-        finite = torch.isfinite(pre).all(-1)
-        for X in (mid, post):
-            if X is not None:
-                finite &= torch.isfinite(X).all(-1)
-        self.n_nonfinite += int((mask & ~finite).sum())
-        m = mask & finite
-        self.n += int(m.sum())
-        sel = lambda t: t[m]  # (tokens,)
-        a = {"pre": alignment(pre, U)}
-        a0 = {"pre": alignment(pre, U_null)}
-        for name, X in (("mid", mid), ("post", post)):
-            if X is not None:
-                a[name], a0[name] = alignment(X, U), alignment(X, U_null)
-        for name in a:
-            setattr(self, f"sum_{name}", getattr(self, f"sum_{name}") + float(sel(a[name]).sum()))
-            setattr(self, f"null_sum_{name}", getattr(self, f"null_sum_{name}") + float(sel(a0[name]).sum()))
-        if "mid" in a:
-            delta = sel(a["mid"] - a["pre"])
-            self.sum_delta += float(delta.sum())
-            self.n_up += int((delta > 0).sum())
-            self.null_n_up += int((sel(a0["mid"] - a0["pre"]) > 0).sum())
-        if v1 is not None:
-            for name, X in (("pre", pre), ("mid", mid), ("post", post)):
-                if X is not None:
-                    c = signed_cosine(X, v1)
-                    setattr(self, f"cos_sum_{name}", getattr(self, f"cos_sum_{name}") + float(sel(c).sum()))
-        counted = None
-        for name, X in (("pre", pre), ("mid", mid), ("post", post)):
-            if X is not None:
-                val, defined = consensus(torch.where(m[..., None], X, torch.zeros_like(X)), m)
-                setattr(self, f"cons_sum_{name}", getattr(self, f"cons_sum_{name}") + float(val[defined].sum()))
-                counted = int(defined.sum())
-        self.n_seq += counted or 0
+    @classmethod
+    def from_vector(cls, v) -> LayerStats:
+        """Build from a row of ``LayerReducer`` sums (order of FIELDS); counts become ints."""
+        vals = [float(x) for x in v]
+        return cls(**{f: (round(x) if f in _COUNTS else x) for f, x in zip(FIELDS, vals)})
 
     def summary(self, k: int) -> dict:
         """Means, rho and its two-sided binomial p-value, the null baseline and counts."""
@@ -155,3 +119,105 @@ class LayerStats:
             out[f"consensus_{p}"] = getattr(self, f"cons_sum_{p}") / self.n_seq if self.n_seq else float("nan")
         out["n_sequences"] = self.n_seq
         return out
+
+
+FIELDS = tuple(f.name for f in fields(LayerStats))
+_COUNTS = {"n", "n_nonfinite", "n_up", "null_n_up", "n_seq"}
+_F = {name: i for i, name in enumerate(FIELDS)}
+
+
+class LayerReducer:
+    """Reduces one layer's (pre, mid, post) to per-target sums in a few batched ops.
+
+    All targets of a layer share one projection X @ B, with B = [U_1, N_1, U_2, N_2, ..., v1s]
+    (principal and null bases side by side), and one consensus computation. Sums stay on
+    the activations' device (no host sync per forward).
+
+    Args:
+        bases: per target (U (d, k), U_null (d, k), v1 (d,) or None), float64.
+    """
+
+    def __init__(self, bases: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]]):
+        cols, seg, v1_cols, v1_rows = [], [], [], []
+        for t, (U, N, _) in enumerate(bases):
+            for j, M in enumerate((U, N)):
+                seg += [2 * t + j] * M.shape[1]
+                cols.append(M)
+        n_seg = 2 * len(bases)
+        for t, (_, _, v1) in enumerate(bases):
+            if v1 is not None:
+                v1_cols.append(len(seg) + len(v1_cols))
+                v1_rows.append(t)
+                cols.append(v1[:, None])
+        self.B64 = torch.cat(cols, 1)  # (d, K)
+        S = torch.zeros(len(seg), n_seg, dtype=torch.float64)
+        S[torch.arange(len(seg)), torch.tensor(seg)] = 1.0
+        self.S64 = S  # (K_sub, n_seg) sums squared projections per subspace
+        self.n_sub = len(seg)
+        self.v1_cols = torch.tensor(v1_cols, dtype=torch.long)
+        self.v1_rows = torch.tensor(v1_rows, dtype=torch.long)
+        self.T = len(bases)
+        self._dev: dict = {}
+
+    def _on(self, device):
+        key = str(device)
+        if key not in self._dev:
+            self._dev[key] = (
+                self.B64.to(device, torch.float32),
+                self.S64.to(device, torch.float32),
+                self.v1_cols.to(device),
+                self.v1_rows.to(device),
+            )
+        return self._dev[key]
+
+    def __call__(self, points: dict[str, torch.Tensor | None], mask: torch.Tensor) -> torch.Tensor:
+        """Sums for every target: (T, len(FIELDS)) float64 on the activations' device.
+
+        Args:
+            points: {'pre': (b, n, d), 'mid': ... or None, 'post': ... or None}, float32.
+            mask: (b, n) bool, the valid (non-padding) tokens.
+        """
+        names = [p for p in POINTS if points.get(p) is not None]
+        X = torch.stack([points[p] for p in names])  # (p, b, n, d): one pass for every point
+        B, S, v1_cols, v1_rows = self._on(X.device)
+        raw_norm = torch.linalg.vector_norm(X, dim=-1)  # (p, b, n); non-finite iff some entry is
+        finite = torch.isfinite(raw_norm).all(0)  # (b, n)
+        m = mask & finite
+        # Zero the non-finite tokens so they cannot leak into sums (NaN * 0 = NaN). On the CPU
+        # a check is free and skips the copy; on an accelerator it would force a sync.
+        if X.device.type != "cpu" or not bool(finite.all()):
+            X = torch.nan_to_num(X, nan=0.0, posinf=0.0, neginf=0.0)
+        norm = raw_norm.nan_to_num(0.0, 0.0, 0.0).clamp_min(1e-30)[..., None]  # (p, b, n, 1)
+        P = X @ B  # (p, b, n, K)
+        sub = P[..., : self.n_sub]
+        A = torch.where(m[..., None], torch.sqrt((sub * sub) @ S) / norm, 0)  # (p, b, n, 2T): a, null a
+        sums = A.sum((1, 2)).double()  # (p, 2T)
+        # consensus per sequence: (||sum x̂||^2 - n) / (n (n - 1)); target-independent
+        w = torch.where(m, 1.0 / norm[..., 0], 0)  # (p, b, n): 1/||x|| at valid tokens
+        s = torch.einsum("pbn,pbnd->pbd", w, X)  # sum of unit vectors per sequence
+        n = m.sum(1).to(X.dtype)  # (b,)
+        defined = n >= 2
+        cons = torch.where(defined, (s.pow(2).sum(-1) - n) / (n * (n - 1)).clamp_min(1), 0).sum(-1).double()  # (p,)
+
+        T = self.T
+        cols = {
+            "n": m.sum().double().expand(T),
+            "n_nonfinite": (mask & ~finite).sum().double().expand(T),
+            "n_seq": defined.sum().double().expand(T),
+        }
+        for i, p in enumerate(names):
+            cols[f"sum_{p}"] = sums[i, 0::2]
+            cols[f"null_sum_{p}"] = sums[i, 1::2]
+            cols[f"cons_sum_{p}"] = cons[i].expand(T)
+        if len(v1_cols):
+            cos = (torch.where(m[..., None], P[..., v1_cols] / norm, 0)).sum((1, 2)).double()  # (p, n_v1)
+            for i, p in enumerate(names):
+                col = torch.zeros(T, dtype=torch.float64, device=X.device)
+                cols[f"cos_sum_{p}"] = col.index_copy(0, v1_rows, cos[i])
+        if "mid" in names:
+            d = A[names.index("mid")] - A[0]  # (b, n, 2T); zero at invalid tokens
+            up = (d > 0).sum((0, 1)).double()
+            cols["sum_delta"] = d[..., 0::2].sum((0, 1)).double()
+            cols["n_up"], cols["null_n_up"] = up[0::2], up[1::2]
+        zero = torch.zeros(T, dtype=torch.float64, device=X.device)
+        return torch.stack([cols.get(f, zero) for f in FIELDS], 1)

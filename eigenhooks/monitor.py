@@ -17,11 +17,12 @@ from pathlib import Path
 import torch
 
 from .api import spectra
-from .metrics import LayerStats, null_basis
+from .metrics import FIELDS, LayerReducer, LayerStats, null_basis
 from .models import Adapter, get_adapter
 
 log = logging.getLogger(__name__)
 DEFAULT_TARGETS = (("ov", "modulus"), ("ov", "residual"))
+BUFFER_TOKENS = 256  # single-position forwards reduced together; bounds the buffer's memory
 
 
 def _first(x):
@@ -29,21 +30,12 @@ def _first(x):
 
 
 class _Target:
-    """One (layer, variant, rank): its bases (moved to each activation's device on demand)."""
+    """One (layer, variant, rank): its spectrum and its seeded null subspace."""
 
     def __init__(self, spec, null_seed: int):
         self.spec = spec
-        self.U64 = spec.basis
         self.null64 = null_basis(spec.d_model, spec.k, null_seed * 100_003 + spec.layer)
         self.v1_64 = spec.basis[:, 0] if spec.k == 1 else None
-        self._on: dict = {}
-
-    def bases(self, device):
-        key = str(device)
-        if key not in self._on:
-            f = lambda t: None if t is None else t.to(device, torch.float32)
-            self._on[key] = (f(self.U64), f(self.null64), f(self.v1_64))
-        return self._on[key]
 
 
 class Monitor:
@@ -76,7 +68,10 @@ class Monitor:
         self.null_seed = null_seed
         self.sink_path = Path(sink) if sink is not None else None
         self.attach = attach
-        self.stats: dict[tuple, LayerStats] = {}
+        self._acc: dict[int, torch.Tensor] = {}  # layer -> (targets, FIELDS) running sums, on device
+        self._loaded: dict[tuple, LayerStats] = {}  # from load_state_dict
+        self._reducers: dict[int, LayerReducer] = {}
+        self._buf: dict[int, list] = {}  # layer -> buffered single-position forwards
         self.token_records: list[dict] = []
         self.n_forwards = 0
         self._targets: dict[int, list[tuple[tuple, _Target]]] = {}
@@ -104,12 +99,14 @@ class Monitor:
             for spec in spectra(self.adapter, variant=variant, rank=rank):
                 key = (spec.layer, variant, rank)
                 self._targets.setdefault(spec.layer, []).append((key, _Target(spec, self.null_seed)))
-                self.stats[key] = LayerStats()
+        for layer, tgts in self._targets.items():
+            self._reducers[layer] = LayerReducer([(t.spec.basis, t.null64, t.v1_64) for _, t in tgts])
 
     def __exit__(self, *exc) -> None:
         self.close()
 
     def close(self) -> None:
+        self._flush()
         if self._stack is not None:
             self._stack.close()
             self._stack = None
@@ -151,7 +148,7 @@ class Monitor:
         self._current: int | None = None
         self._cap: dict[str, torch.Tensor] = {}
         self._mask_full: torch.Tensor | None = None
-        self._delta: dict[tuple, LayerStats] = {}
+        self._delta: dict[int, torch.Tensor] = {}  # this forward's sums, for the sink
 
     def _on_model_start(self, module, args, kwargs):
         self._reset_forward()
@@ -164,7 +161,9 @@ class Monitor:
             line = {
                 "forward": self.n_forwards,
                 "stats": [
-                    {"layer": k[0], "variant": k[1], "rank": k[2], **s.state_dict()} for k, s in self._delta.items()
+                    {"layer": k[0], "variant": k[1], "rank": k[2], **s.state_dict()}
+                    for k, s in self._as_stats(self._delta).items()
+                    if k[0] in self._delta
                 ],
             }
             with open(self.sink_path, "a") as fh:
@@ -220,21 +219,54 @@ class Monitor:
 
     def _reduce(self, layer: int, cap: dict) -> None:
         pre = cap.get("pre")
-        if pre is None or pre.numel() == 0:
+        if pre is None or pre.numel() == 0 or layer not in self._reducers:
             return
         f32 = lambda t: None if t is None else t.to(torch.float32)
-        pre, mid, post = f32(pre), f32(cap.get("mid")), f32(cap.get("post"))
-        mask = self._valid_mask(pre)
-        for key, tgt in self._targets.get(layer, []):
-            U, U0, v1 = tgt.bases(pre.device)
-            delta = LayerStats()
-            delta.update(
-                pre, mid if "mid" in self.points else None, post if "post" in self.points else None, U, U0, v1, mask
-            )
-            self.stats[key] = self.stats[key] + delta
-            self._delta[key] = self._delta[key] + delta if key in self._delta else delta
-            if self.keep_tokens:
-                self._record_tokens(key, pre, mid, post, U, mask)
+        points = {p: (f32(cap.get(p)) if p in self.points else None) for p in ("pre", "mid", "post")}
+        mask = self._valid_mask(points["pre"])
+        if points["pre"].shape[1] == 1 and self.sink_path is None and not self.keep_tokens:
+            # One position per sequence (a KV-cache generation step): batch these up and
+            # reduce many at once; a per-step reduction would cost more than the step.
+            # Sequences of one token add no consensus, so the result is the same.
+            buf = self._buf.setdefault(layer, [])
+            buf.append(({p: (None if X is None else X.clone()) for p, X in points.items()}, mask))
+            if sum(mk.shape[0] for _, mk in buf) >= BUFFER_TOKENS:
+                self._flush(layer)
+            return
+        self._add(layer, self._reducers[layer](points, mask))
+        if self.keep_tokens:
+            for key, tgt in self._targets[layer]:
+                U = tgt.spec.basis.to(pre.device, torch.float32)
+                self._record_tokens(key, points["pre"], points["mid"], points["post"], U, mask)
+
+    def _add(self, layer: int, sums: torch.Tensor) -> None:
+        """Add (targets, FIELDS) sums to the running totals (and this forward's, for the sink)."""
+        self._acc[layer] = self._acc[layer] + sums if layer in self._acc else sums
+        self._delta[layer] = self._delta[layer] + sums if layer in self._delta else sums
+
+    def _flush(self, layer: int | None = None) -> None:
+        """Reduce buffered single-position forwards (all layers when layer is None)."""
+        for i in [layer] if layer is not None else list(self._buf):
+            buf = self._buf.pop(i, [])
+            if not buf:
+                continue
+            points = {p: (None if buf[0][0][p] is None else torch.cat([b[0][p] for b in buf])) for p in buf[0][0]}
+            self._add(i, self._reducers[i](points, torch.cat([b[1] for b in buf])))
+
+    def _as_stats(self, acc: dict[int, torch.Tensor]) -> dict[tuple, LayerStats]:
+        out = {}
+        for layer, tgts in self._targets.items():
+            rows = acc[layer].cpu() if layer in acc else torch.zeros(len(tgts), len(FIELDS), dtype=torch.float64)
+            for (key, _), row in zip(tgts, rows):
+                out[key] = LayerStats.from_vector(row)
+        return out
+
+    @property
+    def stats(self) -> dict[tuple, LayerStats]:
+        """(layer, variant, rank) -> LayerStats, everything measured so far (plus loaded state)."""
+        self._flush()
+        cur = self._as_stats(self._acc)
+        return {k: (v + self._loaded[k] if k in self._loaded else v) for k, v in cur.items()}
 
     def _record_tokens(self, key, pre, mid, post, U, mask) -> None:
         from .metrics import alignment
@@ -277,7 +309,7 @@ class Monitor:
         import pandas as pd
 
         rows = []
-        for (layer, variant, rank), st in sorted(self.stats.items()):
+        for (layer, variant, rank), st in sorted(self.stats.items()):  # one host sync here
             tgt = next(t for k, t in self._targets[layer] if k == (layer, variant, rank))
             s = tgt.spec
             rows.append(
@@ -314,11 +346,14 @@ class Monitor:
         return {f"{k[0]}|{k[1]}|{k[2]}": s.state_dict() for k, s in self.stats.items()}
 
     def load_state_dict(self, state: dict) -> None:
+        """Replace the statistics with a saved state (``state_dict`` of this or another monitor)."""
+        self._prepare()
+        self._acc, self._loaded, self._buf = {}, {}, {}
         for key, st in state.items():
             layer, variant, rank = key.split("|")
             s = LayerStats()
             s.load_state_dict(st)
-            self.stats[(int(layer), variant, rank)] = s
+            self._loaded[(int(layer), variant, rank)] = s
 
 
 def monitor(
