@@ -56,12 +56,12 @@ def _emit(title: str, columns: list[str], rows: list[list], as_json: bool, recor
     from rich.console import Console
     from rich.table import Table
 
-    table = Table(title=title)
+    table = Table(title=title, header_style="bold")
     for c in columns:
-        table.add_column(c, justify="right" if c not in ("kind",) else "left")
+        table.add_column(c, justify="left" if c in ("kind", "rank") else "right", no_wrap=True)
     for r in rows:
         table.add_row(*[str(x) for x in r])
-    Console().print(table)
+    Console(width=None if sys.stdout.isatty() else 160).print(table)
 
 
 @app.command()
@@ -128,6 +128,82 @@ def verify(
     ]
     rows = [[r.layer, f"{r.max_abs_diff:.2e}", f"{r.rel_diff:.2e}", r.dtype] for r in res]
     _emit(f"{model}: F from weights vs probe", ["layer", "max |diff|", "relative", "dtype"], rows, as_json, records)
+
+
+@app.command()
+def run(
+    model: ModelArg = "gpt2-tiny",
+    text: Annotated[str | None, typer.Option(help="text to run on")] = None,
+    file: Annotated[str | None, typer.Option(help="a text file (paragraphs separated by blank lines)")] = None,
+    dataset: Annotated[str | None, typer.Option(help="HF dataset NAME[:split] (needs `datasets` and the hub)")] = None,
+    max_tokens: Annotated[int, typer.Option(help="tokens to monitor")] = 4096,
+    batch_size: Annotated[int, typer.Option(help="sequences per forward")] = 8,
+    device: Annotated[str | None, typer.Option(help="cpu, cuda, cuda:1 ...")] = None,
+    dtype: Annotated[str | None, typer.Option(help="float32, float16, bfloat16")] = None,
+    out: Annotated[str | None, typer.Option(help="run folder (default runs/MODEL-TIME)")] = None,
+    backend: Annotated[str, typer.Option(help="hf or lens")] = "hf",
+    debug: DebugOpt = False,
+) -> None:
+    """The whole study: spectra, a monitored pass, a table, plots and report.html in a run folder."""
+    try:
+        from .run import run as _run
+
+        res = _run(
+            model,
+            text=text,
+            file=file,
+            dataset=dataset,
+            max_tokens=max_tokens,
+            batch_size=batch_size,
+            device=device,
+            dtype=dtype,
+            out=out,
+            backend=backend,
+            command=["eigenhooks", *sys.argv[1:]],
+        )
+    except Exception as e:
+        _fail(e, debug)
+        return
+    df = res.summary
+    cols = [
+        "layer",
+        "rank",
+        "kind",
+        "abs_lambda_1",
+        "gap_ratio",
+        "gamma_pre",
+        "gamma_mid",
+        "null_gamma_pre",
+        "rho",
+        "p_value",
+        "null_rho",
+    ]
+    heads = ["layer", "rank", "kind", "|λ1|", "gap", "γ pre", "γ mid", "null γ pre", "ρ", "p", "null ρ"]
+    rows = [[_cell(r[c]) for c in cols] for _, r in df.iterrows()]
+    _emit(f"{model}: alignment per layer ({int(df['n_tokens'].iloc[0])} tokens)", heads, rows, False, [])
+    state = "interrupted; partial results in" if res.interrupted else "run folder:"
+    typer.echo(f"{state} {res.out}  (report: {res.out / 'report.html'})")
+    if res.interrupted:
+        raise typer.Exit(130)
+
+
+@app.command()
+def report(
+    run_dir: Annotated[str, typer.Argument(help="a run folder written by `eigenhooks run`")], debug: DebugOpt = False
+) -> None:
+    """Rebuild report.html of a run folder."""
+    try:
+        from .report import build_report
+
+        typer.echo(str(build_report(run_dir)))
+    except Exception as e:
+        _fail(e, debug)
+
+
+def _cell(v) -> str:
+    if isinstance(v, float):
+        return f"{v:.1e}" if (0 < abs(v) < 1e-3) else f"{v:.3f}"
+    return {"real-dominant": "real", "complex-dominant": "complex", "near-degenerate": "near-deg"}.get(str(v), str(v))
 
 
 def main() -> None:

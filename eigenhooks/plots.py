@@ -1,0 +1,114 @@
+"""matplotlib figures for runs: alignment per layer, spectra, token heatmaps, trajectories.
+
+matplotlib is optional (``pip install 'eigenhooks[plot]'``) and imported lazily; every
+function returns a Figure and never calls ``show``.
+"""
+
+from __future__ import annotations
+
+import math
+
+
+def _plt():
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg", force=False)
+        import matplotlib.pyplot as plt
+    except ImportError as e:
+        raise ImportError("plots need matplotlib: pip install 'eigenhooks[plot]'") from e
+    return plt
+
+
+def alignment_by_layer(summary, rank: str = "modulus", alpha: float = 0.01):
+    """gamma_pre and gamma_mid per layer next to their null baselines, rho with significance.
+
+    Args:
+        summary: the DataFrame of ``Monitor.summary()`` (or a run's summary.csv).
+        rank: which target's rows to plot ('modulus' or 'residual').
+        alpha: p-value below which rho is marked significant (*).
+    """
+    plt = _plt()
+    df = summary[summary["rank"] == rank].sort_values("layer")
+    fig, (ax, ax2) = plt.subplots(2, 1, figsize=(7, 6), sharex=True)
+    x = df["layer"].to_numpy()
+    ax.plot(x, df["gamma_pre"], "o-", label="gamma_pre")
+    ax.plot(x, df["gamma_mid"], "s-", label="gamma_mid")
+    ax.plot(x, df["null_gamma_pre"], "o--", color="grey", alpha=0.7, label="null gamma_pre")
+    ax.plot(x, df["null_gamma_mid"], "s--", color="silver", alpha=0.9, label="null gamma_mid")
+    ax.set_ylabel("mean alignment")
+    ax.set_title(f"alignment with each layer's principal subspace ({rank})")
+    ax.legend(fontsize=8)
+    ax2.bar(x - 0.2, df["rho"], width=0.4, label="rho")
+    ax2.bar(x + 0.2, df["null_rho"], width=0.4, color="grey", alpha=0.6, label="null rho")
+    ax2.axhline(0.5, color="k", lw=0.8, ls=":")
+    for xi, r, p in zip(x, df["rho"], df["p_value"]):
+        if p < alpha:
+            ax2.text(xi - 0.2, r + 0.02, "*", ha="center")
+    ax2.set_ylim(0, 1.1)
+    ax2.set_xticks(x)
+    ax2.set_xlabel("layer")
+    ax2.set_ylabel(f"rho (* p < {alpha})")
+    ax2.legend(fontsize=8)
+    fig.tight_layout()
+    return fig
+
+
+def eigenvalue_planes(spectra, max_cols: int = 4):
+    """Each layer's eigenvalues in the complex plane, unit circle drawn, lambda_1 marked."""
+    plt = _plt()
+    n = len(spectra)
+    cols = min(max_cols, n)
+    rows = math.ceil(n / cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(3 * cols, 3 * rows), squeeze=False)
+    for ax in axes.flat[n:]:
+        ax.axis("off")
+    for ax, s in zip(axes.flat, spectra):
+        ev = s.eigenvalues.numpy()
+        t = [2 * math.pi * i / 200 for i in range(201)]
+        ax.plot([math.cos(a) for a in t], [math.sin(a) for a in t], color="grey", lw=0.6)
+        ax.scatter(ev.real, ev.imag, s=6, alpha=0.6)
+        ax.scatter([s.lambda_1.real], [s.lambda_1.imag], s=40, color="red", marker="*", label="lambda_1")
+        ax.axhline(0, color="k", lw=0.3)
+        ax.axvline(0, color="k", lw=0.3)
+        ax.set_title(f"layer {s.layer}: {s.kind}", fontsize=9)
+        ax.set_aspect("equal", adjustable="datalim")
+    fig.tight_layout()
+    return fig
+
+
+def token_heatmap(values, tokens: list[str] | None = None, title: str = "alignment a(x) at 'pre'"):
+    """A tokens x layers heatmap. values: (layers, tokens) array-like."""
+    plt = _plt()
+    import numpy as np
+
+    v = np.asarray(values, dtype=float)
+    fig, ax = plt.subplots(figsize=(max(6, 0.25 * v.shape[1]), 0.4 * v.shape[0] + 1.5))
+    im = ax.imshow(v, aspect="auto", cmap="viridis", vmin=0, vmax=max(1e-9, float(np.nanmax(v))))
+    ax.set_ylabel("layer")
+    ax.set_xlabel("token")
+    if tokens is not None and len(tokens) <= 80:
+        ax.set_xticks(range(len(tokens)))
+        ax.set_xticklabels(tokens, rotation=90, fontsize=7)
+    ax.set_title(title)
+    fig.colorbar(im, ax=ax)
+    fig.tight_layout()
+    return fig
+
+
+def trajectories(coords, title: str = "token trajectories", labels: tuple[str, str] = ("v_1", "v_2")):
+    """Token paths in a plane. coords: (steps, tokens, 2) array-like."""
+    plt = _plt()
+    import numpy as np
+
+    c = np.asarray(coords, dtype=float)
+    fig, ax = plt.subplots(figsize=(5, 5))
+    for j in range(c.shape[1]):
+        ax.plot(c[:, j, 0], c[:, j, 1], lw=0.8, alpha=0.7)
+        ax.scatter(c[-1, j, 0], c[-1, j, 1], s=12)
+    ax.set_xlabel(labels[0])
+    ax.set_ylabel(labels[1])
+    ax.set_title(title)
+    ax.set_aspect("equal", adjustable="datalim")
+    fig.tight_layout()
+    return fig

@@ -1,0 +1,103 @@
+"""A self-contained HTML report of a run folder: table, plots (embedded) and metadata.
+
+``build_report(run_dir)`` reads summary.csv, meta.json and the PNG plots written by
+``eigenhooks run`` and writes report.html beside them; ``eigenhooks report DIR`` calls it.
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import json
+from pathlib import Path
+
+PLOTS = (
+    ("alignment_modulus.png", "Alignment per layer against the null (ranked by |lambda|)"),
+    ("alignment_residual.png", "Alignment per layer against the null (ranked by |1 + lambda|)"),
+    ("eigenvalues.png", "Eigenvalues of each layer's F in the complex plane"),
+    ("heatmap.png", "Per-token alignment, first sequence (tokens x layers)"),
+)
+COLUMNS = (
+    "layer",
+    "rank",
+    "k",
+    "kind",
+    "abs_lambda_1",
+    "gap_ratio",
+    "n_tokens",
+    "gamma_pre",
+    "gamma_mid",
+    "null_gamma_pre",
+    "rho",
+    "p_value",
+    "null_rho",
+    "consensus_post",
+)
+
+
+def _fmt(v) -> str:
+    if isinstance(v, float):
+        return f"{v:.3g}" if (abs(v) < 1e-3 and v != 0) else f"{v:.4f}"
+    return html.escape(str(v))
+
+
+def build_report(run_dir) -> Path:
+    """Write run_dir/report.html (one file, images inlined). Returns its path."""
+    import pandas as pd
+
+    run_dir = Path(run_dir)
+    if not (run_dir / "summary.csv").exists():
+        raise FileNotFoundError(f"{run_dir} has no summary.csv: not an eigenhooks run folder")
+    df = pd.read_csv(run_dir / "summary.csv")
+    meta = json.loads((run_dir / "meta.json").read_text()) if (run_dir / "meta.json").exists() else {}
+    cols = [c for c in COLUMNS if c in df.columns]
+    head = "".join(f"<th>{html.escape(c)}</th>" for c in cols)
+    body = "".join("<tr>" + "".join(f"<td>{_fmt(r[c])}</td>" for c in cols) + "</tr>" for _, r in df.iterrows())
+    figs = []
+    for name, caption in PLOTS:
+        p = run_dir / name
+        if p.exists():
+            data = base64.b64encode(p.read_bytes()).decode()
+            figs.append(
+                f'<figure><img alt="{html.escape(name)}" src="data:image/png;base64,{data}">'
+                f"<figcaption>{html.escape(caption)}</figcaption></figure>"
+            )
+    meta_rows = "".join(
+        f"<tr><th>{html.escape(str(k))}</th><td>{html.escape(json.dumps(v) if not isinstance(v, str) else v)}</td></tr>"
+        for k, v in meta.items()
+    )
+    status = "interrupted: partial results" if meta.get("interrupted") else "complete"
+    page = f"""<!doctype html>
+<html lang="en"><head><meta charset="utf-8"><title>eigenhooks run: {html.escape(str(meta.get("model", run_dir.name)))}</title>
+<style>
+body {{ font-family: system-ui, sans-serif; margin: 2em auto; max-width: 1100px; color: #222; }}
+table {{ border-collapse: collapse; font-size: 13px; margin: 1em 0; }}
+td, th {{ border: 1px solid #ccc; padding: 3px 7px; text-align: right; white-space: nowrap; }}
+th {{ background: #f3f3f3; }}
+figure {{ margin: 1.5em 0; }} img {{ max-width: 100%; }}
+figcaption {{ color: #555; font-size: 13px; }}
+</style></head>
+<body data-images="{len(figs)}">
+<h1>eigenhooks run</h1>
+<p>Model <b>{html.escape(str(meta.get("model", "?")))}</b>, {html.escape(status)}.
+gamma: mean alignment ||U^T x|| / ||x|| with the layer's principal subspace; rho: share of tokens
+whose alignment grows across the attention step, with a two-sided binomial p-value; null: the same
+for a random subspace of the same dimension.</p>
+<h2>Per layer</h2>
+<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>
+<h2>Plots</h2>
+{"".join(figs)}
+<h2>Run</h2>
+<table class="meta">{meta_rows}</table>
+<script>
+window.addEventListener("load", function () {{
+  var imgs = Array.from(document.images);
+  var ok = imgs.filter(function (i) {{ return i.complete && i.naturalWidth > 0; }}).length;
+  document.body.setAttribute("data-images-loaded", ok + "/" + imgs.length);
+}});
+</script>
+</body></html>
+"""
+    out = run_dir / "report.html"
+    out.write_text(page)
+    return out

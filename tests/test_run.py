@@ -1,0 +1,164 @@
+"""The main job: run folder, plots, report (in a real browser), CLI errors, interruption."""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import pandas as pd
+import pytest
+import torch
+from typer.testing import CliRunner
+
+import eigenhooks as eh
+from eigenhooks.cli import app
+from eigenhooks.run import run
+
+runner = CliRunner()
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory):
+    out = tmp_path_factory.mktemp("run")
+    res = run("gpt2-tiny", max_tokens=600, batch_size=4, out=out, progress=False)
+    assert not res.interrupted
+    return out
+
+
+def test_run_folder_contents(run_dir):
+    for f in (
+        "summary.csv",
+        "summary.parquet",
+        "spectra.json",
+        "meta.json",
+        "stats.jsonl",
+        "report.html",
+        "alignment_modulus.png",
+        "alignment_residual.png",
+        "eigenvalues.png",
+        "heatmap.png",
+    ):
+        assert (run_dir / f).stat().st_size > 0, f
+    df = pd.read_csv(run_dir / "summary.csv")
+    assert len(df) == 8 and set(df["rank"]) == {"modulus", "residual"}
+    assert (df["n_tokens"] == 600).all()
+    meta = json.loads((run_dir / "meta.json").read_text())
+    assert meta["model"] == "gpt2-tiny" and meta["interrupted"] is False and meta["seed"] == 0
+    # the JSONL holds one line per forward, and its sums add up to the summary's counts
+    lines = [json.loads(x) for x in (run_dir / "stats.jsonl").read_text().splitlines()]
+    assert len(lines) == meta["forwards"]
+    n = sum(s["n"] for line in lines for s in line["stats"] if s["layer"] == 0 and s["rank"] == "modulus")
+    assert n == 600
+
+
+def test_run_summary_matches_a_direct_monitor(run_dir):
+    model, tok = eh.zoo.load("gpt2-tiny")
+    from eigenhooks.run import load_texts, make_batches
+
+    batches = make_batches(tok, load_texts(), 600, 128, 4)
+    with eh.monitor(model) as mon, torch.no_grad():
+        for ids in batches:
+            model(input_ids=ids, attention_mask=torch.ones_like(ids))
+    df = pd.read_csv(run_dir / "summary.csv")
+    direct = mon.summary()
+    for col in ("gamma_pre", "gamma_mid", "rho", "null_gamma_pre"):
+        assert (df[col] - direct[col]).abs().max() < 1e-6, col
+
+
+def test_report_rebuild(run_dir):
+    (run_dir / "report.html").unlink()
+    r = runner.invoke(app, ["report", str(run_dir)])
+    assert r.exit_code == 0, r.output
+    page = (run_dir / "report.html").read_text()
+    assert page.count("data:image/png;base64,") == 4 and "gamma_pre" in page
+
+
+def _browser():
+    return shutil.which("chromium") or shutil.which("chromium-browser") or shutil.which("google-chrome")
+
+
+def test_report_renders_in_headless_browser(run_dir):
+    browser = _browser()
+    if browser is None:
+        pytest.skip("no chromium on this machine (.ci/run installs Debian's chromium); the report was not rendered")
+    profile = run_dir / "chrome-profile"
+    cmd = [
+        browser,
+        "--headless",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-background-networking",
+        "--disable-component-update",
+        "--disable-sync",
+        "--no-first-run",
+        f"--user-data-dir={profile}",
+        "--virtual-time-budget=5000",
+        "--dump-dom",
+        (run_dir / "report.html").as_uri(),
+    ]
+    dom = subprocess.run(cmd, capture_output=True, text=True, timeout=120).stdout
+    assert 'data-images-loaded="4/4"' in dom, dom[:500]
+
+
+def test_plot_smoke(run_dir):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from eigenhooks import plots
+
+    fig = plots.trajectories(torch.randn(10, 3, 2).numpy())
+    assert fig.axes
+
+
+def test_cli_run_and_offline_errors(tmp_path):
+    r = runner.invoke(app, ["run", "--max-tokens", "200", "--out", str(tmp_path / "r")])
+    assert r.exit_code == 0, r.output
+    assert "γ pre" in r.output and (tmp_path / "r" / "report.html").exists()
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    for args in (["run", "--dataset", "wikitext:test", "--max-tokens", "10"], ["run", "someone/some-model"]):
+        p = subprocess.run(
+            [sys.executable, "-m", "eigenhooks", *args, "--out", str(tmp_path / "x")],
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=300,
+        )
+        assert p.returncode == 1, p.stderr
+        err = [x for x in p.stderr.strip().splitlines() if x.strip()]
+        assert len(err) == 1 and err[0].startswith("eigenhooks: error:") and "Traceback" not in p.stderr, p.stderr
+
+
+def test_sigint_leaves_a_valid_partial_run(tmp_path):
+    import signal
+    import time
+
+    out = tmp_path / "partial"
+    code = (
+        "import time, torch, eigenhooks.run as R\n"
+        "orig = R._progress\n"
+        "def slow(items, show):\n"
+        "    for i, x in enumerate(orig(items, False)):\n"
+        "        if i == 2: print('READY', flush=True)\n"
+        "        if i >= 2: time.sleep(1.0)\n"
+        "        yield x\n"
+        "R._progress = slow\n"
+        "from eigenhooks.cli import main\n"
+        "import sys; sys.argv = ['eigenhooks', 'run', '--max-tokens', '4000', '--batch-size', '1', '--out', %r]\n"
+        "main()\n"
+    ) % str(out)
+    p = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    for line in p.stdout:
+        if "READY" in line:
+            break
+    time.sleep(1.5)
+    p.send_signal(signal.SIGINT)
+    p.wait(timeout=300)
+    assert p.returncode == 130
+    meta = json.loads((out / "meta.json").read_text())
+    assert meta["interrupted"] is True and 0 < meta["forwards"] < 32
+    lines = (out / "stats.jsonl").read_text().splitlines()
+    assert len(lines) == meta["forwards"]
+    df = pd.read_csv(out / "summary.csv")
+    assert (df["n_tokens"] == 128 * meta["forwards"]).all()
+    assert (out / "report.html").exists()
