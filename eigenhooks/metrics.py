@@ -1,7 +1,8 @@
 """Alignment statistics: per-token measures and streaming, mergeable per-layer sums.
 
 Pure torch (plus scipy for the binomial test). Definitions (DESIGN.md §1):
-a(x) = ||U^T x|| / ||x||; delta = a(mid) - a(pre); rho = P(delta > 0) with a two-sided
+a(x) = ||U^T x|| / ||x||; delta = a(mid) - a(pre); rho = P(delta > 0) (above float32
+rounding, GROWTH_EPS) with a two-sided
 binomial test of rho = 0.5; a null baseline from a random subspace of the same k;
 consensus = mean pairwise cosine within a sequence, (||sum x̂||^2 - n) / (n (n - 1)).
 Every statistic is a sum or a count, so batches, processes and runs merge exactly.
@@ -14,6 +15,9 @@ from dataclasses import dataclass, fields
 import torch
 
 POINTS = ("pre", "mid", "post")
+# A token "grows" when delta exceeds this: alignments are computed in float32, so smaller
+# differences are rounding (an ablated attention step would otherwise show spurious growth).
+GROWTH_EPS = 1e-6
 
 
 def alignment(X: torch.Tensor, U: torch.Tensor) -> torch.Tensor:
@@ -216,7 +220,7 @@ class LayerReducer:
                 cols[f"cos_sum_{p}"] = col.index_copy(0, v1_rows, cos[i])
         if "mid" in names:
             d = A[names.index("mid")] - A[0]  # (b, n, 2T); zero at invalid tokens
-            up = (d > 0).sum((0, 1)).double()
+            up = (d > GROWTH_EPS).sum((0, 1)).double()
             cols["sum_delta"] = d[..., 0::2].sum((0, 1)).double()
             cols["n_up"], cols["null_n_up"] = up[0::2], up[1::2]
         zero = torch.zeros(T, dtype=torch.float64, device=X.device)

@@ -267,3 +267,4 @@ def test_hf_and_lens_give_the_same_statistics(gpt2):
     assert plain.stats[k2].sum_pre == pytest.approx(ablated.stats[k2].sum_pre, abs=1e-5)
     assert abs(plain.stats[k2].sum_mid - ablated.stats[k2].sum_mid) > 1e-4
     assert ablated.stats[k2].sum_mid == pytest.approx(ablated.stats[k2].sum_pre, abs=1e-4)  # mid == pre
+    assert ablated.stats[k2].n_up == 0 and plain.stats[k2].n_up > 0

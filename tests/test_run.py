@@ -144,9 +144,9 @@ def test_sigint_leaves_a_valid_partial_run(tmp_path):
         "        yield x\n"
         "R._progress = slow\n"
         "from eigenhooks.cli import main\n"
-        "import sys; sys.argv = ['eigenhooks', 'run', '--max-tokens', '4000', '--batch-size', '1', '--out', %r]\n"
+        f"import sys; sys.argv = ['eigenhooks', 'run', '--max-tokens', '4000', '--batch-size', '1', '--out', {str(out)!r}]\n"
         "main()\n"
-    ) % str(out)
+    )
     p = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     for line in p.stdout:
         if "READY" in line:
