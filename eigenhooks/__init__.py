@@ -8,13 +8,14 @@ Public API (DESIGN.md §3)::
     model, tok = eh.zoo.load("gpt2-tiny")
 """
 
-from . import zoo
+from . import direction, zoo
 from .api import Verification, spectra, verify
 from .metrics import LayerStats
 from .models import Adapter, UnsupportedModelError, get_adapter, supported_families
 from .models.loading import ModelLoadError, load_model
 from .monitor import Monitor, monitor
 from .spectrum import Factors, HeadSpectrum, LayerSpectrum, layer_spectrum
+from .steering import Steer, SteerReport, steer
 
 __version__ = "0.1.0"
 
@@ -29,6 +30,10 @@ __all__ = [
     "Verification",
     "LayerStats",
     "Monitor",
+    "Steer",
+    "SteerReport",
+    "direction",
+    "steer",
     "get_adapter",
     "monitor",
     "layer_spectrum",

@@ -15,6 +15,8 @@ def test_example_runs(script, tmp_path):
     if "lens" in script.name:
         pytest.importorskip("transformer_lens")
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "MPLBACKEND": "Agg"}
-    p = subprocess.run([sys.executable, str(script)], cwd=tmp_path, capture_output=True, text=True, env=env, timeout=600)
+    p = subprocess.run(
+        [sys.executable, str(script)], cwd=tmp_path, capture_output=True, text=True, env=env, timeout=600
+    )
     assert p.returncode == 0, p.stderr[-2000:]
     assert p.stdout.strip()

@@ -70,6 +70,7 @@ class Layer:
     factors: Callable[[], Factors] | None
     group: int
     name: str = ""
+    o_proj: nn.Module | None = None  # the output projection (nn.Linear, or GPT-2's Conv1D)
 
 
 @dataclass

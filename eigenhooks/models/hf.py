@@ -173,6 +173,25 @@ _HEAD_NORMS = {
 }
 
 
+# model_type -> the output projection of one block (for steering)
+O_PROJ = {
+    "gpt2": lambda b: b.attn.c_proj,
+    "gpt_neo": lambda b: b.attn.attention.out_proj,
+    "gpt_neox": lambda b: b.attention.dense,
+    "gptj": lambda b: b.attn.out_proj,
+    "bert": lambda b: b.attention.output.dense,
+    "roberta": lambda b: b.attention.output.dense,
+    "xlm-roberta": lambda b: b.attention.output.dense,
+    "distilbert": lambda b: b.attention.out_lin,
+    "albert": lambda b: b.attention.dense,
+    "llama": lambda b: b.self_attn.o_proj,
+    "mistral": lambda b: b.self_attn.o_proj,
+    "qwen2": lambda b: b.self_attn.o_proj,
+    "qwen3": lambda b: b.self_attn.o_proj,
+    "opt": lambda b: b.self_attn.out_proj,
+}
+
+
 def supported_families() -> list[str]:
     return sorted(FAMILIES)
 
@@ -194,7 +213,17 @@ def hf_adapter(model: nn.Module) -> Adapter:
     rows = list(rows_fn(base, cfg))
     groups = _group_ids([r[2] for r in rows])
     layers = [
-        Layer(index=i, block=b, attn_in=ai, attn_out=ao, norm=n, factors=f, group=g, name=_name(model, ai))
+        Layer(
+            index=i,
+            block=b,
+            attn_in=ai,
+            attn_out=ao,
+            norm=n,
+            factors=f,
+            group=g,
+            name=_name(model, ai),
+            o_proj=O_PROJ[model_type](b),
+        )
         for i, ((b, ai, ao, n, f), g) in enumerate(zip(rows, groups))
     ]
     d, H, G = dims(cfg)

@@ -80,6 +80,8 @@ def lens_adapter(model) -> Adapter:
                 factors=lambda attn=attn: _factors(attn, H),
                 group=i,
                 name=f"blocks.{i}.attn",
+                # the bridge wraps the HF output projection; legacy HookedTransformer has none
+                o_proj=getattr(getattr(attn, "o", None), "original_component", None),
             )
         )
     notes = []
