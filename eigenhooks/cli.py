@@ -188,6 +188,70 @@ def run(
 
 
 @app.command()
+def steer(
+    model: ModelArg = "gpt2-tiny",
+    toward: Annotated[str, typer.Option(help="a token (e.g. ' return') or a .npy file with a unit vector")] = " return",
+    prompt: Annotated[list[str] | None, typer.Option(help="prompt(s); repeat the flag for several")] = None,
+    gap_ratio: Annotated[float | None, typer.Option(help="solve alpha for this gap ratio")] = None,
+    alpha: Annotated[float | None, typer.Option(help="size of the rank-1 change")] = None,
+    layer: Annotated[int, typer.Option(help="attention layer (default the last)")] = -1,
+    mode: Annotated[str, typer.Option(help="edit or hook")] = "edit",
+    top_k: Annotated[int, typer.Option(help="next tokens to show")] = 5,
+    allow_shared: Annotated[bool, typer.Option("--allow-shared", help="steer a shared-weight layer")] = False,
+    debug: DebugOpt = False,
+) -> None:
+    """Top-k next tokens before and after a rank-1 steering of one layer, and the alignment change."""
+    try:
+        import numpy as np
+        import torch
+
+        from . import direction as _direction
+        from . import steer as _steer
+        from .models.loading import load_model
+
+        if alpha is None and gap_ratio is None:
+            gap_ratio = 0.1
+        m, tok = load_model(model)
+        if toward.endswith(".npy"):
+            u = torch.from_numpy(np.load(toward)).double()
+        else:
+            u = _direction.token(m, tok, toward)
+        prompts = prompt or ["def f(x):\n    y = x + 1\n   "]
+        batch = tok(prompts[:1], return_tensors="pt")
+        with torch.no_grad():
+            before = torch.softmax(m(**batch).logits[0, -1].double(), -1)
+        target = None if toward.endswith(".npy") else tok(toward, add_special_tokens=False)["input_ids"][0]
+        with _steer(m, u, layer=layer, alpha=alpha, gap_ratio=gap_ratio, mode=mode, allow_shared=allow_shared) as s:
+            with torch.no_grad():
+                after = torch.softmax(m(**batch).logits[0, -1].double(), -1)
+            rep = s.report(target_token=target)
+    except Exception as e:
+        _fail(e, debug)
+        return
+    rows = []
+    pb, ib = before.topk(top_k)
+    pa, ia = after.topk(top_k)
+    for i in range(top_k):
+        rows.append(
+            [
+                i + 1,
+                repr(tok.decode([int(ib[i])])),
+                f"{float(pb[i]):.3f}",
+                repr(tok.decode([int(ia[i])])),
+                f"{float(pa[i]):.3f}",
+            ]
+        )
+    _emit(f"{model}: next token for {prompts[0]!r}", ["#", "before", "p", "after", "p"], rows, False, [])
+    typer.echo(
+        f"layer {rep.layer}: alpha {rep.alpha:.3f}; lambda_1 {_c(rep.lambda_1_before)} -> {_c(rep.lambda_1)}, "
+        f"gap ratio {rep.gap_ratio_before:.3f} -> {rep.gap_ratio:.3f}, cos(v1', u) {rep.cos_v1_u:.4f}"
+    )
+    typer.echo(f"final residuals' mean |cos| with u: {rep.alignment_before:.3f} -> {rep.alignment_after:.3f}")
+    if rep.prob_before is not None:
+        typer.echo(f"p({toward!r}) at the last position: {rep.prob_before:.2e} -> {rep.prob_after:.2e}")
+
+
+@app.command()
 def report(
     run_dir: Annotated[str, typer.Argument(help="a run folder written by `eigenhooks run`")], debug: DebugOpt = False
 ) -> None:

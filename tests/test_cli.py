@@ -40,3 +40,14 @@ def test_verify_command():
     assert r.exit_code == 0, r.output
     rows = json.loads(r.output[r.output.index("[") :])
     assert len(rows) == 4 and all(row["rel_diff"] < 1e-5 for row in rows)
+
+
+def test_steer_command():
+    r = runner.invoke(app, ["steer", "--toward", " return", "--gap-ratio", "0.1", "--top-k", "3"])
+    assert r.exit_code == 0, r.output
+    assert "cos(v1', u) 0.99" in r.output and "before" in r.output and "p(' return')" in r.output
+
+
+def test_steer_command_errors_in_one_line():
+    r = runner.invoke(app, ["steer", "albert-tiny", "--toward", " return", "--alpha", "1"])
+    assert r.exit_code == 1 and "shares its weights" in r.output and "Traceback" not in r.output
