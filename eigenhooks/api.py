@@ -6,6 +6,8 @@ These join an adapter (which knows the model) with spectrum.py (which knows matr
 from __future__ import annotations
 
 import logging
+import os
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import torch
@@ -94,26 +96,45 @@ def spectra(
         "heads": heads,
         "norm_position": adapter.norm_position,
     }
-    by_group: dict[int, LayerSpectrum] = {}
-    out = []
+    # First pass: factors, checks and cache look-ups (cheap); one job per shared-weight group.
+    reps: dict[int, int] = {}
+    found: dict[int, LayerSpectrum] = {}
+    jobs = []
     for i in idx:
         g = adapter.layers[i].group
-        if g in by_group:
-            out.append(_relabel(by_group[g], i))
+        if g in reps:
             continue
+        reps[g] = i
         factors, w = layer_factors(adapter, i, variant)
         _check_finite(adapter, i, factors, w)
         key = io.cache_key(factors, w, options) if cache else None
         spec = io.load_spectrum(key, i) if cache else None
-        if spec is None:
-            spec = layer_spectrum(
-                factors, layer=i, variant=variant, rank=rank, top=top, threshold=threshold, heads=heads
-            )
-            if cache:
-                io.save_spectrum(spec, key)
-        by_group[g] = spec
-        out.append(spec)
-    return out
+        if spec is not None:
+            found[g] = spec
+        else:
+            jobs.append((g, i, factors, key))
+
+    # Second pass: the eigen-decompositions, a few layers at a time. LAPACK's eig is mostly
+    # serial, so running layers side by side uses the cores it leaves idle.
+    def compute(job):
+        g, i, factors, key = job
+        spec = layer_spectrum(factors, layer=i, variant=variant, rank=rank, top=top, threshold=threshold, heads=heads)
+        if cache:
+            io.save_spectrum(spec, key)
+        return g, spec
+
+    workers = min(len(jobs), os.cpu_count() or 1)
+    if workers > 1:
+        with ThreadPoolExecutor(workers) as ex:
+            found.update(ex.map(compute, jobs))
+    else:
+        found.update(map(compute, jobs))
+    return [
+        _relabel(found[adapter.layers[i].group], i)
+        if reps[adapter.layers[i].group] != i
+        else found[adapter.layers[i].group]
+        for i in idx
+    ]
 
 
 def _relabel(spec: LayerSpectrum, layer: int) -> LayerSpectrum:

@@ -164,47 +164,58 @@ def _fix_sign(u: torch.Tensor) -> torch.Tensor:
 
 
 def _inverse_iteration(F: torch.Tensor, lam: complex, iters: int = 3) -> torch.Tensor:
-    """A unit eigenvector of F for the (known) eigenvalue lam, by shifted inverse iteration."""
+    """A unit eigenvector of F for the (known) eigenvalue lam, by shifted inverse iteration.
+
+    Real eigenvalues use a real factorisation (4x cheaper than a complex one).
+    """
     d = F.shape[0]
-    Fc = F.to(torch.complex128)
+    real = lam.imag == 0
+    dtype = torch.float64 if real else torch.complex128
     # Shift off the eigenvalue so the factorisation is not exactly singular.
-    shift = lam + (abs(lam) + 1.0) * 1e-10
-    lu, piv = torch.linalg.lu_factor(Fc - shift * torch.eye(d, dtype=torch.complex128))
+    shift = (lam.real if real else lam) + (abs(lam) + 1.0) * 1e-10
+    lu, piv = torch.linalg.lu_factor(F.to(dtype) - shift * torch.eye(d, dtype=dtype))
     g = torch.Generator().manual_seed(d)
-    v = torch.complex(
-        torch.randn(d, generator=g, dtype=torch.float64), torch.randn(d, generator=g, dtype=torch.float64)
-    )
+    v = torch.randn(d, generator=g, dtype=torch.float64)
+    if not real:
+        v = torch.complex(v, torch.randn(d, generator=g, dtype=torch.float64))
     for _ in range(iters):
         v = torch.linalg.lu_solve(lu, piv, v[:, None])[:, 0]
         v = v / torch.linalg.vector_norm(v)
-    return v
+    return v.to(torch.complex128)
 
 
 def _dense_top_vectors(F: torch.Tensor, eigenvalues: torch.Tensor, m: int) -> torch.Tensor:
-    """Top-m eigenvectors of dense F; full eig as a fallback when inverse iteration is unreliable."""
-    vecs = []
-    scale = max(float(torch.linalg.matrix_norm(F, 2)), 1e-300)
+    """Eigenvectors of dense F for the given eigenvalues; full eig as a fallback when inverse
+    iteration is unreliable. A conjugate's vector is the conjugate of its partner's."""
+    vecs: list[torch.Tensor] = []
+    done: dict[complex, torch.Tensor] = {}
+    scale = max(float(torch.linalg.matrix_norm(F)), 1e-300)  # Frobenius: cheap, >= the 2-norm
     for lam in eigenvalues[:m].tolist():
+        if lam.conjugate() in done and lam.imag != 0:
+            vecs.append(done[lam.conjugate()].conj())
+            continue
         v = _inverse_iteration(F, lam)
         resid = float(torch.linalg.vector_norm(F.to(v.dtype) @ v - lam * v))
         if not np.isfinite(resid) or resid > 1e-8 * scale:
             vals, full = torch.linalg.eig(F)
-            return torch.stack([full[:, int(torch.argmin((vals - lam).abs()))] for lam in eigenvalues[:m].tolist()], 1)
+            return torch.stack([full[:, int(torch.argmin((vals - x).abs()))] for x in eigenvalues[:m].tolist()], 1)
+        done[lam] = v
         vecs.append(v)
     return torch.stack(vecs, 1)
 
 
 def eig_factored(
-    O: torch.Tensor, V: torch.Tensor, top: int = DEFAULT_TOP
+    O: torch.Tensor, V: torch.Tensor, top: int = DEFAULT_TOP, ranks: tuple[str, ...] = RANKS
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """All eigenvalues of F = O V and right eigenvectors for the largest few by modulus.
+    """All eigenvalues of F = O V and right eigenvectors for the leading few.
 
     Uses the small side when r = O.shape[1] < d: the nonzero eigenvalues of O V are those of
     V O (r x r), with eigenvectors v = O y; the other d - r eigenvalues are 0.
 
     Args:
         O: (d, r) float64. V: (r, d) float64.
-        top: how many eigenvectors to return per ranking-agnostic candidate set.
+        top: how many leading eigenvectors to return for each ranking rule in ``ranks``.
+        ranks: the ranking rules whose leading eigenvalues need vectors.
 
     Returns:
         (eigenvalues (d,) complex128, vectors (d, c) complex128, values_of_vectors (c,)): the
@@ -230,7 +241,7 @@ def eig_factored(
     F = O @ V
     eigenvalues = torch.linalg.eigvals(F)
     cand = set()
-    for rank in RANKS:
+    for rank in ranks:
         order = sort_eigenvalues(eigenvalues, rank)
         cand.update(order[: top + 1].tolist())
     cand = sorted(cand)
@@ -345,7 +356,7 @@ def layer_spectrum(
     O, V = factors.stacked(torch.float64)
     if not (torch.isfinite(O).all() and torch.isfinite(V).all()):
         raise ValueError(f"layer {layer}: non-finite entries in the attention weights (O or V)")
-    eigenvalues, vecs, vals = eig_factored(O, V, top=top)
+    eigenvalues, vecs, vals = eig_factored(O, V, top=top, ranks=(rank,))
     spec = principal(eigenvalues, vecs, vals, layer=layer, variant=variant, rank=rank, top=top, threshold=threshold)
     if heads:
         spec.heads = head_spectra(factors)
