@@ -8,8 +8,9 @@ Public API (DESIGN.md §3)::
     model, tok = eh.zoo.load("gpt2-tiny")
 """
 
-from . import direction, zoo
+from . import direction, planted, zoo
 from .api import Verification, spectra, verify
+from .dynamics import Limit, Trajectory, classify_limit, iterate, predict_limit
 from .metrics import LayerStats
 from .models import Adapter, UnsupportedModelError, get_adapter, supported_families
 from .models.loading import ModelLoadError, load_model
@@ -31,6 +32,12 @@ __all__ = [
     "LayerStats",
     "Monitor",
     "Steer",
+    "Limit",
+    "Trajectory",
+    "classify_limit",
+    "iterate",
+    "planted",
+    "predict_limit",
     "SteerReport",
     "direction",
     "steer",

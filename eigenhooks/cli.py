@@ -252,6 +252,38 @@ def steer(
 
 
 @app.command()
+def iterate(
+    model: ModelArg = "albert-tiny",
+    layer: Annotated[int, typer.Option(help="attention layer to iterate")] = 0,
+    steps: Annotated[int, typer.Option(help="applications of the layer")] = 500,
+    mode: Annotated[str, typer.Option(help="model (the real block) or paper (no FFN, L2 norm)")] = "model",
+    text: Annotated[str, typer.Option(help="input text")] = "The for statement is used to iterate over a sequence",
+    debug: DebugOpt = False,
+) -> None:
+    """Iterate one layer far past its depth: the predicted limit, the measured one, the final alignment."""
+    try:
+        from . import dynamics
+        from .models.loading import load_model
+
+        m, tok = load_model(model)
+        traj = dynamics.iterate(m, tok([text], return_tensors="pt"), layer=layer, steps=steps, mode=mode)
+        pred, meas = dynamics.predict_limit(traj.spectrum), dynamics.classify_limit(traj)
+    except Exception as e:
+        _fail(e, debug)
+        return
+    s = traj.spectrum
+    typer.echo(f"{model} layer {traj.layer}, {mode} mode, {steps} steps ({len(traj.final)} tokens)")
+    typer.echo(f"lambda_1 (ranked by |1+lambda|) {_c(s.lambda_1)}: {s.kind}, gap ratio {s.gap_ratio:.4f}")
+    typer.echo(f"predicted: {pred.kind}" + (f", {pred.angle:.4f} rad/step" if pred.angle is not None else ""))
+    typer.echo(f"measured:  {meas.kind}" + (f", {meas.angle:.4f} rad/step" if meas.kind == "rotation" else ""))
+    d = meas.detail
+    typer.echo(
+        f"final alignment {d['alignment']:.4f}, with the top-two plane {d['plane_alignment']:.4f}, "
+        f"consensus {d['consensus']:.4f}; agree: {'yes' if dynamics.agree(pred, meas) else 'no'}"
+    )
+
+
+@app.command()
 def report(
     run_dir: Annotated[str, typer.Argument(help="a run folder written by `eigenhooks run`")], debug: DebugOpt = False
 ) -> None:

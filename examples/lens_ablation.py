@@ -11,8 +11,9 @@ import eigenhooks as eh
 
 hf_model, tok = eh.zoo.load("gpt2-tiny")
 bridge = TransformerBridge.boot_transformers("gpt2", hf_model=hf_model, tokenizer=tok, dtype=torch.float32)
-ids = tok(["The while statement is used for repeated execution as long as an expression is true."],
-          return_tensors="pt")["input_ids"]
+ids = tok(
+    ["The while statement is used for repeated execution as long as an expression is true."], return_tensors="pt"
+)["input_ids"]
 
 plain = eh.monitor(bridge, attach=False)
 bridge.run_with_hooks(ids, fwd_hooks=plain.fwd_hooks())

@@ -17,8 +17,10 @@ with eh.steer(model, u, gap_ratio=0.1) as s, torch.no_grad():
     model(**batch)
     rep = s.report(target_token=target)
 
-print(f"layer {rep.layer}: alpha {rep.alpha:.2f}, lambda_1 {rep.lambda_1_before:.3f} -> {rep.lambda_1:.3f}, "
-      f"gap ratio {rep.gap_ratio_before:.3f} -> {rep.gap_ratio:.3f}, cos(v1', u) {rep.cos_v1_u:.4f}")
+print(
+    f"layer {rep.layer}: alpha {rep.alpha:.2f}, lambda_1 {rep.lambda_1_before:.3f} -> {rep.lambda_1:.3f}, "
+    f"gap ratio {rep.gap_ratio_before:.3f} -> {rep.gap_ratio:.3f}, cos(v1', u) {rep.cos_v1_u:.4f}"
+)
 print(f"final residuals' mean |cos| with u: {rep.alignment_before:.3f} -> {rep.alignment_after:.3f}")
 print(f"p(' return'): {rep.prob_before:.2e} -> {rep.prob_after:.2e}")
 print("The construction is symmetric in u -> -u: it makes the span of u principal, and a token is")
