@@ -182,26 +182,34 @@ class LayerReducer:
             mask: (b, n) bool, the valid (non-padding) tokens.
         """
         names = [p for p in POINTS if points.get(p) is not None]
-        X = torch.stack([points[p] for p in names])  # (p, b, n, d): one pass for every point
-        B, S, v1_cols, v1_rows = self._on(X.device)
-        raw_norm = torch.linalg.vector_norm(X, dim=-1)  # (p, b, n); non-finite iff some entry is
-        finite = torch.isfinite(raw_norm).all(0)  # (b, n)
+        pre = points["pre"]
+        B, S, v1_cols, v1_rows = self._on(pre.device)
+        raw_norm = {p: torch.linalg.vector_norm(points[p], dim=-1) for p in names}  # (b, n) each
+        finite = torch.ones_like(mask)
+        for nrm in raw_norm.values():
+            finite &= torch.isfinite(nrm)  # a norm is non-finite iff some entry is
         m = mask & finite
         # Zero the non-finite tokens so they cannot leak into sums (NaN * 0 = NaN). On the CPU
         # a check is free and skips the copy; on an accelerator it would force a sync.
-        if X.device.type != "cpu" or not bool(finite.all()):
-            X = torch.nan_to_num(X, nan=0.0, posinf=0.0, neginf=0.0)
-        norm = raw_norm.nan_to_num(0.0, 0.0, 0.0).clamp_min(1e-30)[..., None]  # (p, b, n, 1)
-        P = X @ B  # (p, b, n, K)
-        sub = P[..., : self.n_sub]
-        A = torch.where(m[..., None], torch.sqrt((sub * sub) @ S) / norm, 0)  # (p, b, n, 2T): a, null a
-        sums = A.sum((1, 2)).double()  # (p, 2T)
-        # consensus per sequence: (||sum x̂||^2 - n) / (n (n - 1)); target-independent
-        w = torch.where(m, 1.0 / norm[..., 0], 0)  # (p, b, n): 1/||x|| at valid tokens
-        s = torch.einsum("pbn,pbnd->pbd", w, X)  # sum of unit vectors per sequence
-        n = m.sum(1).to(X.dtype)  # (b,)
+        clean = pre.device.type == "cpu" and bool(finite.all())
+        n = m.sum(1).to(pre.dtype)  # (b,) valid tokens per sequence
         defined = n >= 2
-        cons = torch.where(defined, (s.pow(2).sum(-1) - n) / (n * (n - 1)).clamp_min(1), 0).sum(-1).double()  # (p,)
+        A, cos, cons = [], [], []
+        for p in names:  # one point at a time: no stacked copy of the activations
+            X = points[p] if clean else torch.nan_to_num(points[p], nan=0.0, posinf=0.0, neginf=0.0)
+            norm = raw_norm[p].nan_to_num(0.0, 0.0, 0.0).clamp_min(1e-30)[..., None]  # (b, n, 1)
+            P = X @ B  # (b, n, K)
+            sub = P[..., : self.n_sub]
+            A.append(torch.where(m[..., None], torch.sqrt((sub * sub) @ S) / norm, 0))  # (b, n, 2T)
+            if len(v1_cols):
+                cos.append(torch.where(m[..., None], P[..., v1_cols] / norm, 0).sum((0, 1)))
+            # consensus per sequence: (||sum x̂||^2 - n) / (n (n - 1)); target-independent
+            s = torch.einsum("bn,bnd->bd", torch.where(m, 1.0 / norm[..., 0], 0), X)  # sum of unit vectors
+            cons.append(torch.where(defined, (s.pow(2).sum(-1) - n) / (n * (n - 1)).clamp_min(1), 0).sum())
+        A = torch.stack(A)  # (p, b, n, 2T): small
+        sums = A.sum((1, 2)).double()  # (p, 2T)
+        cons = torch.stack(cons).double()  # (p,)
+        cos = torch.stack(cos).double() if cos else None  # (p, n_v1)
 
         T = self.T
         cols = {
@@ -213,15 +221,14 @@ class LayerReducer:
             cols[f"sum_{p}"] = sums[i, 0::2]
             cols[f"null_sum_{p}"] = sums[i, 1::2]
             cols[f"cons_sum_{p}"] = cons[i].expand(T)
-        if len(v1_cols):
-            cos = (torch.where(m[..., None], P[..., v1_cols] / norm, 0)).sum((1, 2)).double()  # (p, n_v1)
+        if cos is not None:
             for i, p in enumerate(names):
-                col = torch.zeros(T, dtype=torch.float64, device=X.device)
+                col = torch.zeros(T, dtype=torch.float64, device=pre.device)
                 cols[f"cos_sum_{p}"] = col.index_copy(0, v1_rows, cos[i])
         if "mid" in names:
             d = A[names.index("mid")] - A[0]  # (b, n, 2T); zero at invalid tokens
             up = (d > GROWTH_EPS).sum((0, 1)).double()
             cols["sum_delta"] = d[..., 0::2].sum((0, 1)).double()
             cols["n_up"], cols["null_n_up"] = up[0::2], up[1::2]
-        zero = torch.zeros(T, dtype=torch.float64, device=X.device)
+        zero = torch.zeros(T, dtype=torch.float64, device=pre.device)
         return torch.stack([cols.get(f, zero) for f in FIELDS], 1)

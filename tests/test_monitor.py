@@ -268,3 +268,22 @@ def test_hf_and_lens_give_the_same_statistics(gpt2):
     assert abs(plain.stats[k2].sum_mid - ablated.stats[k2].sum_mid) > 1e-4
     assert ablated.stats[k2].sum_mid == pytest.approx(ablated.stats[k2].sum_pre, abs=1e-4)  # mid == pre
     assert ablated.stats[k2].n_up == 0 and plain.stats[k2].n_up > 0
+
+
+def test_empty_batch_and_low_precision(gpt2):
+    model, tok = gpt2
+    ids = torch.zeros((0, 5), dtype=torch.long)
+    try:
+        with eh.monitor(model) as mon, torch.no_grad():
+            model(input_ids=ids, attention_mask=torch.ones_like(ids))
+    except Exception as e:  # the model itself may refuse an empty batch; never a crash in our hooks
+        assert "eigenhooks" not in "".join(__import__("traceback").format_tb(e.__traceback__))
+    else:
+        assert mon.stats[(0, "ov", "modulus")].n == 0
+    # bf16 activations are upcast to float32 for the statistics
+    batch = tok(TEXTS, return_tensors="pt", padding=True)
+    ref = _stats(model, batch).summary()
+    low = _stats(model.to(torch.bfloat16), batch).summary()
+    model.to(torch.float32)
+    assert (ref["n_tokens"] == low["n_tokens"]).all()
+    assert (ref["gamma_pre"] - low["gamma_pre"]).abs().max() < 0.02

@@ -162,3 +162,11 @@ def test_sigint_leaves_a_valid_partial_run(tmp_path):
     df = pd.read_csv(out / "summary.csv")
     assert (df["n_tokens"] == 128 * meta["forwards"]).all()
     assert (out / "report.html").exists()
+
+
+def test_run_with_lens_backend(tmp_path):
+    pytest.importorskip("transformer_lens")
+    res = run("gpt2-tiny", max_tokens=200, out=tmp_path / "lens", backend="lens", progress=False)
+    assert (res.summary["n_tokens"] == 200).all() and (tmp_path / "lens" / "report.html").exists()
+    hf = run("gpt2-tiny", max_tokens=200, out=tmp_path / "hf", progress=False)
+    assert (res.summary["gamma_pre"] - hf.summary["gamma_pre"]).abs().max() < 1e-5
