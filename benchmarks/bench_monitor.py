@@ -128,9 +128,29 @@ def main() -> None:
         print("    (TransformerLens not installed: run_with_cache comparison skipped)")
 
 
-def _mem_child(mode: str, tokens: int) -> None:
+def _reset_peak() -> bool:
+    """Reset this process's peak RSS (Linux: clear_refs 5), so the peak covers what follows."""
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+        return True
+    except OSError:
+        return False
+
+
+def _peak_mb() -> float:
     import resource
 
+    try:
+        for line in open("/proc/self/status"):
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def _mem_child(mode: str, tokens: int) -> None:
     import transformers as T
 
     import eigenhooks as eh
@@ -140,16 +160,19 @@ def _mem_child(mode: str, tokens: int) -> None:
     model = T.GPT2Model(T.GPT2Config(n_layer=12, n_embd=768, n_head=12)).eval()
     ids = torch.randint(0, 50257, (8, 128))
     batch = {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
+    with torch.no_grad():
+        model(**batch)  # warm-up: allocator and kernels
     mon = eh.monitor(model) if mode == "monitored" else None
     if mon is not None:
         mon.__enter__()
+    _reset_peak()  # measure the forward passes only, not model construction
     with torch.no_grad():
         for _ in range(max(1, tokens // (8 * 128))):
             model(**batch)
     if mon is not None:
         mon.summary()
         mon.__exit__(None, None, None)
-    print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
+    print(_peak_mb())
 
 
 if __name__ == "__main__":
