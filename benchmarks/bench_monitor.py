@@ -127,7 +127,7 @@ def main() -> None:
         n = int(mon.summary()["n_tokens"].iloc[0])
         print(
             f"[3b] after {n} monitored tokens the monitor keeps {(py_kept + tensors) / 2**20:.3f} MB "
-            f"(Python objects {py_kept / 2**20:.3f} MB + sums {tensors / 1024:.1f} KB): flat in the token count"
+            f"(Python objects traced in the process {py_kept / 2**20:.3f} MB + sums {tensors / 1024:.1f} KB)"
         )
     try:
         import transformer_lens as tl
