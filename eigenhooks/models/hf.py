@@ -104,6 +104,21 @@ def _opt(base, cfg) -> Iterator[Row]:
         )
 
 
+def _gqa_dims(c):
+    """(d, query heads, kv heads) of a Llama-style config."""
+    return c.hidden_size, c.num_attention_heads, c.num_key_value_heads or c.num_attention_heads
+
+
+def _unembedding_of(model):
+    """The LM head's weight (vocab, d), or None for a bare model."""
+
+    def get():
+        out = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+        return None if out is None else out.weight.detach()
+
+    return get
+
+
 def _final(*path: str):
     def get(base):
         obj = base
@@ -136,25 +151,25 @@ FAMILIES: dict[str, tuple] = {
         _llama,
         "pre",
         _final("norm"),
-        lambda c: (c.hidden_size, c.num_attention_heads, c.num_key_value_heads or c.num_attention_heads),
+        _gqa_dims,
     ),
     "mistral": (
         _llama,
         "pre",
         _final("norm"),
-        lambda c: (c.hidden_size, c.num_attention_heads, c.num_key_value_heads or c.num_attention_heads),
+        _gqa_dims,
     ),
     "qwen3": (
         _llama,
         "pre",
         _final("norm"),
-        lambda c: (c.hidden_size, c.num_attention_heads, c.num_key_value_heads or c.num_attention_heads),
+        _gqa_dims,
     ),
     "qwen2": (
         _llama,
         "pre",
         _final("norm"),
-        lambda c: (c.hidden_size, c.num_attention_heads, c.num_key_value_heads or c.num_attention_heads),
+        _gqa_dims,
     ),
     "opt": (
         _opt,
@@ -231,10 +246,6 @@ def hf_adapter(model: nn.Module) -> Adapter:
     if final is None and model_type in _HEAD_NORMS:
         final = _final(*_HEAD_NORMS[model_type])(model)
 
-    def unembed():
-        out = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
-        return None if out is None else out.weight.detach()
-
     notes = []
     if model_type == "albert" and len(set(groups)) < len(groups):
         notes.append(f"shared weights: {len(groups)} attention applications use {len(set(groups))} distinct layer(s)")
@@ -250,7 +261,7 @@ def hf_adapter(model: nn.Module) -> Adapter:
         n_heads=H,
         n_kv_heads=G,
         final_norm_module=final,
-        unembed_weight=unembed,
+        unembed_weight=_unembedding_of(model),
         notes=notes,
     )
 
@@ -301,10 +312,6 @@ def generic_adapter(model: nn.Module) -> Adapter:
     base = getattr(model, "base_model", model)
     final = next((getattr(base, n) for n in ("norm", "ln_f", "final_layer_norm") if hasattr(base, n)), None)
 
-    def unembed():
-        out = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
-        return None if out is None else out.weight.detach()
-
     return Adapter(
         model=model,
         family=f"generic:{getattr(cfg, 'model_type', type(model).__name__)}",
@@ -315,7 +322,7 @@ def generic_adapter(model: nn.Module) -> Adapter:
         n_heads=H,
         n_kv_heads=G,
         final_norm_module=final,
-        unembed_weight=unembed,
+        unembed_weight=_unembedding_of(model),
         notes=["generic adapter: F from the identical-token probe; norm position assumed 'pre'"],
     )
 
