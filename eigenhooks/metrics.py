@@ -25,28 +25,6 @@ def alignment(X: torch.Tensor, U: torch.Tensor) -> torch.Tensor:
     return torch.linalg.vector_norm(X @ U, dim=-1) / torch.linalg.vector_norm(X, dim=-1).clamp_min(1e-30)
 
 
-def signed_cosine(X: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-    """<x, v> / ||x|| for each row of X (..., d), v (d,) unit; (...,)."""
-    return (X @ v) / torch.linalg.vector_norm(X, dim=-1).clamp_min(1e-30)
-
-
-def consensus(X: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Mean pairwise cosine per sequence, without an n x n matrix.
-
-    Args:
-        X: (b, n, d) tokens. mask: (b, n) bool, the valid tokens.
-
-    Returns:
-        (values (b,), defined (b,) bool): defined where a sequence has >= 2 valid tokens.
-    """
-    Xh = X / torch.linalg.vector_norm(X, dim=-1, keepdim=True).clamp_min(1e-30)
-    s = (Xh * mask[..., None]).sum(1)  # (b, d)
-    n = mask.sum(1).to(X.dtype)
-    defined = n >= 2
-    val = (s.pow(2).sum(-1) - n) / (n * (n - 1)).clamp_min(1)
-    return torch.where(defined, val, torch.zeros_like(val)), defined
-
-
 def null_basis(d: int, k: int, seed: int) -> torch.Tensor:
     """A random orthonormal (d, k) basis, fixed by the seed (the null baseline's subspace)."""
     g = torch.Generator().manual_seed(seed)
