@@ -27,13 +27,10 @@ import torch
 from .api import spectra
 from .metrics import alignment
 from .models import get_adapter
+from .models.base import StopForward
 from .spectrum import LayerSpectrum
 
 LIMITS = ("consensus", "rotation", "near-degenerate", "bipartite", "consensus-off-subspace", "unconverged")
-
-
-class _Stop(Exception):
-    pass
 
 
 @dataclass
@@ -86,7 +83,7 @@ def _capture(adapter, ids, attention_mask, module):
 
     def pre(m, args, kwargs):
         got["args"], got["kwargs"] = args, dict(kwargs)
-        raise _Stop
+        raise StopForward
 
     h = module.register_forward_pre_hook(pre, with_kwargs=True)
     try:
@@ -97,7 +94,7 @@ def _capture(adapter, ids, attention_mask, module):
             kw["use_cache"] = False
         with torch.no_grad():
             adapter.model(**kw)
-    except _Stop:
+    except StopForward:
         pass
     finally:
         h.remove()

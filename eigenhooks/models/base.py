@@ -19,6 +19,10 @@ from ..spectrum import Factors
 NormPosition = Literal["pre", "post"]
 
 
+class StopForward(Exception):
+    """Raised inside a hook to end a forward pass once everything needed is captured."""
+
+
 class UnsupportedModelError(TypeError):
     """Raised when no adapter fits a model (and the probe fallback cannot find attention)."""
 

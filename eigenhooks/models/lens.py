@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 
 from ..spectrum import Factors
-from .base import Adapter, Layer, ReadingPoints, Tap
+from .base import Adapter, Layer, ReadingPoints, StopForward, Tap
 
 _POST_NORM_ARCHS = ("Bert", "Albert", "Roberta", "DistilBert")
 
@@ -150,10 +150,6 @@ def reading_points(adapter: Adapter, layer: int) -> ReadingPoints:
     )
 
 
-class _Stop(Exception):
-    pass
-
-
 def lens_runner(adapter: Adapter, layers: list[int], x: torch.Tensor) -> dict[int, torch.Tensor]:
     """Probe forward through TransformerLens hooks: replace attention's input, read its output."""
     model = adapter.model
@@ -168,7 +164,7 @@ def lens_runner(adapter: Adapter, layers: list[int], x: torch.Tensor) -> dict[in
         def capture(act, hook, i=i):
             captured[i] = act[:, -1, :].detach()
             if len(captured) == len(layers):
-                raise _Stop
+                raise StopForward
 
         hooks += [(names["attn_in"], replace), (names["attn_out"], capture)]
     b, n, _ = x.shape
@@ -176,6 +172,6 @@ def lens_runner(adapter: Adapter, layers: list[int], x: torch.Tensor) -> dict[in
     try:
         with torch.no_grad():
             model.run_with_hooks(tokens, fwd_hooks=hooks, return_type=None)
-    except _Stop:
+    except StopForward:
         pass
     return captured

@@ -11,13 +11,9 @@ from __future__ import annotations
 
 import torch
 
-from .base import Adapter
+from .base import Adapter, StopForward
 
 N_TOKENS = 2  # a causal first token attends to itself alone; the second averages two equal values
-
-
-class _Stop(Exception):
-    """Raised inside a hook to end a probe forward once every output is captured."""
 
 
 def hf_runner(adapter: Adapter, layers: list[int], x: torch.Tensor) -> dict[int, torch.Tensor]:
@@ -50,7 +46,7 @@ def hf_runner(adapter: Adapter, layers: list[int], x: torch.Tensor) -> dict[int,
             out = output[0] if isinstance(output, tuple) else output
             captured[i] = out[:, -1, :].detach()
         if len(captured) == len(layers):
-            raise _Stop
+            raise StopForward
 
     try:
         for i in layers:
@@ -67,7 +63,7 @@ def hf_runner(adapter: Adapter, layers: list[int], x: torch.Tensor) -> dict[int,
         try:
             with torch.no_grad():
                 base(**kwargs)
-        except _Stop:
+        except StopForward:
             pass
     finally:
         for h in handles:
