@@ -121,6 +121,7 @@ class Steer:
         self._saved = None
         self._handles = []
         self._last_call = None
+        self._last_out = None
 
     def _solve_alpha(self, target: float) -> float:
         """Smallest alpha >= 0 whose steered gap ratio (with u principal) reaches target, by bisection."""
@@ -160,6 +161,7 @@ class Steer:
         if self.mode == "hook":
             self._handles.append(self.o_proj.register_forward_hook(self._hook))
         self._handles.append(self.adapter.model.register_forward_pre_hook(self._remember, with_kwargs=True))
+        self._handles.append(self.adapter.model.register_forward_hook(self._capture_output))
         self._handles.append(self.adapter.layers[-1].block.register_forward_hook(self._capture_final))
 
     def __exit__(self, *exc) -> None:
@@ -193,6 +195,9 @@ class Steer:
 
     def _remember(self, module, args, kwargs):
         self._last_call = (args, kwargs)
+
+    def _capture_output(self, module, args, output):
+        self._last_out = output
 
     def _capture_final(self, module, args, output):
         out = output[0] if isinstance(output, tuple) else output
@@ -239,11 +244,9 @@ class Steer:
             self.before.lambda_1,
             self.before.gap_ratio,
         )
-        if self._last_call is None or not self._handles:
+        if self._last_out is None or not self._handles:
             return rep
-        with torch.no_grad():
-            after_out = self.adapter.model(*self._last_call[0], **self._last_call[1])
-        after_final = self._final
+        after_out, after_final = self._last_out, self._final  # from the last steered run
         before_out, before_final = self._rerun_unsteered()
         rep.alignment_before = mean_abs_cos(before_final, self.u)
         rep.alignment_after = mean_abs_cos(after_final, self.u)
