@@ -64,6 +64,10 @@ class Layer:
         norm: the LayerNorm/RMSNorm feeding attention (pre-norm) or following it (post-norm).
         factors: a function returning this layer's (O, V) factors in the column convention.
         group: shared-weight group id; layers with equal ids share all attention weights.
+        mid_in: the module whose first input is the 'mid' residual as the model forms it (the
+            MLP's norm in pre-norm blocks); None for post-norm blocks (mid is the output of
+            ``norm``) and for parallel attention+MLP blocks (no such state exists).
+        parallel: attention and MLP read the same input (GPT-J, NeoX with parallel residual).
     """
 
     index: int
@@ -75,6 +79,8 @@ class Layer:
     group: int
     name: str = ""
     o_proj: nn.Module | None = None  # the output projection (nn.Linear, or GPT-2's Conv1D)
+    mid_in: nn.Module | None = None
+    parallel: bool = False
 
 
 @dataclass

@@ -188,6 +188,19 @@ _HEAD_NORMS = {
 }
 
 
+# model_type -> the module that receives the 'mid' residual (the MLP's norm), pre-norm blocks only
+MID_IN = {
+    "gpt2": lambda b: b.ln_2,
+    "gpt_neo": lambda b: b.ln_2,
+    "gpt_neox": lambda b: b.post_attention_layernorm,
+    "llama": lambda b: b.post_attention_layernorm,
+    "mistral": lambda b: b.post_attention_layernorm,
+    "qwen2": lambda b: b.post_attention_layernorm,
+    "qwen3": lambda b: b.post_attention_layernorm,
+    "opt": lambda b: b.final_layer_norm,
+}
+
+
 # model_type -> the output projection of one block (for steering)
 O_PROJ = {
     "gpt2": lambda b: b.attn.c_proj,
@@ -227,6 +240,8 @@ def hf_adapter(model: nn.Module) -> Adapter:
     norm_position: NormPosition = norm_pos(cfg) if callable(norm_pos) else norm_pos
     rows = list(rows_fn(base, cfg))
     groups = _group_ids([r[2] for r in rows])
+    parallel = model_type == "gptj" or bool(getattr(cfg, "use_parallel_residual", False))
+    mid_in = MID_IN.get(model_type) if norm_position == "pre" and not parallel else None
     layers = [
         Layer(
             index=i,
@@ -238,6 +253,8 @@ def hf_adapter(model: nn.Module) -> Adapter:
             group=g,
             name=_name(model, ai),
             o_proj=O_PROJ[model_type](b),
+            mid_in=None if mid_in is None else mid_in(b),
+            parallel=parallel,
         )
         for i, ((b, ai, ao, n, f), g) in enumerate(zip(rows, groups))
     ]
@@ -249,7 +266,7 @@ def hf_adapter(model: nn.Module) -> Adapter:
     notes = []
     if model_type == "albert" and len(set(groups)) < len(groups):
         notes.append(f"shared weights: {len(groups)} attention applications use {len(set(groups))} distinct layer(s)")
-    if model_type in ("gptj",) or getattr(cfg, "use_parallel_residual", False):
+    if parallel:
         notes.append("parallel attention/MLP block: 'mid' = pre + attention output, not a state the model forms")
     return Adapter(
         model=model,
