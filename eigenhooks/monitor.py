@@ -140,7 +140,10 @@ class Monitor:
             self._hook(ly.block, self._on_block_end, "fwd")
             if "mid" in self.points:
                 tap = rp.attn if rp.mid_is_sum else rp.mid
-                self._hook(tap.module, self._on_mid(rp.mid_is_sum), "fwd")
+                if tap.where == "input":
+                    self._hook(tap.module, lambda m, a, kw, fn=self._on_mid(False): fn(m, a, _first(kw.get("hidden_states", a))), "pre", with_kwargs=True)
+                else:
+                    self._hook(tap.module, self._on_mid(rp.mid_is_sum), "fwd")
 
     # ---- per forward ----
     def _reset_forward(self) -> None:

@@ -91,12 +91,21 @@ def test_reading_points_and_final_norm():
     model = build("gpt2")
     ad = eh.get_adapter(model)
     rp = ad.reading_points(0)
-    assert rp.pre.module is model.transformer.h[0] and rp.pre.where == "input" and rp.mid_is_sum
+    blk = model.transformer.h[0]
+    # read where consumed: pre at ln_1's input, mid at ln_2's input, post at the next block's ln_1
+    assert rp.pre.module is blk.ln_1 and rp.pre.where == "input"
+    assert rp.mid.module is blk.ln_2 and rp.mid.where == "input" and not rp.mid_is_sum
+    assert rp.post.module is model.transformer.h[1].ln_1 and rp.post.where == "input"
+    last = ad.reading_points(ad.n_layers - 1)
+    assert last.post.module is model.transformer.ln_f and last.post.where == "input"
     assert ad.final_norm() is model.transformer.ln_f
     assert ad.unembedding().shape == (64, 16)
     post = eh.get_adapter(build("bert"))
     rp = post.reading_points(1)
-    assert rp.mid.module is post.model.bert.encoder.layer[1].attention.output.LayerNorm and not rp.mid_is_sum
+    lyr = post.model.bert.encoder.layer[1]
+    assert rp.mid.module is lyr.attention.output.LayerNorm and rp.mid.where == "output" and not rp.mid_is_sum
+    assert rp.pre.module is lyr.attention.self and rp.pre.where == "input"
+    assert rp.post_norm is lyr.attention.output.LayerNorm
 
 
 def test_generic_fallback_uses_probe():

@@ -26,10 +26,11 @@ def _manual(model, ad, batch, specs):
     attn_out, mids = {}, {}
     hs = []
     for ly in ad.layers:
-        rp = ad.reading_points(ly.index)
-        tap = rp.attn if rp.mid_is_sum else rp.mid
+        # independent of the monitor's reading points: the attention output (pre-norm) or the
+        # post-attention norm's output (post-norm), captured by our own hooks
+        tap = ly.attn_out if ad.norm_position == "pre" else ly.norm
         hs.append(
-            tap.module.register_forward_hook(
+            tap.register_forward_hook(
                 lambda m, a, o, i=ly.index: attn_out.__setitem__(i, o[0] if isinstance(o, tuple) else o)
             )
         )

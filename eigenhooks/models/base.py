@@ -38,18 +38,33 @@ class Tap:
 
 @dataclass(frozen=True)
 class ReadingPoints:
-    """The residual stream around one attention block.
+    """Where the residual stream around one attention block is read (DESIGN.md §1).
 
-    pre: the residual entering the block. post: after the whole block. mid: after the
-    attention sublayer. For pre-norm models mid = pre + attn (``mid_is_sum``); for post-norm
-    models mid is read directly at the output of the norm that follows attention.
+    Values are read where they are consumed, so an edit by any other tool or hook is
+    measured as the model computed it:
+
+    pre: the residual as the attention sublayer receives it (the input of its norm in
+        pre-norm models; the attention module's input in post-norm models).
+    mid: the residual as the next sublayer receives it (the input of the MLP's norm in
+        pre-norm models; the output of the post-attention norm in post-norm models).
+        None for parallel attention+MLP blocks: no such state exists, and mid is formed
+        as pre + attention output (documented, not a model state).
+    post: what the next block receives (the next layer's ``pre`` tap, so post(t) and
+        pre(t+1) are one reading), or the final norm's input, or the block's output.
+    attn: the attention sublayer's output (used for ``mid`` of parallel blocks).
+    post_norm: in post-norm models, LN_t, the norm applied after the attention add; the
+        monitor applies it to ``pre`` to compare at equal normalisation.
     """
 
     pre: Tap
-    attn: Tap
     mid: Tap | None
     post: Tap
-    mid_is_sum: bool
+    attn: Tap
+    post_norm: nn.Module | None = None
+
+    @property
+    def mid_is_sum(self) -> bool:
+        return self.mid is None
 
 
 @dataclass
@@ -68,6 +83,10 @@ class Layer:
             MLP's norm in pre-norm blocks); None for post-norm blocks (mid is the output of
             ``norm``) and for parallel attention+MLP blocks (no such state exists).
         parallel: attention and MLP read the same input (GPT-J, NeoX with parallel residual).
+        pre_in: the module whose first input is the 'pre' residual, when it is neither the
+            pre-norm ``norm`` nor (post-norm) ``attn_in``.
+        mid_out: the module whose output is the 'mid' residual, when no module receives it
+            as input (post-norm blocks: default ``norm``).
     """
 
     index: int
@@ -81,6 +100,8 @@ class Layer:
     o_proj: nn.Module | None = None  # the output projection (nn.Linear, or GPT-2's Conv1D)
     mid_in: nn.Module | None = None
     parallel: bool = False
+    pre_in: nn.Module | None = None
+    mid_out: nn.Module | None = None
 
 
 @dataclass
@@ -110,6 +131,7 @@ class Adapter:
     notes: list[str] = field(default_factory=list)
     probe_runner: Callable | None = None  # backend-specific forward used by the probe
     reading_points_fn: Callable | None = None  # backend-specific reading points (hook names)
+    final_in: bool = True  # the final norm's input is the last block's output (False: something sits between)
 
     @property
     def n_layers(self) -> int:
@@ -153,9 +175,28 @@ class Adapter:
             return self.reading_points_fn(self, layer)
         ly = self.layers[layer]
         attn = Tap(ly.attn_out, "output")
-        if self.norm_position == "post":
-            return ReadingPoints(Tap(ly.block, "input"), attn, Tap(ly.norm, "output"), Tap(ly.block, "output"), False)
-        return ReadingPoints(Tap(ly.block, "input"), attn, None, Tap(ly.block, "output"), True)
+        if layer + 1 < self.n_layers:
+            post = self._pre_tap(self.layers[layer + 1])
+        elif self.final_norm_module is not None and self.final_in:
+            post = Tap(self.final_norm_module, "input")
+        else:
+            post = Tap(ly.block, "output")
+        pre = self._pre_tap(ly)
+        if ly.mid_in is not None:
+            mid = Tap(ly.mid_in, "input")
+        elif ly.mid_out is not None or (self.norm_position == "post" and ly.norm is not None):
+            mid = Tap(ly.mid_out if ly.mid_out is not None else ly.norm, "output")
+        else:
+            mid = None  # parallel block: mid = pre + attention output
+        post_norm = ly.norm if self.norm_position == "post" else None
+        return ReadingPoints(pre=pre, mid=mid, post=post, attn=attn, post_norm=post_norm)
+
+    def _pre_tap(self, ly: Layer) -> Tap:
+        if ly.pre_in is not None:
+            return Tap(ly.pre_in, "input")
+        if self.norm_position == "pre":
+            return Tap(ly.norm if ly.norm is not None else ly.block, "input")
+        return Tap(ly.attn_in, "input")
 
     def describe(self) -> dict:
         return {

@@ -146,7 +146,6 @@ def reading_points(adapter: Adapter, layer: int) -> ReadingPoints:
         attn=Tap(hook_name=n["attn"]),
         mid=Tap(hook_name=n["mid"]),
         post=Tap(hook_name=n["post"]),
-        mid_is_sum=False,
     )
 
 
