@@ -11,10 +11,10 @@ Public API (DESIGN.md §3)::
 from . import direction, planted, zoo
 from .api import Verification, spectra, verify
 from .dynamics import Limit, Trajectory, classify_limit, iterate, predict_limit
-from .metrics import LayerStats
+from .metrics import TargetError
 from .models import Adapter, UnsupportedModelError, get_adapter, supported_families
 from .models.loading import ModelLoadError, load_model
-from .monitor import Monitor, monitor
+from .monitor import MeasurementWarning, Monitor, monitor
 from .spectrum import Factors, HeadSpectrum, LayerSpectrum, layer_spectrum
 from .steering import Steer, SteerReport, steer
 
@@ -29,7 +29,8 @@ __all__ = [
     "LayerSpectrum",
     "UnsupportedModelError",
     "Verification",
-    "LayerStats",
+    "MeasurementWarning",
+    "TargetError",
     "Monitor",
     "Steer",
     "Limit",

@@ -1,16 +1,25 @@
-"""Alignment statistics: per-token measures and streaming, mergeable per-layer sums.
+"""Alignment statistics: per-token measures, streaming mergeable sums, and their nulls.
 
-Pure torch (plus scipy for the binomial test). Definitions (DESIGN.md §1):
-a(x) = ||U^T x|| / ||x||; delta = a(mid) - a(pre); rho = P(delta > 0) (above float32
-rounding, GROWTH_EPS) with a two-sided
-binomial test of rho = 0.5; a null baseline from a random subspace of the same k;
-consensus = mean pairwise cosine within a sequence, (||sum x̂||^2 - n) / (n (n - 1)).
-Every statistic is a sum or a count, so batches, processes and runs merge exactly.
+Pure torch (plus numpy/scipy for the final summary). Definitions (DESIGN.md §1):
+a(x) = ||U^T x|| / ||x||; delta = a(mid) - a(base), base = pre (pre-norm) or LN_t(pre)
+(post-norm: equal normalisation); rho = P(delta > GROWTH_EPS).
+
+A number means something only next to its null, so every (layer, target) carries:
+- K Haar-random subspaces of the same k (nested: the first k columns of one random
+  orthonormal (d, k_max) frame, so draws are shared between k = 1 and k = 2);
+- F's own top-m eigen-subspaces (``eig_rank``) and directions orth(F g), one power step
+  from a Gaussian start (``fnull``): "v_1 is special" must beat these too;
+- per-sequence counts for cluster-robust intervals (the sequence is the cluster; under a
+  KV cache it spans forwards, so the monitor keeps per-row counters open until it ends).
+
+Everything is a sum or a count, kept as float64 tensors: batches, processes and machines
+merge by addition (``merge_states``), and ``torch.distributed.all_reduce`` sums them.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+import math
+from dataclasses import dataclass, field
 
 import torch
 
@@ -18,6 +27,40 @@ POINTS = ("pre", "mid", "post")
 # A token "grows" when delta exceeds this: alignments are computed in float32, so smaller
 # differences are rounding (an ablated attention step would otherwise show spurious growth).
 GROWTH_EPS = 1e-6
+Z95 = 1.959963984540054
+# Per-target sums; the cluster sums use u_s (tokens up in sequence s), n_s (tokens with a
+# delta in s) and w_s = u_s - mean over Haar draws of their u_s (for the lift's interval).
+TGT_FIELDS = (
+    "n",  # valid, finite tokens
+    "n_nonfinite",  # valid tokens skipped for non-finite activations
+    "n_mid",  # tokens with a mid reading (and an attention step that ran)
+    "n_post",
+    "sum_pre",
+    "sum_mid",
+    "sum_post",
+    "sum_delta",
+    "n_up",
+    "n_norm_up",  # post-norm: a(LN_t(pre)) > a(pre)  (rho_norm_only)
+    "cos_sum_pre",  # signed cosine with v_1 (k = 1 only)
+    "cos_sum_mid",
+    "cos_sum_post",
+    "cons_sum_pre",
+    "cons_sum_mid",
+    "cons_sum_post",
+    "n_seq",  # sequences with >= 2 valid tokens in one forward (consensus)
+    "n_clu",  # clusters (sequences) with at least one delta
+    "clu_u2",
+    "clu_un",
+    "clu_n2",
+    "clu_w2",
+    "clu_wn",
+)
+_T = {name: i for i, name in enumerate(TGT_FIELDS)}
+_ROW = ("n", "u", "ubar")  # per-row open counters, per target
+
+
+class TargetError(ValueError):
+    """A custom target has the wrong shape or is not orthonormal; the message says which."""
 
 
 def alignment(X: torch.Tensor, U: torch.Tensor) -> torch.Tensor:
@@ -26,187 +69,443 @@ def alignment(X: torch.Tensor, U: torch.Tensor) -> torch.Tensor:
 
 
 def null_basis(d: int, k: int, seed: int) -> torch.Tensor:
-    """A random orthonormal (d, k) basis, fixed by the seed (the null baseline's subspace)."""
-    g = torch.Generator().manual_seed(seed)
-    Q, _ = torch.linalg.qr(torch.randn(d, k, generator=g, dtype=torch.float64))
-    return Q
+    """One random orthonormal (d, k) basis, fixed by the seed."""
+    return haar_frames(d, k, 1, seed)[0]
+
+
+def haar_frames(d: int, k_max: int, K: int, seed: int) -> torch.Tensor:
+    """K Haar-random orthonormal frames (K, d, k_max), float64, fixed by the seed.
+
+    The span of the first k columns of each frame is a Haar-random k-subspace for every
+    k <= k_max, so one set of draws serves targets of every k.
+    """
+    g = torch.Generator().manual_seed(int(seed))
+    G = torch.randn(K, d, k_max, generator=g, dtype=torch.float64)
+    Q, R = torch.linalg.qr(G)
+    return Q * torch.sign(torch.diagonal(R, dim1=-2, dim2=-1))[:, None, :]  # unique QR: Haar
+
+
+def power_step_frames(apply_F, d: int, k_max: int, K: int, seed: int) -> torch.Tensor:
+    """K frames (K, d, k_max) spanning orth(F g_1 .. F g_k), g Gaussian: one power step.
+
+    Args:
+        apply_F: maps (d, m) float64 to F @ it.
+    """
+    g = torch.Generator().manual_seed(int(seed))
+    G = torch.randn(d, K * k_max, generator=g, dtype=torch.float64)
+    FG = apply_F(G).T.reshape(K, k_max, d).transpose(1, 2)  # (K, d, k_max)
+    Q, R = torch.linalg.qr(FG)
+    return Q * torch.sign(torch.diagonal(R, dim1=-2, dim2=-1))[:, None, :]
+
+
+def eig_subspaces(eigenvalues: torch.Tensor, eigenvectors: torch.Tensor, m: int) -> list[torch.Tensor]:
+    """Orthonormal bases of F's top-m eigen-subspaces, in ranking order.
+
+    A real eigenvalue gives span(v) (k = 1); a complex pair gives span(Re v, Im v) (k = 2).
+
+    Args:
+        eigenvalues: (d,) complex, ranked. eigenvectors: (d, top) complex, the same order.
+    """
+    out: list[torch.Tensor] = []
+    i, top = 0, eigenvectors.shape[1]
+    while i < top and len(out) < m:
+        lam, v = complex(eigenvalues[i]), eigenvectors[:, i]
+        if abs(lam.imag) > 1e-9 * max(abs(lam), 1e-300):
+            Q, _ = torch.linalg.qr(torch.stack([v.real, v.imag], 1).double())
+            out.append(Q)
+            i += 2 if i + 1 < top and abs(complex(eigenvalues[i + 1]) - lam.conjugate()) < 1e-9 * abs(lam) else 1
+        else:
+            out.append((v.real / v.real.norm()).double()[:, None])
+            i += 1
+    return out
+
+
+def check_target(name: str, U, d: int) -> torch.Tensor:
+    """Validate a custom target: a unit vector (d,) or an orthonormal basis (d, k); (d, k) float64.
+
+    Raises:
+        TargetError: wrong shape, non-finite values, or not orthonormal (within 1e-4).
+    """
+    U = torch.as_tensor(U).detach().to("cpu", torch.float64)
+    if U.dim() == 1:
+        U = U[:, None]
+    if U.dim() != 2 or U.shape[0] != d or not 1 <= U.shape[1] <= d:
+        raise TargetError(
+            f"target {name!r}: expected a unit vector ({d},) or an orthonormal basis ({d}, k), got shape {tuple(U.shape)}"
+        )
+    if not torch.isfinite(U).all():
+        raise TargetError(f"target {name!r} has non-finite entries")
+    err = float((U.T @ U - torch.eye(U.shape[1], dtype=U.dtype)).abs().max())
+    if err > 1e-4:
+        hint = "divide it by its norm" if U.shape[1] == 1 else "orthonormalise it, e.g. torch.linalg.qr(U).Q"
+        raise TargetError(f"target {name!r} is not orthonormal (max |U^T U - I| = {err:.2g}); {hint}")
+    return U
 
 
 @dataclass
-class LayerStats:
-    """Streaming sums for one (layer, target). Add two to merge; state_dict to persist."""
+class TargetSpec:
+    """One (layer, target): its basis, its v_1 (k = 1), its eigen-subspaces and F-null group."""
 
-    n: int = 0  # valid, finite tokens
-    n_nonfinite: int = 0  # valid tokens skipped for non-finite activations
-    sum_pre: float = 0.0
-    sum_mid: float = 0.0
-    sum_post: float = 0.0
-    sum_delta: float = 0.0
-    n_up: int = 0  # delta > 0
-    null_sum_pre: float = 0.0
-    null_sum_mid: float = 0.0
-    null_sum_post: float = 0.0
-    null_n_up: int = 0
-    cos_sum_pre: float = 0.0  # signed cosine with v_1 (k = 1 only)
-    cos_sum_mid: float = 0.0
-    cos_sum_post: float = 0.0
-    cons_sum_pre: float = 0.0
-    cons_sum_mid: float = 0.0
-    cons_sum_post: float = 0.0
-    n_seq: int = 0  # sequences with >= 2 valid tokens in one forward
+    name: str
+    U: torch.Tensor  # (d, k) float64
+    v1: torch.Tensor | None = None  # (d,) for the signed cosine, k = 1
+    eig: list[torch.Tensor] = field(default_factory=list)  # (d, k_i) each
+    fnull: str | None = None  # key of the F-null frames (the variant); None: no F-null
 
-    def __add__(self, other: LayerStats) -> LayerStats:
-        return LayerStats(**{f.name: getattr(self, f.name) + getattr(other, f.name) for f in fields(self)})
-
-    def state_dict(self) -> dict:
-        return {f.name: getattr(self, f.name) for f in fields(self)}
-
-    def load_state_dict(self, state: dict) -> None:
-        unknown = set(state) - {f.name for f in fields(self)}
-        if unknown:
-            raise KeyError(f"unknown LayerStats keys: {sorted(unknown)}")
-        for k, v in state.items():
-            setattr(self, k, v)
-
-    @classmethod
-    def from_vector(cls, v) -> LayerStats:
-        """Build from a row of ``LayerReducer`` sums (order of FIELDS); counts become ints."""
-        vals = [float(x) for x in v]
-        return cls(**{f: (round(x) if f in _COUNTS else x) for f, x in zip(FIELDS, vals)})
-
-    def summary(self, k: int) -> dict:
-        """Means, rho and its two-sided binomial p-value, the null baseline and counts."""
-        from scipy.stats import binomtest
-
-        n = self.n
-        mean = lambda s: s / n if n else float("nan")
-        out = {
-            "n_tokens": n,
-            "n_nonfinite": self.n_nonfinite,
-            "gamma_pre": mean(self.sum_pre),
-            "gamma_mid": mean(self.sum_mid),
-            "gamma_post": mean(self.sum_post),
-            "delta_mean": mean(self.sum_delta),
-            "rho": mean(self.n_up),
-            "p_value": binomtest(self.n_up, n, 0.5).pvalue if n else float("nan"),
-            "null_gamma_pre": mean(self.null_sum_pre),
-            "null_gamma_mid": mean(self.null_sum_mid),
-            "null_gamma_post": mean(self.null_sum_post),
-            "null_rho": mean(self.null_n_up),
-            "null_p_value": binomtest(self.null_n_up, n, 0.5).pvalue if n else float("nan"),
-        }
-        for p in POINTS:
-            out[f"cos_{p}"] = mean(getattr(self, f"cos_sum_{p}")) if k == 1 else float("nan")
-        for p in POINTS:
-            out[f"consensus_{p}"] = getattr(self, f"cons_sum_{p}") / self.n_seq if self.n_seq else float("nan")
-        out["n_sequences"] = self.n_seq
-        return out
+    @property
+    def k(self) -> int:
+        return self.U.shape[1]
 
 
-FIELDS = tuple(f.name for f in fields(LayerStats))
-_COUNTS = {"n", "n_nonfinite", "n_up", "null_n_up", "n_seq"}
-_F = {name: i for i, name in enumerate(FIELDS)}
+def zero_state(T: int, n_k: int, K: int, m: int, Kf: int) -> dict[str, torch.Tensor]:
+    """The empty state of one layer: T targets, n_k distinct k, K Haar draws, m eig, Kf F-null."""
+    z = lambda *s: torch.zeros(*s, dtype=torch.float64)
+    return {
+        "tgt": z(T, len(TGT_FIELDS)),
+        "null_up": z(n_k, K),
+        "null_pre": z(n_k, K),
+        "null_mid": z(n_k, K),
+        "eig_up": z(T, m),
+        "fnull_up": z(T, Kf),
+    }
+
+
+def merge_states(a: dict, b: dict) -> dict:
+    """Sum two states of the same layout (batches, processes, runs)."""
+    if a.keys() != b.keys() or any(a[k].shape != b[k].shape for k in a):
+        raise ValueError("cannot merge statistics of different layouts (other targets, null draws or eig_top)")
+    return {k: a[k] + b[k].to(a[k]) for k in a}
 
 
 class LayerReducer:
-    """Reduces one layer's (pre, mid, post) to per-target sums in a few batched ops.
+    """Reduces one layer's readings to sums for all its targets and nulls in a few batched ops.
 
-    All targets of a layer share one projection X @ B, with B = [U_1, N_1, U_2, N_2, ..., v1s]
-    (principal and null bases side by side), and one consensus computation. Sums stay on
-    the activations' device (no host sync per forward).
+    One projection X @ B per reading point, B = [targets | eigen-subspaces | Haar frames |
+    F-null frames] (float32 on the activations' device); ``post`` is projected on the
+    targets' columns only. No host synchronisation and no data-dependent branches, so it
+    adds no graph breaks under torch.compile.
 
     Args:
-        bases: per target (U (d, k), U_null (d, k), v1 (d,) or None), float64.
+        targets: the layer's targets.
+        haar: (K, d, k_max) Haar frames. fnull: {key: (Kf, d, k_max)} F-null frames.
     """
 
-    def __init__(self, bases: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]]):
-        cols, seg, v1_cols, v1_rows = [], [], [], []
-        for t, (U, N, _) in enumerate(bases):
-            for j, M in enumerate((U, N)):
-                seg += [2 * t + j] * M.shape[1]
-                cols.append(M)
-        n_seg = 2 * len(bases)
-        for t, (_, _, v1) in enumerate(bases):
-            if v1 is not None:
-                v1_cols.append(len(seg) + len(v1_cols))
-                v1_rows.append(t)
-                cols.append(v1[:, None])
-        self.B64 = torch.cat(cols, 1)  # (d, K)
-        S = torch.zeros(len(seg), n_seg, dtype=torch.float64)
-        S[torch.arange(len(seg)), torch.tensor(seg)] = 1.0
-        self.S64 = S  # (K_sub, n_seg) sums squared projections per subspace
-        self.n_sub = len(seg)
-        self.v1_cols = torch.tensor(v1_cols, dtype=torch.long)
-        self.v1_rows = torch.tensor(v1_rows, dtype=torch.long)
-        self.T = len(bases)
+    def __init__(self, targets: list[TargetSpec], haar: torch.Tensor, fnull: dict[str, torch.Tensor]):
+        self.targets = targets
+        self.T = len(targets)
+        self.K, d, self.k_max = haar.shape
+        self.ks = sorted({t.k for t in targets if t.k <= self.k_max})
+        self.k_index = [self.ks.index(t.k) if t.k in self.ks else -1 for t in targets]
+        self.m = max([len(t.eig) for t in targets] + [0])
+        self.fkeys = sorted(fnull)
+        self.Kf = next(iter(fnull.values())).shape[0] if fnull else 0
+        cols, self.t_slices = [], []
+        for t in targets:
+            self.t_slices.append(slice(sum(c.shape[1] for c in cols), sum(c.shape[1] for c in cols) + t.k))
+            cols.append(t.U)
+        self.n_tcols = sum(c.shape[1] for c in cols)
+        # eigen-subspaces: a 0/1 matrix sums squared projections per subspace, (E_cols, T * m)
+        eig_cols, seg = [], []
+        for ti, t in enumerate(targets):
+            for j, E in enumerate(t.eig):
+                eig_cols.append(E)
+                seg += [ti * self.m + j] * E.shape[1]
+        self.eig_start = self.n_tcols
+        cols += eig_cols
+        S = torch.zeros(len(seg), max(self.T * self.m, 1), dtype=torch.float64)
+        if seg:
+            S[torch.arange(len(seg)), torch.tensor(seg)] = 1.0
+        self.S_eig = S
+        self.eig_valid = torch.zeros(self.T, max(self.m, 1), dtype=torch.bool)
+        for ti, t in enumerate(targets):
+            self.eig_valid[ti, : len(t.eig)] = True
+        self.haar_start = sum(c.shape[1] for c in cols)
+        cols.append(haar.permute(1, 0, 2).reshape(d, self.K * self.k_max))  # column j*k_max + i
+        self.f_start = {}
+        for key in self.fkeys:
+            self.f_start[key] = sum(c.shape[1] for c in cols)
+            cols.append(fnull[key].permute(1, 0, 2).reshape(d, self.Kf * self.k_max))
+        self.B64 = torch.cat(cols, 1)  # (d, C)
+        self.v1 = [t.v1 for t in targets]
         self._dev: dict = {}
 
     def _on(self, device):
         key = str(device)
         if key not in self._dev:
-            self._dev[key] = (
-                self.B64.to(device, torch.float32),
-                self.S64.to(device, torch.float32),
-                self.v1_cols.to(device),
-                self.v1_rows.to(device),
-            )
+            self._dev[key] = (self.B64.to(device, torch.float32), self.S_eig.to(device, torch.float32))
         return self._dev[key]
 
-    def __call__(self, points: dict[str, torch.Tensor | None], mask: torch.Tensor) -> torch.Tensor:
-        """Sums for every target: (T, len(FIELDS)) float64 on the activations' device.
+    def _align(self, P: torch.Tensor, inv: torch.Tensor, full: bool) -> dict[str, torch.Tensor]:
+        """Alignments from projections P (b, n, C) and 1/||x|| (b, n)."""
+        b, n = P.shape[:2]
+        tgt = torch.stack([torch.linalg.vector_norm(P[..., s], dim=-1) for s in self.t_slices], -1)
+        out = {"tgt": tgt * inv[..., None]}  # (b, n, T)
+        if not full:
+            return out
+        B, S = self._on(P.device)
+        if self.m:
+            E = P[..., self.eig_start : self.haar_start]
+            out["eig"] = torch.sqrt((E * E) @ S) * inv[..., None]  # (b, n, T*m)
+        H = P[..., self.haar_start : self.haar_start + self.K * self.k_max].reshape(b, n, self.K, self.k_max)
+        cum = (H * H).cumsum(-1)  # (b, n, K, k_max): squared norm of the first k columns
+        out["haar"] = torch.stack([cum[..., k - 1] for k in self.ks], 2).sqrt() * inv[..., None, None]  # (b,n,n_k,K)
+        for key in self.fkeys:
+            s = self.f_start[key]
+            Fp = P[..., s : s + self.Kf * self.k_max].reshape(b, n, self.Kf, self.k_max)
+            out["f:" + key] = (Fp * Fp).cumsum(-1).sqrt() * inv[..., None, None]  # (b, n, Kf, k_max)
+        return out
+
+    def __call__(
+        self,
+        points: dict[str, torch.Tensor | None],
+        mask: torch.Tensor,
+        base: torch.Tensor | None = None,
+        consensus: bool = True,
+    ) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
+        """Sums of one forward for every target, and per-row counters.
 
         Args:
-            points: {'pre': (b, n, d), 'mid': ... or None, 'post': ... or None}, float32.
+            points: {'pre': (b, n, d), 'mid': (b, n, d) or None, 'post': ... or None}.
             mask: (b, n) bool, the valid (non-padding) tokens.
-        """
-        names = [p for p in POINTS if points.get(p) is not None]
-        pre = points["pre"]
-        B, S, v1_cols, v1_rows = self._on(pre.device)
-        raw_norm = {p: torch.linalg.vector_norm(points[p], dim=-1) for p in names}  # (b, n) each
-        finite = torch.ones_like(mask)
-        for nrm in raw_norm.values():
-            finite &= torch.isfinite(nrm)  # a norm is non-finite iff some entry is
-        m = mask & finite
-        # Zero the non-finite tokens so they cannot leak into sums (NaN * 0 = NaN). On the CPU
-        # a check is free and skips the copy; on an accelerator it would force a sync.
-        clean = pre.device.type == "cpu" and bool(finite.all())
-        n = m.sum(1).to(pre.dtype)  # (b,) valid tokens per sequence
-        defined = n >= 2
-        A, cos, cons = [], [], []
-        for p in names:  # one point at a time: no stacked copy of the activations
-            X = points[p] if clean else torch.nan_to_num(points[p], nan=0.0, posinf=0.0, neginf=0.0)
-            norm = raw_norm[p].nan_to_num(0.0, 0.0, 0.0).clamp_min(1e-30)[..., None]  # (b, n, 1)
-            P = X @ B  # (b, n, K)
-            sub = P[..., : self.n_sub]
-            A.append(torch.where(m[..., None], torch.sqrt((sub * sub) @ S) / norm, 0))  # (b, n, 2T)
-            if len(v1_cols):
-                cos.append(torch.where(m[..., None], P[..., v1_cols] / norm, 0).sum((0, 1)))
-            # consensus per sequence: (||sum x̂||^2 - n) / (n (n - 1)); target-independent
-            s = torch.einsum("bn,bnd->bd", torch.where(m, 1.0 / norm[..., 0], 0), X)  # sum of unit vectors
-            cons.append(torch.where(defined, (s.pow(2).sum(-1) - n) / (n * (n - 1)).clamp_min(1), 0).sum())
-        A = torch.stack(A)  # (p, b, n, 2T): small
-        sums = A.sum((1, 2)).double()  # (p, 2T)
-        cons = torch.stack(cons).double()  # (p,)
-        cos = torch.stack(cos).double() if cos else None  # (p, n_v1)
+            base: post-norm only: LN_t(pre) (b, n, d), the baseline delta is measured from.
+            consensus: sum the within-sequence consensus (off for buffered single steps).
 
-        T = self.T
-        cols = {
-            "n": m.sum().double().expand(T),
-            "n_nonfinite": (mask & ~finite).sum().double().expand(T),
-            "n_seq": defined.sum().double().expand(T),
-        }
-        for i, p in enumerate(names):
-            cols[f"sum_{p}"] = sums[i, 0::2]
-            cols[f"null_sum_{p}"] = sums[i, 1::2]
-            cols[f"cons_sum_{p}"] = cons[i].expand(T)
-        if cos is not None:
-            for i, p in enumerate(names):
-                col = torch.zeros(T, dtype=torch.float64, device=pre.device)
-                cols[f"cos_sum_{p}"] = col.index_copy(0, v1_rows, cos[i])
-        if "mid" in names:
-            d = A[names.index("mid")] - A[0]  # (b, n, 2T); zero at invalid tokens
-            up = (d > GROWTH_EPS).sum((0, 1)).double()
-            cols["sum_delta"] = d[..., 0::2].sum((0, 1)).double()
-            cols["n_up"], cols["null_n_up"] = up[0::2], up[1::2]
-        zero = torch.zeros(T, dtype=torch.float64, device=pre.device)
-        return torch.stack([cols.get(f, zero) for f in FIELDS], 1)
+        Returns:
+            (state sums like ``zero_state``, rows (b, 3, T) float64: n_s, u_s, ubar_s).
+        """
+        pre = points["pre"]
+        dev = pre.device
+        B, _ = self._on(dev)
+        readings = {p: X.float() for p, X in points.items() if X is not None}
+        if base is not None:
+            readings["base"] = base.float()
+        norms = {p: torch.linalg.vector_norm(X, dim=-1) for p, X in readings.items()}  # (b, n)
+        finite = torch.ones_like(mask, dtype=torch.bool)
+        for nrm in norms.values():
+            finite = finite & torch.isfinite(nrm)  # a norm is non-finite iff some entry is
+        m = mask.bool() & finite
+        mf = m.float()
+        A = {}
+        for p, X in readings.items():
+            full = p != "post"
+            P = X @ (B if full else B[:, : self.n_tcols])
+            P = torch.where(m[..., None], P, 0.0)  # where() drops NaN rows; a product would not
+            inv = torch.where(m, 1.0 / norms[p].clamp_min(1e-30), 0.0)
+            A[p] = self._align(P, inv, full)
+            A[p]["P"] = P
+            A[p]["inv"] = inv
+        st = {}
+        tg = torch.zeros(self.T, len(TGT_FIELDS), dtype=torch.float64, device=dev)
+        n_tok = mf.sum()
+        tg[:, _T["n"]] = n_tok.double()
+        tg[:, _T["n_nonfinite"]] = (mask.bool() & ~finite).sum().double()
+        for p in ("pre", "mid", "post"):
+            if p in A:
+                tg[:, _T[f"sum_{p}"]] = A[p]["tgt"].sum((0, 1)).double()
+                if p != "pre":
+                    tg[:, _T[f"n_{p}"]] = n_tok.double()
+                for ti, v1 in enumerate(self.v1):
+                    if v1 is not None:
+                        c = A[p]["P"][..., self.t_slices[ti].start] * A[p]["inv"]
+                        tg[ti, _T[f"cos_sum_{p}"]] = c.sum().double()
+        n_k = len(self.ks)
+        st["null_pre"] = A["pre"]["haar"].sum((0, 1)).double() if n_k else torch.zeros(0, self.K, device=dev)
+        rows = torch.zeros(pre.shape[0], 3, self.T, dtype=torch.float64, device=dev)
+        st["null_up"] = torch.zeros(n_k, self.K, dtype=torch.float64, device=dev)
+        st["null_mid"] = torch.zeros(n_k, self.K, dtype=torch.float64, device=dev)
+        st["eig_up"] = torch.zeros(self.T, max(self.m, 0), dtype=torch.float64, device=dev)
+        st["fnull_up"] = torch.zeros(self.T, self.Kf, dtype=torch.float64, device=dev)
+        if "mid" in A:
+            ref = A["base"] if "base" in A else A["pre"]
+            mid = A["mid"]
+            up = lambda a, b: ((a - b) > GROWTH_EPS) & m.reshape(m.shape + (1,) * (a.dim() - 2))
+            u_t = up(mid["tgt"], ref["tgt"])  # (b, n, T)
+            tg[:, _T["n_up"]] = u_t.sum((0, 1)).double()
+            tg[:, _T["sum_delta"]] = (mid["tgt"] - ref["tgt"]).sum((0, 1)).double()
+            if "base" in A:
+                tg[:, _T["n_norm_up"]] = up(A["base"]["tgt"], A["pre"]["tgt"]).sum((0, 1)).double()
+            u_h = up(mid["haar"], ref["haar"])  # (b, n, n_k, K)
+            st["null_up"] = u_h.sum((0, 1)).double()
+            st["null_mid"] = mid["haar"].sum((0, 1)).double()
+            if self.m:
+                e = up(mid["eig"], ref["eig"]).sum((0, 1)).double().reshape(self.T, self.m)
+                st["eig_up"] = torch.where(self.eig_valid.to(dev), e, float("nan"))
+            for ti, t in enumerate(self.targets):
+                if t.fnull is not None and t.k <= self.k_max:
+                    key = "f:" + t.fnull
+                    st["fnull_up"][ti] = up(mid[key][..., t.k - 1], ref[key][..., t.k - 1]).sum((0, 1)).double()
+            # per-row counters for the cluster-robust intervals
+            rows[:, 0, :] = mf.sum(1).double()[:, None]
+            rows[:, 1, :] = u_t.sum(1).double()
+            per_row_null = u_h.sum(1).double().mean(-1)  # (b, n_k): mean over draws
+            for ti, ki in enumerate(self.k_index):
+                if ki >= 0:
+                    rows[:, 2, ti] = per_row_null[:, ki]
+        if consensus:
+            n_s = mf.sum(1)  # (b,)
+            defined = n_s >= 2
+            tg[:, _T["n_seq"]] = defined.sum().double()
+            for p in ("pre", "mid", "post"):
+                if p not in A:
+                    continue
+                Xh = torch.where(m[..., None], readings[p] * A[p]["inv"][..., None], 0.0)
+                s = Xh.sum(1)  # (b, d): sum of unit vectors
+                c = torch.where(defined, (s.pow(2).sum(-1) - n_s) / (n_s * (n_s - 1)).clamp_min(1), 0.0)
+                tg[:, _T[f"cons_sum_{p}"]] = c.sum().double()
+        st["tgt"] = tg
+        return st, rows
+
+
+def close_rows(tgt: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+    """Add finished sequences' counters (b, 3, T) to the cluster sums of ``tgt`` (T, F); new tgt."""
+    n, u, ubar = rows[:, 0, :], rows[:, 1, :], rows[:, 2, :]  # (b, T)
+    live = (n > 0).double()
+    w = u - ubar
+    tgt = tgt.clone()
+    tgt[:, _T["n_clu"]] += live.sum(0)
+    tgt[:, _T["clu_u2"]] += (u * u).sum(0)
+    tgt[:, _T["clu_un"]] += (u * n).sum(0)
+    tgt[:, _T["clu_n2"]] += (n * n).sum(0)
+    tgt[:, _T["clu_w2"]] += (w * w).sum(0)
+    tgt[:, _T["clu_wn"]] += (w * n).sum(0)
+    return tgt
+
+
+# ---- summaries: from sums to the numbers a user reads ----
+
+
+def mc_p_value(t: float, draws) -> float:
+    """Two-sided Monte-Carlo p-value of t among K null draws: valid (uniform at resolution 1/(K+1)).
+
+    p = min(1, 2 min(1 + #{x <= t}, 1 + #{x >= t}) / (K + 1)); ties count against rejection.
+    """
+    import numpy as np
+
+    x = np.asarray(draws, dtype=float)
+    x = x[np.isfinite(x)]
+    if not math.isfinite(t) or x.size == 0:
+        return float("nan")
+    lo, hi = 1 + np.sum(x <= t), 1 + np.sum(x >= t)
+    return float(min(1.0, 2 * min(lo, hi) / (x.size + 1)))
+
+
+def percentile(t: float, draws) -> float:
+    """Share of draws below t, ties counted half; NaN without draws."""
+    import numpy as np
+
+    x = np.asarray(draws, dtype=float)
+    x = x[np.isfinite(x)]
+    if not math.isfinite(t) or x.size == 0:
+        return float("nan")
+    return float((np.sum(x < t) + 0.5 * np.sum(x == t)) / x.size)
+
+
+def bh(p) -> list[float]:
+    """Benjamini-Hochberg q-values (NaN entries stay NaN and are not counted)."""
+    import numpy as np
+
+    p = np.asarray(p, dtype=float)
+    q = np.full(p.shape, np.nan)
+    ok = np.isfinite(p)
+    if not ok.any():
+        return q.tolist()
+    pv = p[ok]
+    order = np.argsort(pv)
+    n = pv.size
+    ranked = pv[order] * n / np.arange(1, n + 1)
+    ranked = np.minimum.accumulate(ranked[::-1])[::-1]
+    out = np.empty(n)
+    out[order] = np.minimum(ranked, 1.0)
+    q[ok] = out
+    return q.tolist()
+
+
+def cluster_ci(t: dict, rho: float, lift: float, null_var: float, K: int) -> dict:
+    """Cluster-robust 95% intervals for rho and lift, and the design effect.
+
+    var(rho) = C/(C-1) * sum_s (u_s - rho n_s)^2 / N^2, the sequence as the cluster (C clusters,
+    N tokens). The lift's variance adds the Monte-Carlo variance of the null mean (var/K).
+    """
+    N, C = t["n_mid"], t["n_clu"]
+    nan = float("nan")
+    out = {"rho_ci_lo": nan, "rho_ci_hi": nan, "design_effect": nan, "lift_ci_lo": nan, "lift_ci_hi": nan}
+    if N <= 0 or C < 2 or not math.isfinite(rho):
+        return out
+    f = C / (C - 1)
+    var = f * max(t["clu_u2"] - 2 * rho * t["clu_un"] + rho * rho * t["clu_n2"], 0.0) / (N * N)
+    se = math.sqrt(var)
+    out["rho_ci_lo"], out["rho_ci_hi"] = max(0.0, rho - Z95 * se), min(1.0, rho + Z95 * se)
+    binom = rho * (1 - rho) / N
+    out["design_effect"] = var / binom if binom > 0 else nan
+    if math.isfinite(lift):
+        var_l = f * max(t["clu_w2"] - 2 * lift * t["clu_wn"] + lift * lift * t["clu_n2"], 0.0) / (N * N)
+        se_l = math.sqrt(var_l + (null_var / K if K else 0.0))
+        out["lift_ci_lo"], out["lift_ci_hi"] = lift - Z95 * se_l, lift + Z95 * se_l
+    return out
+
+
+def summarize(state: dict[str, torch.Tensor], ti: int, k_index: int, k: int, post_norm: bool = False) -> dict:
+    """All statistics of one (layer, target) from its state (q_null and verdict come later)."""
+    import numpy as np
+    from scipy.stats import binomtest
+
+    t = dict(zip(TGT_FIELDS, state["tgt"][ti].tolist()))
+    nan = float("nan")
+    div = lambda a, b: a / b if b > 0 else nan
+    n, n_mid = t["n"], t["n_mid"]
+    out = {
+        "n_tokens": int(n),
+        "n_nonfinite": int(t["n_nonfinite"]),
+        "n_sequences": int(t["n_clu"]),
+        "gamma_pre": div(t["sum_pre"], n),
+        "gamma_mid": div(t["sum_mid"], n_mid),
+        "gamma_post": div(t["sum_post"], t["n_post"]),
+        "delta_mean": div(t["sum_delta"], n_mid),
+        "rho": div(t["n_up"], n_mid),
+    }
+    rho = out["rho"]
+    K = state["null_up"].shape[1]
+    if k_index >= 0 and n_mid > 0:
+        null = state["null_up"][k_index].numpy() / n_mid
+        npre = state["null_pre"][k_index].numpy() / n
+        nmid = state["null_mid"][k_index].numpy() / n_mid
+    else:
+        null = npre = nmid = np.array([])
+    q = lambda x, a: float(np.quantile(x, a)) if x.size else nan
+    out.update(
+        null_rho_mean=float(null.mean()) if null.size else nan,
+        null_rho_lo=q(null, 0.025),
+        null_rho_hi=q(null, 0.975),
+        rho_percentile=percentile(rho, null),
+        p_null=mc_p_value(rho, null),
+        null_gamma_pre_mean=float(npre.mean()) if npre.size else nan,
+        null_gamma_pre_lo=q(npre, 0.025),
+        null_gamma_pre_hi=q(npre, 0.975),
+        gamma_pre_percentile=percentile(out["gamma_pre"], npre),
+        null_gamma_mid_mean=float(nmid.mean()) if nmid.size else nan,
+        gamma_mid_percentile=percentile(out["gamma_mid"], nmid),
+    )
+    out["lift"] = rho - out["null_rho_mean"]
+    out.update(cluster_ci(t, rho, out["lift"], float(null.var(ddof=1)) if null.size > 1 else 0.0, K))
+    eig = state["eig_up"][ti].numpy() / n_mid if n_mid > 0 else np.array([])
+    eig = eig[np.isfinite(eig)]
+    out["eig_rank"] = int(1 + np.sum(eig > rho)) if eig.size and math.isfinite(rho) else nan
+    out["eig_rho_median"] = float(np.median(eig)) if eig.size else nan
+    fn = state["fnull_up"][ti].numpy() / n_mid if n_mid > 0 and state["fnull_up"].shape[1] else np.array([])
+    out["fnull_rho_mean"] = float(fn.mean()) if fn.size else nan
+    out["fnull_percentile"] = percentile(rho, fn)
+    out["p_binom"] = binomtest(int(t["n_up"]), int(n_mid), 0.5).pvalue if n_mid > 0 else nan
+    out["rho_norm_only"] = div(t["n_norm_up"], n_mid) if post_norm else nan
+    for p in POINTS:
+        cnt = n if p == "pre" else t[f"n_{p}"]
+        out[f"cos_{p}"] = div(t[f"cos_sum_{p}"], cnt) if k == 1 else nan
+        out[f"consensus_{p}"] = div(t[f"cons_sum_{p}"], t["n_seq"])
+    out["null_draws"] = K
+    return out
+
+
+def verdict(q_null: float, lift: float, alpha: float = 0.05) -> str:
+    """'toward' / 'away' when q_null < alpha (by the sign of rho - null mean), else 'indistinguishable'."""
+    if not (math.isfinite(q_null) and math.isfinite(lift)) or q_null >= alpha:
+        return "indistinguishable"
+    return "toward" if lift > 0 else "away"

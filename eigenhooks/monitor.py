@@ -2,84 +2,139 @@
 
 ``with eh.monitor(model) as mon: model(**batch)`` measures every forward pass inside the
 block, including ``generate`` with a KV cache (only newly computed positions are seen, so
-each position counts once). Activations of a layer are reduced as soon as its block ends,
-so memory does not grow with the number of tokens. Only the monitor's own hooks are
-removed on exit, also after an exception or a half-failed registration.
+each position counts once, and a sequence stays one cluster across its forwards).
+
+Values are read where the model consumes them (the reading-point contract, DESIGN.md §1):
+``pre`` at the input of the attention's norm, ``mid`` at the input of the MLP's norm (the
+post-attention norm's output in post-norm models), ``post`` at the next block's input. An
+edit by any other tool or hook upstream of those points, registered before or after the
+monitor, is therefore measured as the model computed it. The limit: a hook registered
+after the monitor on the very module a value is read from is not seen.
+
+A forward counts whole or not at all: a layer's sums are held until the model's forward
+returns, so a forward that raises or is interrupted adds nothing. Where hooks vanish or
+are bypassed, ``MeasurementWarning`` says so and the statistics stay NaN.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import warnings
 from contextlib import ExitStack
 from pathlib import Path
 
 import torch
 
-from .api import spectra
-from .metrics import FIELDS, LayerReducer, LayerStats, null_basis
+from . import metrics as M
+from .api import layer_factors, spectra
 from .models import Adapter, get_adapter
+from .spectrum import RANKS
 
 log = logging.getLogger(__name__)
 DEFAULT_TARGETS = (("ov", "modulus"), ("ov", "residual"))
 BUFFER_TOKENS = 256  # single-position forwards reduced together; bounds the buffer's memory
+NULL_DRAWS = 128
+FNULL_DRAWS = 64
+EIG_TOP = 16
+
+
+class MeasurementWarning(UserWarning):
+    """Something the monitor should have measured was not: hooks removed, bypassed or never reached."""
 
 
 def _first(x):
     return x[0] if isinstance(x, tuple | list) else x
 
 
-class _Target:
-    """One (layer, variant, rank): its spectrum and its seeded null subspace."""
-
-    def __init__(self, spec, null_seed: int):
-        self.spec = spec
-        self.null64 = null_basis(spec.d_model, spec.k, null_seed * 100_003 + spec.layer)
-        self.v1_64 = spec.basis[:, 0] if spec.k == 1 else None
+def _is_builtin(t) -> bool:
+    return len(t) == 2 and isinstance(t[1], str)
 
 
 class Monitor:
     """Streaming alignment statistics for every attention layer of a model.
 
     Use through ``eigenhooks.monitor(...)``. After (or during) the block: ``summary()``,
-    ``save(path)``, ``stats`` (a dict (layer, variant, rank) -> LayerStats).
+    ``save(path)``, ``state_dict()`` / ``load_state_dict()`` / ``merge_state_dict()``,
+    ``all_reduce()`` under torch.distributed.
     """
 
     def __init__(
         self,
         model,
         targets=DEFAULT_TARGETS,
-        reading_points=("pre", "mid", "post"),
+        reading_points=M.POINTS,
         tokens=False,
         attention_mask=None,
         null_seed: int = 0,
         sink=None,
         attach: bool = True,
+        null_draws: int = NULL_DRAWS,
+        fnull_draws: int = FNULL_DRAWS,
+        eig_top: int = EIG_TOP,
     ):
-        bad = set(reading_points) - {"pre", "mid", "post"}
+        bad = set(reading_points) - set(M.POINTS)
         if bad or "pre" not in reading_points:
             raise ValueError(f"reading_points must include 'pre' and be among pre/mid/post, got {reading_points}")
+        for name, v in (("null_draws", null_draws), ("fnull_draws", fnull_draws), ("eig_top", eig_top)):
+            if not isinstance(v, int) or v < (1 if name == "null_draws" else 0):
+                raise ValueError(
+                    f"{name} must be a {'positive' if name == 'null_draws' else 'non-negative'} int, got {v!r}"
+                )
         self.adapter: Adapter = get_adapter(model)
         self.model = self.adapter.model
-        self.targets = [tuple(t) for t in targets]
-        self.points = tuple(reading_points)
+        self.target_defs = [self._parse_target(t) for t in targets]
+        names = [d[0] for d in self.target_defs]
+        if len(set(names)) != len(names):
+            raise ValueError(f"target names must be unique, got {names}")
+        self.points = tuple(p for p in M.POINTS if p in reading_points)
         self.keep_tokens = tokens
         self.explicit_mask = attention_mask
-        self.null_seed = null_seed
+        self.null_seed, self.K, self.Kf, self.m = int(null_seed), null_draws, fnull_draws, eig_top
         self.sink_path = Path(sink) if sink is not None else None
         self.attach = attach
-        self._acc: dict[int, torch.Tensor] = {}  # layer -> (targets, FIELDS) running sums, on device
-        self._loaded: dict[tuple, LayerStats] = {}  # from load_state_dict
-        self._reducers: dict[int, LayerReducer] = {}
-        self._buf: dict[int, list] = {}  # layer -> buffered single-position forwards
         self.token_records: list[dict] = []
         self.n_forwards = 0
-        self._targets: dict[int, list[tuple[tuple, _Target]]] = {}
+        self._layers: dict[int, dict] = {}  # layer -> {"targets": [...], "reducer", "rp"}
+        self._state: dict[int, dict[str, torch.Tensor]] = {}
+        self._rows: dict[int, torch.Tensor] = {}  # open sequences' counters (b, 3, T)
+        self._buf: dict[int, list] = {}
         self._stack: ExitStack | None = None
-        self._reset_forward()
+        self._handles: list = []
+        self._warned: set[str] = set()
+        self._active = False
+        self._reset_forward(open_=False)
+
+    # ---- targets ----
+    def _parse_target(self, t):
+        t = tuple(t)
+        if len(t) != 2:
+            raise ValueError(f"a target is (variant, rank) or (name, tensor | {{layer: tensor}}), got {t!r}")
+        if _is_builtin(t):
+            variant, rank = t
+            if rank not in RANKS:
+                raise ValueError(f"rank must be one of {RANKS}, got {rank!r}")
+            return (f"{variant}/{rank}", variant, rank, None)
+        name, U = t
+        if not isinstance(name, str) or not name:
+            raise ValueError(f"a custom target's name must be a non-empty string, got {name!r}")
+        d = self.adapter.d_model
+        if isinstance(U, dict):
+            per = {}
+            for layer, u in U.items():
+                if not isinstance(layer, int) or not 0 <= layer < self.adapter.n_layers:
+                    raise M.TargetError(
+                        f"target {name!r}: layer key {layer!r} is not in 0..{self.adapter.n_layers - 1}"
+                    )
+                per[layer] = M.check_target(name, u, d)
+            return (name, None, None, per)
+        U = M.check_target(name, U, d)
+        return (name, None, None, {i: U for i in range(self.adapter.n_layers)})
 
     # ---- lifecycle ----
     def __enter__(self) -> Monitor:
+        if self._active:
+            raise RuntimeError("this monitor is already active; leave its with-block before entering it again")
         self._prepare()
         if self.attach:
             self._stack = ExitStack()
@@ -87,131 +142,274 @@ class Monitor:
                 self._register()
             except BaseException:
                 self._stack.close()  # all-or-nothing: drop what was registered
-                self._stack = None
+                self._stack, self._handles = None, []
                 raise
+        self._active = True
         return self
 
-    def _prepare(self) -> None:
-        """Spectra (cached) and bases for every (layer, target)."""
-        if self._targets:
+    def __exit__(self, exc_type, *exc) -> None:
+        self.close(_raised=exc_type is not None)
+
+    def close(self, _raised: bool = False) -> None:
+        """Remove the monitor's own hooks (only those), after checking they were still there."""
+        if not self._active:
             return
-        for variant, rank in self.targets:
-            for spec in spectra(self.adapter, variant=variant, rank=rank):
-                key = (spec.layer, variant, rank)
-                self._targets.setdefault(spec.layer, []).append((key, _Target(spec, self.null_seed)))
-        for layer, tgts in self._targets.items():
-            self._reducers[layer] = LayerReducer([(t.spec.basis, t.null64, t.v1_64) for _, t in tgts])
+        self._active = False
+        try:
+            if self._stack is not None:
+                self._check_handles()
+                if self.n_forwards == 0 and not self._orphans and not _raised:
+                    self._warn(
+                        "no-forward",
+                        "no forward pass reached the monitor's hooks inside its with-block. If the model was "
+                        "compiled (torch.compile) before the monitor, hooks added later are ignored: enter "
+                        "eh.monitor before compiling, or call torch._dynamo.reset() first.",
+                    )
+            self._flush()
+        finally:
+            if self._stack is not None:
+                self._stack.close()
+                self._stack, self._handles = None, []
 
-    def __exit__(self, *exc) -> None:
-        self.close()
+    def _prepare(self) -> None:
+        """Spectra (cached), bases, nulls and reducers for every layer."""
+        if self._layers:
+            return
+        ad = self.adapter
+        top = max(4, 2 * self.m)
+        specs = {}
+        for name, variant, rank, per in self.target_defs:
+            key = (variant or "ov", rank or "modulus")
+            if key not in specs:
+                specs[key] = spectra(ad, variant=key[0], rank=key[1], top=top)
+        for i in range(ad.n_layers):
+            tgts, meta = [], []
+            for name, variant, rank, per in self.target_defs:
+                if per is not None and i not in per:
+                    continue
+                s = specs[(variant or "ov", rank or "modulus")][i]
+                eig = M.eig_subspaces(s.eigenvalues, s.eigenvectors, self.m + (1 if per is None else 0))
+                if per is None:
+                    U, eig = s.basis, eig[1:]  # the target is F's own top subspace: rank it among the others
+                else:
+                    U = per[i]
+                v1 = U[:, 0] if U.shape[1] == 1 else None
+                fkey = variant or "ov"
+                tgts.append(M.TargetSpec(name, U, v1, eig, fkey if self.Kf else None))
+                meta.append({"target": name, "variant": variant, "rank": rank, "spec": s if per is None else None})
+            if not tgts:
+                continue
+            k_max = max(t.k for t in tgts)
+            haar = M.haar_frames(ad.d_model, k_max, self.K, self._seed(i, 0))
+            fnull = {}
+            for fkey in sorted({t.fnull for t in tgts if t.fnull}):
+                O, V = layer_factors(ad, i, fkey)[0].stacked()
+                fnull[fkey] = M.power_step_frames(
+                    lambda G, O=O, V=V: O @ (V @ G), ad.d_model, k_max, self.Kf, self._seed(i, 1 + len(fnull))
+                )
+            red = M.LayerReducer(tgts, haar, fnull)
+            self._layers[i] = {"targets": tgts, "meta": meta, "reducer": red, "rp": ad.reading_points(i)}
+            self._state[i] = M.zero_state(len(tgts), len(red.ks), self.K, max(red.m, 0), red.Kf)
 
-    def close(self) -> None:
-        self._flush()
-        if self._stack is not None:
-            self._stack.close()
-            self._stack = None
+    def _seed(self, layer: int, which: int) -> int:
+        return (self.null_seed * 1_000_003 + layer * 101 + which) % (2**63)
 
+    # ---- registration ----
     def _hook(self, module, fn, kind: str, **kw):
         reg = {"pre": module.register_forward_pre_hook, "fwd": module.register_forward_hook}[kind]
         handle = reg(fn, **kw)
         self._stack.callback(handle.remove)
+        self._handles.append((module, "_forward_pre_hooks" if kind == "pre" else "_forward_hooks", handle.id))
 
     def _register(self) -> None:
         ad = self.adapter
-        self._hook(self.model, self._on_model_start, "pre", with_kwargs=True)
-        self._hook(self.model, self._on_model_end, "fwd")
         if ad.backend == "lens":
-            for i in range(ad.n_layers):
-                rp = ad.reading_points(i)
-                for point in self.points:
-                    hp = self.model.hook_dict[getattr(rp, point).hook_name]
-                    self._hook(hp, self._lens_fn(i, point), "fwd")
-            return
-        self._order: dict[int, list[int]] = {}
-        for ly in ad.layers:
-            self._order.setdefault(id(ly.block), []).append(ly.index)
-        seen = set()
-        for ly in ad.layers:
-            if id(ly.block) in seen:
-                continue  # shared module: one hook serves every use, calls are counted
-            seen.add(id(ly.block))
-            rp = ad.reading_points(ly.index)
-            self._hook(ly.block, self._on_block_start, "pre", with_kwargs=True)
-            self._hook(ly.block, self._on_block_end, "fwd")
-            if "mid" in self.points:
-                tap = rp.attn if rp.mid_is_sum else rp.mid
-                if tap.where == "input":
-                    self._hook(tap.module, lambda m, a, kw, fn=self._on_mid(False): fn(m, a, _first(kw.get("hidden_states", a))), "pre", with_kwargs=True)
+            self._wrap_lens_forward()
+        else:
+            self._hook(self.model, self._on_model_start, "pre", with_kwargs=True)
+            self._hook(self.model, self._on_model_end, "fwd", always_call=True)
+        self._slots = self._build_slots()
+        for key, (module, where, slots) in self._slots.items():
+            if where == "input":
+                self._hook(module, self._input_tap(key), "pre", with_kwargs=True)
+            else:
+                self._hook(module, self._output_tap(key), "fwd")
+
+    def _wrap_lens_forward(self) -> None:
+        """TransformerLens calls ``self.forward`` directly from run_with_hooks, bypassing module
+        hooks, so the forward's start and end (and its input, for the mask) are caught here."""
+        model, prev = self.model, self.model.__dict__.get("forward")
+        inner = model.forward
+
+        def forward(*args, **kwargs):
+            self._on_model_start(model, args, kwargs)
+            ok = False
+            try:
+                out = inner(*args, **kwargs)
+                ok = True
+                return out
+            finally:
+                self._on_model_end(model, args, True if ok else None)
+
+        model.forward = forward
+
+        def restore():
+            if model.__dict__.get("forward") is forward:
+                if prev is None:
+                    del model.forward
                 else:
-                    self._hook(tap.module, self._on_mid(rp.mid_is_sum), "fwd")
+                    model.forward = prev
+
+        self._stack.callback(restore)
+
+    def _tap_module(self, tap):
+        if tap.hook_name is not None:
+            return self.model.hook_dict[tap.hook_name], "output"
+        return tap.module, tap.where
+
+    def _build_slots(self) -> dict:
+        """(module, where) -> the roles of each of its calls in one forward, in order.
+
+        A module shared by several layers (ALBERT) is called once per use, so its calls are
+        matched to layers by order; post(t) is read at layer t+1's pre tap, one reading for both.
+        """
+        ad = self.adapter
+        mods = [
+            {
+                id(m)
+                for m in (ly.block, ly.attn_in, ly.attn_out, ly.norm, ly.mid_in, ly.pre_in, ly.mid_out)
+                if m is not None
+            }
+            for ly in ad.layers
+        ]
+        slots: dict = {}
+
+        def add(tap, owner: int | None, role):
+            module, where = self._tap_module(tap)
+            key = (id(module), where)
+            if key not in slots:
+                uses = [i for i, s in enumerate(mods) if id(module) in s] if ad.backend != "lens" else []
+                slots[key] = (module, where, {"uses": uses or [owner], "roles": {}})
+            entry = slots[key][2]
+            idx = entry["uses"].index(owner) if owner in entry["uses"] else 0
+            entry["roles"].setdefault(idx, []).append(role)
+
+        for i, info in sorted(self._layers.items()):
+            rp = info["rp"]
+            add(rp.pre, i, (i, "pre"))
+            add(rp.attn, i, (i, "attn"))
+            if "mid" in self.points and rp.mid is not None:
+                add(rp.mid, i, (i, "mid"))
+            if "post" in self.points:
+                module, _ = self._tap_module(rp.post)
+                nxt = i + 1 < ad.n_layers and ad.backend != "lens" and id(module) in mods[i + 1]
+                owner = i + 1 if nxt else (i if ad.backend != "lens" and id(module) in mods[i] else None)
+                add(rp.post, owner, (i, "post"))
+        return slots
+
+    def _input_tap(self, key):
+        def fn(module, args, kwargs):
+            x = kwargs.get("hidden_states", args[0] if args else None)
+            self._on_tap(key, _first(x))
+
+        return fn
+
+    def _output_tap(self, key):
+        def fn(module, args, output):
+            self._on_tap(key, _first(output))
+
+        return fn
 
     # ---- per forward ----
-    def _reset_forward(self) -> None:
-        self._calls: dict[int, int] = {}
-        self._current: int | None = None
-        self._cap: dict[str, torch.Tensor] = {}
-        self._mask_full: torch.Tensor | None = None
-        self._delta: dict[int, torch.Tensor] = {}  # this forward's sums, for the sink
+    def _reset_forward(self, open_: bool) -> None:
+        self._open = open_
+        self._counts: dict = {}
+        self._cap: dict[int, dict] = {}
+        self._pending: dict[int, tuple] = {}
+        self._pending_raw: dict[int, tuple] = {}
+        self._mask: torch.Tensor | None = None
+        self._orphans = getattr(self, "_orphans", 0)
 
     def _on_model_start(self, module, args, kwargs):
-        self._reset_forward()
+        cont = _continues(kwargs)
+        if not cont:
+            self._end_sequences()
+        self._reset_forward(open_=True)
         mask = self.explicit_mask if self.explicit_mask is not None else kwargs.get("attention_mask")
-        self._mask_full = mask if isinstance(mask, torch.Tensor) and mask.dim() == 2 else None
+        if mask is None and self.adapter.backend == "lens":
+            mask = _lens_string_mask(self.model, args, kwargs)
+        self._mask = mask if isinstance(mask, torch.Tensor) and mask.dim() == 2 else None
 
     def _on_model_end(self, module, args, output):
-        self.n_forwards += 1
-        if self.sink_path is not None and self._delta:
-            line = {
-                "forward": self.n_forwards,
-                "stats": [
-                    {"layer": k[0], "variant": k[1], "rank": k[2], **s.state_dict()}
-                    for k, s in self._as_stats(self._delta).items()
-                    if k[0] in self._delta
-                ],
-            }
-            with open(self.sink_path, "a") as fh:
-                fh.write(json.dumps(line) + "\n")
-                fh.flush()
-        self._delta = {}
-
-    def _on_block_start(self, module, args, kwargs):
-        order = self._order[id(module)]
-        c = self._calls.get(id(module), 0)
-        self._calls[id(module)] = c + 1
-        self._current = order[c % len(order)]
-        x = kwargs.get("hidden_states", args[0] if args else None)
-        self._cap = {"pre": x.detach()}
-
-    def _on_mid(self, is_sum: bool):
-        def fn(module, args, output):
-            if self._current is None or "pre" not in self._cap:
-                return
-            out = _first(output).detach()
-            self._cap["mid"] = self._cap["pre"] + out if is_sum else out
-
-        return fn
-
-    def _on_block_end(self, module, args, output):
-        if self._current is None:
+        if not self._open:
             return
-        self._cap["post"] = _first(output).detach()
-        self._reduce(self._current, self._cap)
-        self._cap, self._current = {}, None
+        if output is None:  # the forward raised: nothing of it counts
+            self._reset_forward(open_=False)
+            return
+        self._check_forward()
+        self._commit()
+        self._reset_forward(open_=False)
 
-    def _lens_fn(self, layer: int, point: str):
-        def fn(module, args, output):
-            self._cap[point] = output.detach()
-            last = self.points[-1]
-            if point == last:
-                self._reduce(layer, self._cap)
-                self._cap = {}
+    def _on_tap(self, key, x) -> None:
+        if not isinstance(x, torch.Tensor):
+            return
+        if not self._open:
+            self._orphans += 1
+            self._warn(
+                "orphan",
+                "the monitor's layer hooks ran outside a forward of the model it was given (a submodule "
+                "called directly?); nothing was counted. Call the model passed to eh.monitor.",
+            )
+            return
+        c = self._counts.get(key, 0)
+        self._counts[key] = c + 1
+        for layer, point in self._slots[key][2]["roles"].get(c, ()):
+            cap = self._cap.setdefault(layer, {})
+            if point in cap:
+                continue
+            cap[point] = x.detach()
+            if point == self._last_point(layer):
+                self._reduce(layer, cap)
 
-        return fn
+    def _last_point(self, layer: int) -> str:
+        if "post" in self.points:
+            return "post"
+        rp = self._layers[layer]["rp"]
+        return "mid" if "mid" in self.points and rp.mid is not None else "attn"
+
+    def _check_forward(self) -> None:
+        missing = [i for i in self._layers if i not in self._pending and i not in self._pending_raw]
+        if not missing:
+            return
+        gone = self._check_handles()
+        if gone:
+            return
+        self._warn(
+            "missing-layers",
+            f"layers {missing} were not measured in a forward (their hooks did not fire: a block skipped, "
+            "a module replaced or swapped by another tool, or hooks bypassed); their statistics stay NaN",
+        )
+
+    def _check_handles(self) -> bool:
+        gone = [m for m, attr, hid in self._handles if hid not in getattr(m, attr, {})]
+        if gone:
+            self._warn(
+                "handles",
+                f"{len(gone)} of the monitor's {len(self._handles)} hooks were removed by something else "
+                f"(e.g. on {type(gone[0]).__name__}); another tool cleared the model's hooks (pyvene does). "
+                "What ran after that was not measured: enter eh.monitor inside the other tool's context.",
+            )
+        return bool(gone)
+
+    def _warn(self, key: str, msg: str) -> None:
+        if key not in self._warned:
+            self._warned.add(key)
+            warnings.warn(msg, MeasurementWarning, stacklevel=3)
 
     # ---- reduction ----
     def _valid_mask(self, x: torch.Tensor) -> torch.Tensor:
         b, n = x.shape[:2]
-        m = self._mask_full if self._mask_full is not None else self.explicit_mask
+        m = self._mask
         if m is None:
             return torch.ones(b, n, dtype=torch.bool, device=x.device)
         if m.shape[0] != b or m.shape[1] < n:
@@ -221,31 +419,76 @@ class Monitor:
         return m[:, -n:].to(x.device).bool()  # with a KV cache only the newest positions are computed
 
     def _reduce(self, layer: int, cap: dict) -> None:
+        info = self._layers[layer]
         pre = cap.get("pre")
-        if pre is None or pre.numel() == 0 or layer not in self._reducers:
+        if pre is None or pre.dim() != 3 or pre.shape[1] == 0:
             return
-        f32 = lambda t: None if t is None else t.to(torch.float32)
-        points = {p: (f32(cap.get(p)) if p in self.points else None) for p in ("pre", "mid", "post")}
-        mask = self._valid_mask(points["pre"])
-        if points["pre"].shape[1] == 1 and self.sink_path is None and not self.keep_tokens:
-            # One position per sequence (a KV-cache generation step): batch these up and
-            # reduce many at once; a per-step reduction would cost more than the step.
-            # Sequences of one token add no consensus, so the result is the same.
-            buf = self._buf.setdefault(layer, [])
-            buf.append(({p: (None if X is None else X.clone()) for p, X in points.items()}, mask))
-            if sum(mk.shape[0] for _, mk in buf) >= BUFFER_TOKENS:
-                self._flush(layer)
+        rp = info["rp"]
+        mid = None
+        if "mid" in self.points and "attn" in cap:  # no attention step ran: no delta
+            if rp.mid is None:
+                mid = pre + cap["attn"]  # parallel block: pre + attention output (not a model state)
+            else:
+                mid = cap.get("mid")
+        points = {"pre": pre, "mid": mid, "post": cap.get("post")}
+        base = None
+        if rp.post_norm is not None and mid is not None:
+            with torch.no_grad():
+                base = rp.post_norm.forward(pre)  # LN_t(pre), without running anyone's hooks
+        mask = self._valid_mask(pre)
+        if pre.shape[1] == 1 and self.sink_path is None and not self.keep_tokens:
+            self._pending_raw[layer] = (points, mask, base)  # reduced in batches once the forward ends
             return
-        self._add(layer, self._reducers[layer](points, mask))
+        self._pending[layer] = info["reducer"](points, mask, base)
         if self.keep_tokens:
-            for key, tgt in self._targets[layer]:
-                U = tgt.spec.basis.to(pre.device, torch.float32)
-                self._record_tokens(key, points["pre"], points["mid"], points["post"], U, mask)
+            self._record_tokens(layer, points, mask)
 
-    def _add(self, layer: int, sums: torch.Tensor) -> None:
-        """Add (targets, FIELDS) sums to the running totals (and this forward's, for the sink)."""
-        self._acc[layer] = self._acc[layer] + sums if layer in self._acc else sums
-        self._delta[layer] = self._delta[layer] + sums if layer in self._delta else sums
+    def _commit(self) -> None:
+        """The forward ended: its sums count, all at once."""
+        for layer, (sums, rows) in self._pending.items():
+            self._add(layer, sums, rows)
+        for layer, item in self._pending_raw.items():
+            buf = self._buf.setdefault(layer, [])
+            if buf and buf[0][1].shape[0] != item[1].shape[0]:
+                self._flush(layer)
+                buf = self._buf.setdefault(layer, [])
+            buf.append(item)
+            if sum(mk.shape[0] for _, mk, _ in buf) >= BUFFER_TOKENS:
+                self._flush(layer)
+        if self.sink_path is not None and self._pending:
+            line = {"forward": self.n_forwards + 1, "stats": []}
+            for layer, (sums, _) in sorted(self._pending.items()):
+                for ti, meta in enumerate(self._layers[layer]["meta"]):
+                    row = dict(zip(M.TGT_FIELDS, sums["tgt"][ti].tolist()))
+                    line["stats"].append({"layer": layer, "target": meta["target"], **row})
+            with open(self.sink_path, "a") as fh:
+                fh.write(json.dumps(line) + "\n")
+                fh.flush()
+        self.n_forwards += 1
+
+    def _add(self, layer: int, sums: dict, rows: torch.Tensor) -> None:
+        st = self._state[layer]
+        for k, v in sums.items():
+            st[k] = st[k].to(v.device) + v
+        if rows is None:
+            return
+        open_rows = self._rows.get(layer)
+        if open_rows is not None and open_rows.shape[0] != rows.shape[0]:
+            self._close_rows(layer)
+            open_rows = None
+        self._rows[layer] = rows if open_rows is None else open_rows + rows
+
+    def _close_rows(self, layer: int) -> None:
+        rows = self._rows.pop(layer, None)
+        if rows is not None:
+            st = self._state[layer]
+            st["tgt"] = M.close_rows(st["tgt"].to(rows.device), rows)
+
+    def _end_sequences(self) -> None:
+        """The open sequences ended: fold their per-row counters into the cluster sums."""
+        self._flush()
+        for layer in list(self._rows):
+            self._close_rows(layer)
 
     def _flush(self, layer: int | None = None) -> None:
         """Reduce buffered single-position forwards (all layers when layer is None)."""
@@ -253,44 +496,29 @@ class Monitor:
             buf = self._buf.pop(i, [])
             if not buf:
                 continue
-            points = {p: (None if buf[0][0][p] is None else torch.cat([b[0][p] for b in buf])) for p in buf[0][0]}
-            self._add(i, self._reducers[i](points, torch.cat([b[1] for b in buf])))
+            cat = lambda xs: None if any(x is None for x in xs) else torch.cat(xs, 1)  # rows stay rows
+            points = {p: cat([b[0][p] for b in buf]) for p in buf[0][0]}
+            sums, rows = self._layers[i]["reducer"](
+                points, torch.cat([b[1] for b in buf], 1), cat([b[2] for b in buf]), consensus=False
+            )
+            self._add(i, sums, rows)
 
-    def _as_stats(self, acc: dict[int, torch.Tensor]) -> dict[tuple, LayerStats]:
-        out = {}
-        for layer, tgts in self._targets.items():
-            rows = acc[layer].cpu() if layer in acc else torch.zeros(len(tgts), len(FIELDS), dtype=torch.float64)
-            for (key, _), row in zip(tgts, rows):
-                out[key] = LayerStats.from_vector(row)
-        return out
-
-    @property
-    def stats(self) -> dict[tuple, LayerStats]:
-        """(layer, variant, rank) -> LayerStats, everything measured so far (plus loaded state)."""
-        self._flush()
-        cur = self._as_stats(self._acc)
-        return {k: (v + self._loaded[k] if k in self._loaded else v) for k, v in cur.items()}
-
-    def _record_tokens(self, key, pre, mid, post, U, mask) -> None:
-        from .metrics import alignment
-
-        rec = {
-            "layer": key[0],
-            "variant": key[1],
-            "rank": key[2],
-            "forward": self.n_forwards,
-            "mask": mask.cpu(),
-            "a_pre": alignment(pre, U).cpu(),
-        }
-        if mid is not None:
-            rec["a_mid"] = alignment(mid, U).cpu()
-        if post is not None:
-            rec["a_post"] = alignment(post, U).cpu()
+    def _record_tokens(self, layer: int, points: dict, mask: torch.Tensor) -> None:
+        tgt, meta = self._layers[layer]["targets"][0], self._layers[layer]["meta"][0]
+        U = tgt.U.to(points["pre"].device, torch.float32)
+        rec = {"layer": layer, "target": meta["target"], "forward": self.n_forwards, "mask": mask.cpu()}
+        for p in M.POINTS:
+            if points.get(p) is not None:
+                rec[f"a_{p}"] = M.alignment(points[p].float(), U).cpu()
         self.token_records.append(rec)
 
     # ---- TransformerLens ----
     def fwd_hooks(self) -> list[tuple[str, object]]:
-        """[(hook_name, fn)] for TransformerLens ``run_with_hooks`` / ``model.hooks`` (use attach=False)."""
+        """[(hook_name, fn)] for TransformerLens ``run_with_hooks`` (create the monitor with attach=False).
+
+        run_with_hooks hides the call's ``attention_mask`` and string input from hooks: pass
+        token ids and give the mask to ``eh.monitor(..., attention_mask=)`` when there is padding.
+        """
         if self.adapter.backend != "lens":
             raise TypeError("fwd_hooks() is for TransformerLens models; HF models are hooked by the with-block")
         if self._stack is not None:
@@ -298,38 +526,88 @@ class Monitor:
                 "this monitor is already attached to the model; create it with attach=False to use fwd_hooks()"
             )
         self._prepare()
+        self._slots = self._build_slots()
+        first = self.adapter.reading_points(0).pre.hook_name
+        last_layer = max(self._layers)
+        last = self._layers[last_layer]["rp"]
+        last_name = (
+            getattr(last, self._last_point(last_layer)).hook_name
+            if self._last_point(last_layer) != "attn"
+            else last.attn.hook_name
+        )
         hooks = []
-        for i in range(self.adapter.n_layers):
-            rp = self.adapter.reading_points(i)
-            for point in self.points:
-                fn = self._lens_fn(i, point)
-                hooks.append((getattr(rp, point).hook_name, lambda act, hook, fn=fn: fn(None, None, act)))
+        for key, (module, _, _) in self._slots.items():
+            name = next(n for n, hp in self.model.hook_dict.items() if hp is module)
+
+            def fn(act, hook, key=key, name=name):
+                if name == first:
+                    self._end_sequences()
+                    self._reset_forward(open_=True)
+                    self._mask = self.explicit_mask
+                self._on_tap(key, act)
+                if name == last_name and self._open:
+                    self._check_forward()
+                    self._commit()
+                    self._reset_forward(open_=False)
+
+            hooks.append((name, fn))
         return hooks
 
     # ---- results ----
+    def _current_state(self, layer: int) -> dict:
+        """This layer's state with the still-open sequences folded in (nothing is changed)."""
+        self._flush()
+        st = dict(self._state[layer])
+        rows = self._rows.get(layer)
+        if rows is not None:
+            st["tgt"] = M.close_rows(st["tgt"].to(rows.device), rows)
+        return {k: v.detach().to("cpu", torch.float64) for k, v in st.items()}
+
+    @property
+    def stats(self) -> dict[tuple[int, str], dict[str, float]]:
+        """(layer, target) -> the raw per-target sums and counts (``metrics.TGT_FIELDS``)."""
+        out = {}
+        for layer, info in sorted(self._layers.items()):
+            tg = self._current_state(layer)["tgt"]
+            for ti, meta in enumerate(info["meta"]):
+                out[(layer, meta["target"])] = dict(zip(M.TGT_FIELDS, tg[ti].tolist()))
+        return out
+
     def summary(self):
-        """pandas DataFrame, one row per (layer, variant, rank)."""
+        """pandas DataFrame, one row per (layer, target); see docs/concepts.md, 'Statistics'."""
         import pandas as pd
 
+        post_norm = self.adapter.norm_position == "post"
         rows = []
-        for (layer, variant, rank), st in sorted(self.stats.items()):  # one host sync here
-            tgt = next(t for k, t in self._targets[layer] if k == (layer, variant, rank))
-            s = tgt.spec
-            rows.append(
-                {
+        for layer, info in sorted(self._layers.items()):
+            st = self._current_state(layer)
+            red = info["reducer"]
+            for ti, (t, meta) in enumerate(zip(info["targets"], info["meta"])):
+                s = meta["spec"]
+                row = {
                     "layer": layer,
-                    "variant": variant,
-                    "rank": rank,
-                    "k": s.k,
-                    "kind": s.kind,
-                    "lambda_1_re": s.lambda_1.real,
-                    "lambda_1_im": s.lambda_1.imag,
-                    "abs_lambda_1": abs(s.lambda_1),
-                    "gap_ratio": s.gap_ratio,
-                    **st.summary(s.k),
+                    "target": meta["target"],
+                    "variant": meta["variant"],
+                    "rank": meta["rank"],
+                    "k": t.k,
                 }
-            )
-        return pd.DataFrame(rows)
+                row.update(
+                    kind=s.kind if s else "custom",
+                    lambda_1_re=s.lambda_1.real if s else float("nan"),
+                    lambda_1_im=s.lambda_1.imag if s else float("nan"),
+                    abs_lambda_1=abs(s.lambda_1) if s else float("nan"),
+                    gap_ratio=s.gap_ratio if s else float("nan"),
+                )
+                row.update(M.summarize(st, ti, red.k_index[ti], t.k, post_norm=post_norm))
+                row["null_seed"] = self.null_seed
+                rows.append(row)
+        df = pd.DataFrame(rows)
+        if len(df):
+            df["q_null"] = float("nan")
+            for _, idx in df.groupby("target").groups.items():
+                df.loc[idx, "q_null"] = M.bh(df.loc[idx, "p_null"].to_numpy())
+            df["verdict"] = [M.verdict(q, lift) for q, lift in zip(df["q_null"], df["lift"])]
+        return df
 
     def save(self, path) -> Path:
         """Write the summary as Parquet, CSV or JSON (by the file's suffix)."""
@@ -345,28 +623,110 @@ class Monitor:
             raise ValueError(f"unknown format {path.suffix!r}: use .parquet, .csv or .json")
         return path
 
+    def _layout(self) -> dict:
+        return {
+            "null_seed": self.null_seed,
+            "null_draws": self.K,
+            "fnull_draws": self.Kf,
+            "eig_top": self.m,
+            "targets": [d[0] for d in self.target_defs],
+        }
+
     def state_dict(self) -> dict:
-        return {f"{k[0]}|{k[1]}|{k[2]}": s.state_dict() for k, s in self.stats.items()}
+        """The whole streaming state (open sequences folded in) as plain lists: JSON-able, mergeable."""
+        self._prepare()
+        layers = {str(i): {k: v.tolist() for k, v in self._current_state(i).items()} for i in self._layers}
+        return {"layout": self._layout(), "layers": layers}
 
     def load_state_dict(self, state: dict) -> None:
-        """Replace the statistics with a saved state (``state_dict`` of this or another monitor)."""
+        """Replace the statistics with a saved state (``state_dict`` of a monitor of the same layout)."""
         self._prepare()
-        self._acc, self._loaded, self._buf = {}, {}, {}
-        for key, st in state.items():
-            layer, variant, rank = key.split("|")
-            s = LayerStats()
-            s.load_state_dict(st)
-            self._loaded[(int(layer), variant, rank)] = s
+        self._check_layout(state)
+        self._rows, self._buf = {}, {}
+        for i in self._layers:
+            self._state[i] = {k: torch.tensor(v, dtype=torch.float64) for k, v in state["layers"][str(i)].items()}
+
+    def merge_state_dict(self, state: dict) -> None:
+        """Add a saved state (another batch, process or run with the same layout) to this one."""
+        self._prepare()
+        self._check_layout(state)
+        for i in self._layers:
+            other = {k: torch.tensor(v, dtype=torch.float64) for k, v in state["layers"][str(i)].items()}
+            self._state[i] = M.merge_states(self._state[i], other)
+
+    def _check_layout(self, state: dict) -> None:
+        if state.get("layout") != self._layout():
+            raise ValueError(
+                f"state layout {state.get('layout')} does not match this monitor's {self._layout()}: "
+                "use the same targets, null_seed, null_draws, fnull_draws and eig_top"
+            )
+
+    def all_reduce(self, group=None) -> None:
+        """Sum the whole state across the ranks of ``group`` with torch.distributed (gloo or NCCL).
+
+        Every rank must call it with a monitor of the same layout (same targets and seeds, so
+        the null draws agree). Open sequences end here. Afterwards every rank holds the total.
+        """
+        import torch.distributed as dist
+
+        if not dist.is_available() or not dist.is_initialized():
+            raise RuntimeError("all_reduce needs torch.distributed initialised (torchrun, or dist.init_process_group)")
+        self._prepare()
+        self._end_sequences()
+        backend = dist.get_backend(group)
+        dev = torch.device("cuda", torch.cuda.current_device()) if backend == "nccl" else torch.device("cpu")
+        parts = [(i, k, v) for i in sorted(self._state) for k, v in sorted(self._state[i].items())]
+        flat = torch.cat([v.detach().reshape(-1).to(dev, torch.float64) for _, _, v in parts])
+        dist.all_reduce(flat, op=dist.ReduceOp.SUM, group=group)
+        at = 0
+        for i, k, v in parts:
+            n = v.numel()
+            self._state[i][k] = flat[at : at + n].reshape(v.shape).to(v.device)
+            at += n
+
+
+def _continues(kwargs) -> bool:
+    """True when this forward extends the previous one's sequences (a KV-cache step)."""
+    cp = kwargs.get("cache_position")
+    if isinstance(cp, torch.Tensor) and cp.numel():
+        return bool(cp.reshape(-1)[0] > 0)
+    past = kwargs.get("past_key_values", kwargs.get("cache"))  # transformers 5 passes `cache`
+    if past is None:
+        return False
+    try:
+        return int(past.get_seq_length()) > 0
+    except (AttributeError, TypeError):
+        return bool(past)
+
+
+def _lens_string_mask(model, args, kwargs):
+    """The padding mask TransformerLens builds for a batch of strings (it pads, and tells no hook)."""
+    inp = kwargs.get("input", args[0] if args else None)
+    if not (isinstance(inp, list) and len(inp) > 1 and all(isinstance(s, str) for s in inp)):
+        return None
+    tok = getattr(model, "tokenizer", None)
+    if tok is None or tok.pad_token_id is None:
+        return None
+    from transformer_lens import utils
+
+    side = kwargs.get("padding_side") or getattr(tok, "padding_side", "right")
+    prepend = kwargs.get("prepend_bos")
+    ids = model.to_tokens(inp, prepend_bos=prepend, padding_side=side)
+    bos = getattr(model.cfg, "default_prepend_bos", True) if prepend is None else prepend
+    return utils.get_attention_mask(tok, ids, prepend_bos=bos, padding_side=side)
 
 
 def monitor(
     model,
     targets=DEFAULT_TARGETS,
-    reading_points=("pre", "mid", "post"),
+    reading_points=M.POINTS,
     tokens=False,
     *,
     attention_mask=None,
     null_seed: int = 0,
+    null_draws: int = NULL_DRAWS,
+    fnull_draws: int = FNULL_DRAWS,
+    eig_top: int = EIG_TOP,
     sink=None,
     attach: bool = True,
 ) -> Monitor:
@@ -374,13 +734,17 @@ def monitor(
 
     Args:
         model: HF or TransformerLens model (or an Adapter).
-        targets: (variant, rank) pairs; default the paper's ('ov', 'modulus') and the
-            residual-aware ('ov', 'residual').
+        targets: built-in (variant, rank) pairs — default ('ov', 'modulus') and ('ov', 'residual')
+            — and custom (name, tensor): a unit vector (d,), an orthonormal basis (d, k), or a
+            dict {layer: tensor}. Rows are labelled 'ov/modulus', 'ov/residual' or the name.
         reading_points: which of 'pre', 'mid', 'post' to read ('pre' is required).
         tokens: also keep per-token alignments (``mon.token_records``), for plots.
         attention_mask: (batch, seq) mask overriding the one passed to the model call.
-        null_seed: seed of the random null subspaces.
-        sink: a .jsonl path; one line (the forward's statistics) is appended and flushed per forward.
+        null_seed: seed of all null draws (recorded in the summary).
+        null_draws: K, Haar-random subspaces per layer (p_null resolution 1/(K+1)).
+        fnull_draws: directions orth(F g) per layer (0: none).
+        eig_top: m, F's own top eigen-subspaces the target is ranked among (0: none).
+        sink: a .jsonl path; one line (the forward's target sums) is appended per forward.
         attach: register hooks on enter (TransformerLens users may set False and pass
             ``mon.fwd_hooks()`` to ``run_with_hooks``).
 
@@ -388,6 +752,18 @@ def monitor(
         >>> model, tok = eh.zoo.load("gpt2-tiny")          # doctest: +SKIP
         >>> with eh.monitor(model) as mon:                   # doctest: +SKIP
         ...     model(**tok(["def f(x):"], return_tensors="pt"))
-        >>> mon.summary()[["layer", "rank", "gamma_pre", "rho", "p_value"]]  # doctest: +SKIP
+        >>> mon.summary()[["layer", "target", "rho", "null_rho_lo", "null_rho_hi", "verdict"]]  # doctest: +SKIP
     """
-    return Monitor(model, targets, reading_points, tokens, attention_mask, null_seed, sink, attach)
+    return Monitor(
+        model,
+        targets,
+        reading_points,
+        tokens,
+        attention_mask,
+        null_seed,
+        sink,
+        attach,
+        null_draws,
+        fnull_draws,
+        eig_top,
+    )

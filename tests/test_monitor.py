@@ -2,6 +2,7 @@
 
 import json
 
+import pandas as pd
 import pytest
 import torch
 from conftest import build
@@ -48,7 +49,14 @@ def _manual(model, ad, batch, specs):
         mid = pre + attn_out[i] if ad.norm_position == "pre" else attn_out[i]
         U = s.basis.float()
         a_pre, a_mid = alignment(pre, U)[mask], alignment(mid, U)[mask]
-        res[i] = (float(a_pre.mean()), float(a_mid.mean()), float(((a_mid - a_pre) > 0).float().mean()))
+        # post-norm: compare at equal normalisation, a(LN_t(pre + attn)) vs a(LN_t(pre))
+        ln = ad.layers[i].norm
+        ref = (
+            alignment(torch.nn.functional.layer_norm(pre, ln.normalized_shape, ln.weight, ln.bias, ln.eps), U)[mask]
+            if ad.norm_position == "post"
+            else a_pre
+        )
+        res[i] = (float(a_pre.mean()), float(a_mid.mean()), float(((a_mid - ref) > 1e-6).float().mean()))
         mids[i] = mid
     return res
 
@@ -103,7 +111,8 @@ def test_padding_left_and_right_equal_separate_runs(gpt2):
     alone = None
     for t in TEXTS:
         mon = _stats(model, tok([t], return_tensors="pt"))
-        alone = mon.stats if alone is None else {k: alone[k] + v for k, v in mon.stats.items()}
+        st = mon.stats
+        alone = st if alone is None else {k: {f: alone[k][f] + v[f] for f in v} for k, v in st.items()}
     for side in ("right", "left"):
         tok.padding_side = side
         batch = tok(TEXTS, return_tensors="pt", padding=True)
@@ -112,9 +121,9 @@ def test_padding_left_and_right_equal_separate_runs(gpt2):
         mon = _stats(model, batch)
         for k, s in mon.stats.items():
             a = alone[k]
-            assert s.n == a.n and s.n_up == a.n_up, (side, k)
+            assert s["n"] == a["n"] and s["n_up"] == a["n_up"], (side, k)
             for f in ("sum_pre", "sum_mid", "sum_post", "cons_sum_pre", "cons_sum_post"):
-                assert abs(getattr(s, f) - getattr(a, f)) < 1e-4, (side, k, f)
+                assert abs(s[f] - a[f]) < 1e-4, (side, k, f)
     tok.padding_side = "right"
 
 
@@ -128,10 +137,15 @@ def test_generate_counts_each_position_once(gpt2):
     ref = _stats(model, {"input_ids": full, "attention_mask": torch.ones_like(full)})
     for k, s in mon.stats.items():
         r = ref.stats[k]
-        assert s.n == r.n == full.shape[1] and s.n_up == r.n_up
-        for f in ("sum_pre", "sum_mid", "sum_post", "null_sum_pre"):
-            assert abs(getattr(s, f) - getattr(r, f)) < 1e-4, (k, f)
+        assert s["n"] == r["n"] == full.shape[1] and s["n_up"] == r["n_up"]
+        for f in ("sum_pre", "sum_mid", "sum_post"):
+            assert abs(s[f] - r[f]) < 1e-4, (k, f)
+        # one sequence, one cluster, although it spans six forwards
+        assert s["n_clu"] == r["n_clu"] == 1 and s["clu_u2"] == r["clu_u2"]
     assert mon.n_forwards == 6
+    a, b = mon.summary(), ref.summary()
+    for col in ("rho", "null_rho_lo", "null_rho_hi", "p_null", "eig_rank", "fnull_percentile"):
+        assert a[col].equals(b[col]), col
 
 
 def test_hooks_removed_after_exception_and_user_hooks_survive(gpt2):
@@ -147,7 +161,7 @@ def test_hooks_removed_after_exception_and_user_hooks_survive(gpt2):
     with eh.monitor(model) as outer, eh.monitor(model, targets=[("ov", "residual")]) as inner:
         model(**tok(["x = 1"], return_tensors="pt"))
     assert fired == [1, 1] and _hook_count(model) == before
-    assert outer.stats[(0, "ov", "residual")].state_dict() == inner.stats[(0, "ov", "residual")].state_dict()
+    assert outer.stats[(0, "ov/residual")] == inner.stats[(0, "ov/residual")]
     h.remove()
 
 
@@ -175,14 +189,19 @@ def test_stats_merge_and_state_dict(gpt2):
     a = _stats(model, tok([TEXTS[0]], return_tensors="pt"))
     b = _stats(model, tok([TEXTS[1]], return_tensors="pt"))
     both = _stats(model, tok(TEXTS[:2], return_tensors="pt", padding=True))
-    for k in both.stats:
-        merged = a.stats[k] + b.stats[k]
-        assert merged.n == both.stats[k].n and merged.n_up == both.stats[k].n_up
-        assert abs(merged.sum_mid - both.stats[k].sum_mid) < 1e-4
+    merged = eh.Monitor(model)
+    merged.load_state_dict(a.state_dict())
+    merged.merge_state_dict(b.state_dict())
+    for k, s in both.stats.items():
+        m = merged.stats[k]
+        assert m["n"] == s["n"] and m["n_up"] == s["n_up"] and m["n_clu"] == s["n_clu"] == 2
+        assert abs(m["sum_mid"] - s["sum_mid"]) < 1e-4
+    pd.testing.assert_frame_equal(merged.summary(), both.summary(), check_exact=False, atol=1e-5, rtol=0)
     restored = eh.Monitor(model)
-    restored._prepare()
-    restored.load_state_dict(a.state_dict())
-    assert restored.summary().equals(a.summary())
+    restored.load_state_dict(json.loads(json.dumps(a.state_dict())))
+    pd.testing.assert_frame_equal(restored.summary(), a.summary())
+    with pytest.raises(ValueError, match="layout"):
+        eh.Monitor(model, null_draws=7).load_state_dict(a.state_dict())
 
 
 def test_sink_and_save(gpt2, tmp_path):
@@ -193,8 +212,8 @@ def test_sink_and_save(gpt2, tmp_path):
             model(**tok([t], return_tensors="pt"))
     lines = [json.loads(x) for x in sink.read_text().splitlines()]
     assert len(lines) == 3
-    n0 = sum(s["n"] for line in lines for s in line["stats"] if s["layer"] == 0 and s["rank"] == "modulus")
-    assert n0 == mon.stats[(0, "ov", "modulus")].n
+    n0 = sum(s["n"] for line in lines for s in line["stats"] if s["layer"] == 0 and s["target"] == "ov/modulus")
+    assert n0 == mon.stats[(0, "ov/modulus")]["n"]
     for suffix in (".csv", ".json", ".parquet"):
         try:
             mon.save(tmp_path / f"s{suffix}")
@@ -207,8 +226,8 @@ def test_bad_inputs(gpt2):
     ids = tok(["x = 1"], return_tensors="pt")["input_ids"]
     # all padding: nothing counted, summary is NaN not a crash
     mon = _stats(model, {"input_ids": ids, "attention_mask": torch.zeros_like(ids)})
-    assert mon.stats[(0, "ov", "modulus")].n == 0
-    assert mon.summary()["gamma_pre"].isna().all()
+    assert mon.stats[(0, "ov/modulus")]["n"] == 0
+    assert mon.summary()["gamma_pre"].isna().all() and mon.summary()["rho"].isna().all()
     # non-finite activations: counted, never averaged in. Poison one token of layer 1's
     # output (its 'post'); later layers see NaN everywhere, since SDPA spreads it.
     last = torch.tensor([ids.shape[1] - 1])
@@ -223,11 +242,11 @@ def test_bad_inputs(gpt2):
         mon = _stats(model, {"input_ids": ids, "attention_mask": torch.ones_like(ids)})
     finally:
         h.remove()
-    s = mon.stats[(1, "ov", "modulus")]
-    assert s.n_nonfinite == 1 and s.n == ids.shape[1] - 1
+    s = mon.stats[(1, "ov/modulus")]
+    assert s["n_nonfinite"] == 1 and s["n"] == ids.shape[1] - 1
     import math
 
-    assert math.isfinite(mon.summary().set_index(["layer", "rank"]).loc[(1, "modulus"), "gamma_pre"])
+    assert math.isfinite(mon.summary().set_index(["layer", "rank"]).loc[(1, "modulus"), "rho"])
     with pytest.raises(ValueError, match="reading_points"):
         eh.monitor(model, reading_points=("mid",))
     with pytest.raises(eh.UnsupportedModelError):
@@ -255,8 +274,8 @@ def test_hf_and_lens_give_the_same_statistics(gpt2):
         bridge(ids)
     for k, s in hf.stats.items():
         t = mon.stats[k]
-        assert s.n == t.n and s.n_up == t.n_up
-        assert abs(s.sum_pre - t.sum_pre) < 1e-4 and abs(s.sum_mid - t.sum_mid) < 1e-4
+        assert s["n"] == t["n"] and s["n_up"] == t["n_up"]
+        assert abs(s["sum_pre"] - t["sum_pre"]) < 1e-4 and abs(s["sum_mid"] - t["sum_mid"]) < 1e-4
 
     # run_with_hooks composition: an ablation of layer 2's attention changes layer 2's mid
     plain = eh.monitor(bridge, attach=False)
@@ -264,11 +283,12 @@ def test_hf_and_lens_give_the_same_statistics(gpt2):
     ablated = eh.monitor(bridge, attach=False)
     zero = ("blocks.2.hook_attn_out", lambda act, hook: torch.zeros_like(act))
     bridge.run_with_hooks(ids, fwd_hooks=[zero, *ablated.fwd_hooks()])
-    k2 = (2, "ov", "modulus")
-    assert plain.stats[k2].sum_pre == pytest.approx(ablated.stats[k2].sum_pre, abs=1e-5)
-    assert abs(plain.stats[k2].sum_mid - ablated.stats[k2].sum_mid) > 1e-4
-    assert ablated.stats[k2].sum_mid == pytest.approx(ablated.stats[k2].sum_pre, abs=1e-4)  # mid == pre
-    assert ablated.stats[k2].n_up == 0 and plain.stats[k2].n_up > 0
+    k2 = (2, "ov/modulus")
+    p, a = plain.stats[k2], ablated.stats[k2]
+    assert p["sum_pre"] == pytest.approx(a["sum_pre"], abs=1e-5)
+    assert abs(p["sum_mid"] - a["sum_mid"]) > 1e-4
+    assert a["sum_mid"] == pytest.approx(a["sum_pre"], abs=1e-4)  # mid == pre
+    assert a["n_up"] == 0 and p["n_up"] > 0
 
 
 def test_empty_batch_and_low_precision(gpt2):
@@ -280,7 +300,7 @@ def test_empty_batch_and_low_precision(gpt2):
     except Exception as e:  # the model itself may refuse an empty batch; never a crash in our hooks
         assert "eigenhooks" not in "".join(__import__("traceback").format_tb(e.__traceback__))
     else:
-        assert mon.stats[(0, "ov", "modulus")].n == 0
+        assert mon.stats[(0, "ov/modulus")]["n"] == 0
     # bf16 activations are upcast to float32 for the statistics
     batch = tok(TEXTS, return_tensors="pt", padding=True)
     ref = _stats(model, batch).summary()

@@ -177,7 +177,7 @@ class Adapter:
         attn = Tap(ly.attn_out, "output")
         if layer + 1 < self.n_layers:
             post = self._pre_tap(self.layers[layer + 1])
-        elif self.final_norm_module is not None and self.final_in:
+        elif self.final_norm_module is not None and self.final_in and self.norm_position == "pre":
             post = Tap(self.final_norm_module, "input")
         else:
             post = Tap(ly.block, "output")

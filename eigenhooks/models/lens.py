@@ -140,12 +140,23 @@ def hook_names(adapter: Adapter, layer: int) -> dict[str, str]:
 
 
 def reading_points(adapter: Adapter, layer: int) -> ReadingPoints:
+    """Hook points where the residual is consumed: ln1's input (pre), ln2's input (mid), the next
+    block's ln1 input or ln_final's input (post); hook_resid_* where a model lacks those."""
+    hd = adapter.model.hook_dict
+    pick = lambda *names: next((n for n in names if n in hd), names[-1])
     n = hook_names(adapter, layer)
+    p = f"blocks.{layer}."
+    if layer + 1 < adapter.n_layers:
+        q = f"blocks.{layer + 1}."
+        post = pick(q + "ln1.hook_in", n["post"])
+    else:
+        post = pick("ln_final.hook_in", n["post"])
+    post_norm = adapter.norm_position == "post"
     return ReadingPoints(
-        pre=Tap(hook_name=n["pre"]),
+        pre=Tap(hook_name=n["pre"] if post_norm else pick(p + "ln1.hook_in", n["pre"])),
         attn=Tap(hook_name=n["attn"]),
-        mid=Tap(hook_name=n["mid"]),
-        post=Tap(hook_name=n["post"]),
+        mid=Tap(hook_name=n["mid"] if post_norm else pick(p + "ln2.hook_in", n["mid"])),
+        post=Tap(hook_name=n["post"] if post_norm else post),
     )
 
 
