@@ -178,7 +178,7 @@ class Monitor:
         ad = self.adapter
         top = max(4, 2 * self.m)
         specs = {}
-        for name, variant, rank, per in self.target_defs:
+        for _name, variant, rank, _per in self.target_defs:
             key = (variant or "ov", rank or "modulus")
             if key not in specs:
                 specs[key] = spectra(ad, variant=key[0], rank=key[1], top=top)
@@ -229,7 +229,7 @@ class Monitor:
             self._hook(self.model, self._on_model_start, "pre", with_kwargs=True)
             self._hook(self.model, self._on_model_end, "fwd", always_call=True)
         self._slots = self._build_slots()
-        for key, (module, where, slots) in self._slots.items():
+        for key, (module, where, _) in self._slots.items():
             if where == "input":
                 self._hook(module, self._input_tap(key), "pre", with_kwargs=True)
             else:
