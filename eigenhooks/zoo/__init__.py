@@ -12,9 +12,10 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-ZOO_DIR = Path(__file__).resolve().parent
 from . import real
 from .real import REAL, FetchError, fetch, is_fetched
+
+ZOO_DIR = Path(__file__).resolve().parent
 
 TINY = ("gpt2-tiny", "albert-tiny")
 NAMES = TINY + tuple(REAL)
