@@ -190,22 +190,10 @@ def run(
     except Exception as e:
         _fail(e, debug)
         return
+    from .table import rows as table_rows
+
     df = res.summary
-    cols = [
-        "layer",
-        "rank",
-        "kind",
-        "abs_lambda_1",
-        "gap_ratio",
-        "gamma_pre",
-        "gamma_mid",
-        "null_gamma_pre",
-        "rho",
-        "p_value",
-        "null_rho",
-    ]
-    heads = ["layer", "rank", "kind", "|λ1|", "gap", "γ pre", "γ mid", "null γ pre", "ρ", "p", "null ρ"]
-    rows = [[_cell(r[c]) for c in cols] for _, r in df.iterrows()]
+    heads, rows = table_rows(df)
     _emit(f"{model}: alignment per layer ({int(df['n_tokens'].iloc[0])} tokens)", heads, rows, False, [])
     state = "interrupted; partial results in" if res.interrupted else "run folder:"
     typer.echo(f"{state} {res.out}  (report: {res.out / 'report.html'})")

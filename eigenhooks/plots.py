@@ -20,36 +20,48 @@ def _plt():
     return plt
 
 
-def alignment_by_layer(summary, rank: str = "modulus", alpha: float = 0.01):
-    """gamma_pre and gamma_mid per layer next to their null baselines, rho with significance.
+def alignment_by_layer(summary, target: str = "ov/modulus"):
+    """rho per layer with its 95% CI, against the Haar null's 95% band; gamma against its null.
 
     Args:
         summary: the DataFrame of ``Monitor.summary()`` (or a run's summary.csv).
-        rank: which target's rows to plot ('modulus' or 'residual').
-        alpha: p-value below which rho is marked significant (*).
+        target: which target's rows ('ov/modulus', 'ov/residual', a custom name, or just
+            'modulus' / 'residual').
     """
     plt = _plt()
-    df = summary[summary["rank"] == rank].sort_values("layer")
-    fig, (ax, ax2) = plt.subplots(2, 1, figsize=(7, 6), sharex=True)
+    if "/" not in target and target in ("modulus", "residual"):
+        target = f"ov/{target}"
+    df = summary[summary["target"] == target].sort_values("layer")
+    if df.empty:
+        raise ValueError(f"no rows for target {target!r}; targets: {sorted(set(summary['target']))}")
+    fig, (ax, ax2) = plt.subplots(2, 1, figsize=(7.5, 6.5), sharex=True)
     x = df["layer"].to_numpy()
-    ax.plot(x, df["gamma_pre"], "o-", label="gamma_pre")
-    ax.plot(x, df["gamma_mid"], "s-", label="gamma_mid")
-    ax.plot(x, df["null_gamma_pre"], "o--", color="grey", alpha=0.7, label="null gamma_pre")
-    ax.plot(x, df["null_gamma_mid"], "s--", color="silver", alpha=0.9, label="null gamma_mid")
-    ax.set_ylabel("mean alignment")
-    ax.set_title(f"alignment with each layer's principal subspace ({rank})")
+    ax.fill_between(
+        x, df["null_gamma_pre_lo"], df["null_gamma_pre_hi"], color="grey", alpha=0.25, label="null γ_pre 95%"
+    )
+    ax.plot(x, df["gamma_pre"], "o-", label="γ_pre")
+    ax.plot(x, df["gamma_mid"], "s-", label="γ_mid")
+    ax.set_ylabel("mean alignment γ")
+    ax.set_title(f"{target}: alignment per layer against the Haar null")
     ax.legend(fontsize=8)
-    ax2.bar(x - 0.2, df["rho"], width=0.4, label="rho")
-    ax2.bar(x + 0.2, df["null_rho"], width=0.4, color="grey", alpha=0.6, label="null rho")
-    ax2.axhline(0.5, color="k", lw=0.8, ls=":")
-    for xi, r, p in zip(x, df["rho"], df["p_value"]):
-        if p < alpha:
-            ax2.text(xi - 0.2, r + 0.02, "*", ha="center")
-    ax2.set_ylim(0, 1.1)
+    ax2.fill_between(x, df["null_rho_lo"], df["null_rho_hi"], color="grey", alpha=0.3, label="null ρ 95% band")
+    ax2.plot(x, df["null_rho_mean"], color="grey", lw=0.8, ls="--")
+    lo = (df["rho"] - df["rho_ci_lo"]).clip(lower=0).fillna(0)
+    hi = (df["rho_ci_hi"] - df["rho"]).clip(lower=0).fillna(0)
+    ax2.errorbar(x, df["rho"], yerr=[lo, hi], fmt="o", color="C0", capsize=3, label="ρ, 95% CI")
+    marks = {"toward": ("^", "C2"), "away": ("v", "C3")}
+    for verdict, (mk, col) in marks.items():
+        sel = df["verdict"] == verdict
+        if sel.any():
+            ax2.scatter(
+                x[sel.to_numpy()], df["rho"][sel], marker=mk, s=80, color=col, zorder=3, label=f"{verdict} (q < 0.05)"
+            )
+    ax2.axhline(0.5, color="k", lw=0.6, ls=":")
+    ax2.set_ylim(0, 1.05)
     ax2.set_xticks(x)
     ax2.set_xlabel("layer")
-    ax2.set_ylabel(f"rho (* p < {alpha})")
-    ax2.legend(fontsize=8)
+    ax2.set_ylabel("ρ = P(alignment grows)")
+    ax2.legend(fontsize=8, loc="best")
     fig.tight_layout()
     return fig
 
@@ -89,11 +101,17 @@ def token_heatmap(values, tokens: list[str] | None = None, title: str = "alignme
     ax.set_xlabel("token")
     if tokens is not None and len(tokens) <= 80:
         ax.set_xticks(range(len(tokens)))
-        ax.set_xticklabels(tokens, rotation=90, fontsize=7)
+        ax.set_xticklabels([readable(t) for t in tokens], rotation=90, fontsize=7)
     ax.set_title(title)
     fig.colorbar(im, ax=ax)
     fig.tight_layout()
     return fig
+
+
+def readable(token: str) -> str:
+    """A token's text as people read it in a label: newlines and tabs shown, spaces kept visible."""
+    t = token.replace("\n", "⏎").replace("\t", "⇥")
+    return t if t.strip() else repr(token)[1:-1] or "∅"
 
 
 def trajectories(coords, title: str = "token trajectories", labels: tuple[str, str] = ("v_1", "v_2")):

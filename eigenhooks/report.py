@@ -12,25 +12,28 @@ import json
 from pathlib import Path
 
 PLOTS = (
-    ("alignment_modulus.png", "Alignment per layer against the null (ranked by |lambda|)"),
-    ("alignment_residual.png", "Alignment per layer against the null (ranked by |1 + lambda|)"),
+    ("alignment_modulus.png", "rho per layer with its 95% CI against the Haar null band (ranked by |lambda|)"),
+    ("alignment_residual.png", "rho per layer with its 95% CI against the Haar null band (ranked by |1 + lambda|)"),
     ("eigenvalues.png", "Eigenvalues of each layer's F in the complex plane"),
     ("heatmap.png", "Per-token alignment, first sequence (tokens x layers)"),
 )
-COLUMNS = (
-    "layer",
-    "rank",
+# the run table's columns (eigenhooks.table), then these raw ones
+EXTRA = (
     "k",
-    "kind",
-    "abs_lambda_1",
     "gap_ratio",
     "n_tokens",
-    "gamma_pre",
-    "gamma_mid",
-    "null_gamma_pre",
-    "rho",
-    "p_value",
-    "null_rho",
+    "n_sequences",
+    "design_effect",
+    "null_rho_mean",
+    "lift",
+    "lift_ci_lo",
+    "lift_ci_hi",
+    "fnull_rho_mean",
+    "fnull_percentile",
+    "eig_rho_median",
+    "gamma_pre_percentile",
+    "rho_norm_only",
+    "p_binom",
     "consensus_post",
 )
 
@@ -50,9 +53,21 @@ def build_report(run_dir) -> Path:
         raise FileNotFoundError(f"{run_dir} has no summary.csv: not an eigenhooks run folder")
     df = pd.read_csv(run_dir / "summary.csv")
     meta = json.loads((run_dir / "meta.json").read_text()) if (run_dir / "meta.json").exists() else {}
-    cols = [c for c in COLUMNS if c in df.columns]
-    head = "".join(f"<th>{html.escape(c)}</th>" for c in cols)
-    body = "".join("<tr>" + "".join(f"<td>{_fmt(r[c])}</td>" for c in cols) + "</tr>" for _, r in df.iterrows())
+    from .table import fmt_num, fmt_p
+    from .table import rows as table_rows
+
+    heads, cells = table_rows(df)
+    extra = [c for c in EXTRA if c in df.columns]
+    fmt = lambda c, v: fmt_p(v) if c.startswith("p_") else (_fmt(v) if not isinstance(v, float) else fmt_num(v, 4))
+    head = "".join(f"<th>{html.escape(c)}</th>" for c in [*heads, *extra])
+    recs = df.to_dict("records")
+    body = "".join(
+        "<tr>"
+        + "".join(f"<td>{html.escape(c)}</td>" for c in row)
+        + "".join(f"<td>{fmt(c, r[c])}</td>" for c in extra)
+        + "</tr>"
+        for row, r in zip(cells, recs)
+    )
     figs = []
     for name, caption in PLOTS:
         p = run_dir / name
@@ -81,8 +96,12 @@ figcaption {{ color: #555; font-size: 13px; }}
 <h1>eigenhooks run</h1>
 <p>Model <b>{html.escape(str(meta.get("model", "?")))}</b>, {html.escape(status)}.
 gamma: mean alignment ||U^T x|| / ||x|| with the layer's principal subspace; rho: share of tokens
-whose alignment grows across the attention step, with a two-sided binomial p-value; null: the same
-for a random subspace of the same dimension.</p>
+whose alignment grows across the attention step, with its cluster-robust 95% interval (the sequence
+is the cluster). null rho 95%: where rho falls for Haar-random subspaces of the same dimension on
+the same tokens; pct: rho's percentile among them; p_null / q_null: two-sided Monte-Carlo p-value
+and its Benjamini-Hochberg q over layers; eig rank: rho's rank among F's own top eigen-directions
+(1 = highest); verdict at q_null &lt; 0.05. p_binom tests rho = 0.5 token by token for this fixed
+direction: it is not a test of v_1.</p>
 <h2>Per layer</h2>
 <table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>
 <h2>Plots</h2>

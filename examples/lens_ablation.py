@@ -24,5 +24,5 @@ bridge.run_with_hooks(ids, fwd_hooks=[zero_attn, *ablated.fwd_hooks()])
 
 for name, mon in (("plain", plain), ("layer-2 attention ablated", ablated)):
     df = mon.summary()
-    row = df[(df.layer == 2) & (df["rank"] == "modulus")].iloc[0]
+    row = df[(df.layer == 2) & (df["target"] == "ov/modulus")].iloc[0]
     print(f"{name:>26}: layer 2 gamma_pre {row.gamma_pre:.4f} gamma_mid {row.gamma_mid:.4f} rho {row.rho:.3f}")

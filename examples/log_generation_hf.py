@@ -17,5 +17,5 @@ with eh.monitor(model, sink="generation_stats.jsonl") as mon, torch.no_grad():
 
 for text in tok.batch_decode(out, skip_special_tokens=True):
     print(repr(text))
-cols = ["layer", "rank", "n_tokens", "gamma_pre", "gamma_mid", "null_gamma_pre", "rho", "p_value"]
+cols = ["layer", "target", "n_tokens", "gamma_pre", "gamma_mid", "rho", "null_rho_lo", "null_rho_hi", "p_null", "verdict"]
 print(mon.summary()[cols].to_string(index=False))

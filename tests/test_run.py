@@ -48,7 +48,7 @@ def test_run_folder_contents(run_dir):
     # the JSONL holds one line per forward, and its sums add up to the summary's counts
     lines = [json.loads(x) for x in (run_dir / "stats.jsonl").read_text().splitlines()]
     assert len(lines) == meta["forwards"]
-    n = sum(s["n"] for line in lines for s in line["stats"] if s["layer"] == 0 and s["rank"] == "modulus")
+    n = sum(s["n"] for line in lines for s in line["stats"] if s["layer"] == 0 and s["target"] == "ov/modulus")
     assert n == 600
 
 
@@ -62,7 +62,7 @@ def test_run_summary_matches_a_direct_monitor(run_dir):
             model(input_ids=ids, attention_mask=torch.ones_like(ids))
     df = pd.read_csv(run_dir / "summary.csv")
     direct = mon.summary()
-    for col in ("gamma_pre", "gamma_mid", "rho", "null_gamma_pre"):
+    for col in ("gamma_pre", "gamma_mid", "rho", "null_gamma_pre_mean", "null_rho_lo", "p_null"):
         assert (df[col] - direct[col]).abs().max() < 1e-6, col
 
 

@@ -1,0 +1,78 @@
+"""The per-layer results table as people read it: one formatting for the CLI and the report.
+
+It leads with what decides a claim: rho with its cluster-robust interval, the band the
+Haar null puts rho in, the percentile, the Monte-Carlo p and BH q, v_1's rank among F's
+own eigen-directions, and the verdict. P-values never print as 0: a Monte-Carlo p at its
+floor prints as "<=floor", any other small p in scientific notation.
+"""
+
+from __future__ import annotations
+
+import math
+
+KIND = {"real-dominant": "real", "complex-dominant": "complex", "near-degenerate": "near-deg"}
+
+
+def fmt_num(v, digits: int = 3) -> str:
+    if v is None or (isinstance(v, float) and math.isnan(v)):
+        return "–"
+    if isinstance(v, float):
+        return f"{v:.1e}" if (0 < abs(v) < 10**-digits) else f"{v:.{digits}f}"
+    return str(v)
+
+
+def fmt_p(p, draws: int | None = None) -> str:
+    """A p-value, never '0.000': '<=floor' at the Monte-Carlo floor 2/(K+1), else 2 significant digits."""
+    if p is None or (isinstance(p, float) and math.isnan(p)):
+        return "–"
+    p = float(p)
+    if draws:
+        floor = 2.0 / (int(draws) + 1)
+        if p <= floor * (1 + 1e-9):
+            return f"≤{floor:.2g}"
+    if p == 0.0:
+        return "<1e-300"
+    return f"{p:.2g}" if p >= 1e-3 else f"{p:.1e}"
+
+
+def _ci(r) -> str:
+    if math.isnan(r.get("rho", math.nan)):
+        return "–"
+    lo, hi = r.get("rho_ci_lo", math.nan), r.get("rho_ci_hi", math.nan)
+    band = "" if math.isnan(lo) else f" [{lo:.2f}, {hi:.2f}]"
+    return f"{r['rho']:.3f}{band}"
+
+
+def _band(r) -> str:
+    lo, hi = r.get("null_rho_lo", math.nan), r.get("null_rho_hi", math.nan)
+    return "–" if math.isnan(lo) else f"{lo:.2f}–{hi:.2f}"
+
+
+def _rank(r) -> str:
+    v = r.get("eig_rank", math.nan)
+    return "–" if v is None or (isinstance(v, float) and math.isnan(v)) else str(int(v))
+
+
+# (header, cell function of a summary row as a dict)
+RUN_COLUMNS = (
+    ("layer", lambda r: str(int(r["layer"]))),
+    ("target", lambda r: str(r["target"])),
+    ("kind", lambda r: KIND.get(str(r["kind"]), str(r["kind"]))),
+    ("|λ1|", lambda r: fmt_num(r["abs_lambda_1"])),
+    ("γ pre", lambda r: fmt_num(r["gamma_pre"])),
+    ("γ mid", lambda r: fmt_num(r["gamma_mid"])),
+    ("ρ [95% CI]", _ci),
+    ("null ρ 95%", _band),
+    ("pct", lambda r: fmt_num(r["rho_percentile"], 2)),
+    ("p_null", lambda r: fmt_p(r["p_null"], r.get("null_draws"))),
+    ("q_null", lambda r: fmt_p(r["q_null"], r.get("null_draws"))),
+    ("eig rank", _rank),
+    ("verdict", lambda r: str(r["verdict"])),
+)
+
+
+def rows(summary, columns=RUN_COLUMNS) -> tuple[list[str], list[list[str]]]:
+    """(headers, cells) of a summary DataFrame."""
+    heads = [h for h, _ in columns]
+    cells = [[fn(r) for _, fn in columns] for r in summary.to_dict("records")]
+    return heads, cells
