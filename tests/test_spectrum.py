@@ -1,9 +1,13 @@
 """spectrum.py against numpy.linalg.eig and against its own small-side / dense paths."""
 
+import gc
+
 import numpy as np
 import pytest
 import torch
+from conftest import build
 
+import eigenhooks as eh
 from eigenhooks.spectrum import Factors, layer_spectrum, rank_scores
 
 
@@ -221,3 +225,102 @@ def test_fast_path_never_runs_a_full_eig(monkeypatch):
         s = layer_spectrum(f, rank="residual")
         F = f.matrix().to(torch.complex128)
         torch.testing.assert_close(F @ s.v_1, s.lambda_1 * s.v_1, atol=1e-10, rtol=0)
+
+
+# --- the in-process memo: identity and version, never a re-hash ---
+
+
+def _spectra_calls(monkeypatch):
+    """Count eig runs and weight hashes behind eh.spectra."""
+    calls = {"eig": 0, "hash": 0}
+    real_eig, real_key = eh.api.layer_spectrum, eh.io.cache_key
+
+    def eig(*a, **k):
+        calls["eig"] += 1
+        return real_eig(*a, **k)
+
+    def key(*a, **k):
+        calls["hash"] += 1
+        return real_key(*a, **k)
+
+    monkeypatch.setattr(eh.api, "layer_spectrum", eig)
+    monkeypatch.setattr(eh.io, "cache_key", key)
+    return calls
+
+
+def _same(a, b):
+    for x, y in zip(a, b, strict=True):
+        assert torch.equal(x.eigenvalues, y.eigenvalues) and torch.equal(x.basis, y.basis)
+        assert torch.equal(x.eigenvectors, y.eigenvectors) and (x.kind, x.gap_ratio) == (y.kind, y.gap_ratio)
+
+
+def test_repeat_call_neither_recomputes_nor_rehashes(monkeypatch):
+    model = build("llama")
+    calls = _spectra_calls(monkeypatch)
+    first = eh.spectra(model)
+    assert calls == {"eig": 2, "hash": 2}
+    second = eh.spectra(model)
+    assert calls == {"eig": 2, "hash": 2}, "a repeat call re-hashed or recomputed the weights"
+    _same(first, second)
+    second[0].basis.mul_(-1)  # the caller's copy: the memo keeps its own
+    _same(first, eh.spectra(model))
+    eh.api.clear_memo()  # the disk cache (content-keyed) answers next: hash, no eig
+    _same(first, eh.spectra(model))
+    assert calls == {"eig": 2, "hash": 4}
+
+
+@pytest.mark.parametrize(
+    "edit",
+    [
+        "no_grad_mul",  # bumps _version
+        "one_entry",  # an unsampled entry: only _version tells
+        "load_state_dict",  # copy_ under no_grad: bumps _version
+        "data_assign",  # p.data = new tensor: new data_ptr
+        "data_inplace",  # p.data.copy_(...): _version unchanged, caught by the keyed sample
+        "to_dtype",  # model.float(): new storage and dtype
+    ],
+)
+def test_in_place_weight_edit_gives_a_new_spectrum(edit):
+    model = build("llama")
+    before = eh.spectra(model, variant="ov_ln")
+    o = model.model.layers[1].self_attn.o_proj
+    new = torch.randn(o.weight.shape, generator=torch.Generator().manual_seed(9), dtype=o.weight.dtype)
+    with torch.no_grad():
+        if edit == "no_grad_mul":
+            o.weight.mul_(2.0)
+        elif edit == "one_entry":
+            o.weight[0, 1] += 1.0
+        elif edit == "load_state_dict":
+            o.load_state_dict({"weight": new})
+        elif edit == "data_assign":
+            o.weight.data = new
+        elif edit == "data_inplace":
+            o.weight.data.copy_(new)
+        else:
+            model.float()
+    after = eh.spectra(model, variant="ov_ln")
+    fresh = eh.spectra(model, variant="ov_ln", cache=False)
+    _same(after, fresh)
+    assert not torch.equal(after[1].eigenvalues, before[1].eigenvalues)
+    if edit != "to_dtype":
+        _same(after[:1], before[:1])  # layer 0 untouched
+
+
+def test_norm_edit_invalidates_ov_ln_only_where_it_matters():
+    model = build("llama")
+    ov, ln = eh.spectra(model), eh.spectra(model, variant="ov_ln")
+    with torch.no_grad():
+        model.model.layers[0].input_layernorm.weight.mul_(3.0)
+    _same(ov, eh.spectra(model))
+    ln2 = eh.spectra(model, variant="ov_ln")
+    torch.testing.assert_close(ln2[0].eigenvalues, 3 * ln[0].eigenvalues)
+    _same(ln2, eh.spectra(model, variant="ov_ln", cache=False))
+
+
+def test_memo_never_serves_a_freed_model():
+
+    for seed in range(3):  # freed models' addresses and ids get reused
+        model = build("gpt2", seed=seed)
+        _same(eh.spectra(model), eh.spectra(model, cache=False))
+        del model
+        gc.collect()
