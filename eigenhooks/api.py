@@ -7,13 +7,16 @@ from __future__ import annotations
 
 import logging
 import os
-from concurrent.futures import ThreadPoolExecutor
+import weakref
+from collections import OrderedDict
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 
 import torch
 
 from . import io
 from .models import Adapter, get_adapter
+from .models.offload import onloaded
 from .models.probe import probe_matrices
 from .spectrum import DEFAULT_THRESHOLD, DEFAULT_TOP, RANKS, Factors, LayerSpectrum, layer_spectrum
 
@@ -58,6 +61,12 @@ def spectra(
 ) -> list[LayerSpectrum]:
     """Spectrum of F_t for every attention layer of a model, in float64.
 
+    A repeat call in the same process is answered from memory, keyed by the identity and
+    version of the layer's parameters (an in-place edit, a reload or a dtype change makes a
+    new key); across processes the disk cache answers, keyed by the weights' content.
+    Models dispatched with accelerate (CPU or disk offload) are read one layer at a time
+    from their offload maps, so the model is never materialised.
+
     Args:
         model: a HuggingFace or TransformerLens model, or an Adapter.
         variant: 'ov' (F = O V) or 'ov_ln' (the attention norm's scale folded in).
@@ -66,14 +75,15 @@ def spectra(
         heads: also compute per-head spectra F_h = O_h V_h and copying scores.
         top: leading eigenvectors kept per layer.
         threshold: gap ratio above which a layer is 'near-degenerate'.
-        cache: read and write the disk cache (``EIGENHOOKS_CACHE``).
+        cache: use the in-process memo and the disk cache (``EIGENHOOKS_CACHE``); False
+            recomputes every layer and stores nothing.
 
     Returns:
         One LayerSpectrum per requested layer, in order. Shared-weight layers are
         computed once.
 
     Raises:
-        ValueError: unknown variant or rank, non-finite weights, meta-device weights.
+        ValueError: unknown variant or rank, non-finite weights, empty meta-device weights.
         UnsupportedModelError: the model's attention cannot be found.
 
     Example:
@@ -96,45 +106,183 @@ def spectra(
         "heads": heads,
         "norm_position": adapter.norm_position,
     }
-    # First pass: factors, checks and cache look-ups (cheap); one job per shared-weight group.
-    reps: dict[int, int] = {}
-    found: dict[int, LayerSpectrum] = {}
-    jobs = []
+    reps: dict[int, int] = {}  # shared-weight group -> the layer computed for it
     for i in idx:
-        g = adapter.layers[i].group
-        if g in reps:
-            continue
-        reps[g] = i
-        factors, w = layer_factors(adapter, i, variant)
-        _check_finite(adapter, i, factors, w)
-        key = io.cache_key(factors, w, options) if cache else None
-        spec = io.load_spectrum(key, i) if cache else None
-        if spec is not None:
-            found[g] = spec
-        else:
-            jobs.append((g, i, factors, key))
-
-    # Second pass: the eigen-decompositions, a few layers at a time. LAPACK's eig is mostly
-    # serial, so running layers side by side uses the cores it leaves idle.
-    def compute(job):
-        g, i, factors, key = job
-        spec = layer_spectrum(factors, layer=i, variant=variant, rank=rank, top=top, threshold=threshold, heads=heads)
-        if cache:
-            io.save_spectrum(spec, key)
-        return g, spec
-
-    workers = min(len(jobs), os.cpu_count() or 1)
-    if workers > 1:
-        with ThreadPoolExecutor(workers) as ex:
-            found.update(ex.map(compute, jobs))
-    else:
-        found.update(map(compute, jobs))
+        reps.setdefault(adapter.layers[i].group, i)
+    found = _compute_groups(adapter, reps, options, cache)
     return [
         _relabel(found[adapter.layers[i].group], i)
         if reps[adapter.layers[i].group] != i
         else found[adapter.layers[i].group]
         for i in idx
     ]
+
+
+def _compute_groups(adapter: Adapter, reps: dict[int, int], options: dict, cache: bool) -> dict[int, LayerSpectrum]:
+    """One spectrum per shared-weight group, layer by layer: memo, then disk cache, then eig.
+
+    The eigen-decompositions run a few layers at a time (LAPACK's eig is mostly serial, so
+    layers side by side use the cores it leaves idle); at most ``workers`` layers wait in
+    flight, so an offloaded model holds only that many layers' factors at once.
+    """
+    found: dict[int, LayerSpectrum] = {}
+    memo_keys: dict[int, tuple] = {}
+    workers = max(1, min(len(reps), os.cpu_count() or 1))
+    inflight: set[Future] = set()
+    with ThreadPoolExecutor(workers) as ex:
+        for g, i in reps.items():
+            mkey = _memo_key(adapter, i, options) if cache else None
+            hit = _memo_get(mkey)
+            if hit is not None:
+                found[g] = hit
+                continue
+            job = _read_layer(adapter, i, options, cache)
+            if isinstance(job, LayerSpectrum):  # a disk-cache hit
+                found[g] = _memo_put(mkey, job)
+                continue
+            if mkey is not None:
+                memo_keys[g] = mkey
+            if len(inflight) >= workers:
+                done, inflight = wait(inflight, return_when=FIRST_COMPLETED)
+                found.update(f.result() for f in done)
+            inflight.add(ex.submit(_compute_layer, g, i, job, options, cache))
+        found.update(f.result() for f in inflight)
+    for g, mkey in memo_keys.items():
+        _memo_put(mkey, found[g])
+    return found
+
+
+def _read_layer(adapter: Adapter, i: int, options: dict, cache: bool):
+    """Layer i's factors (and disk-cache key), or its cached spectrum.
+
+    Offloaded weights are brought in for this layer only; what the eig needs is copied out
+    (as the stacked float64 Ô, V, or every head's factors when per-head spectra are asked)
+    before they go back to the offload map.
+    """
+    ly = adapter.layers[i]
+    mods = [ly.attn_in, ly.attn_out, ly.o_proj, ly.norm] if ly.factors is not None else []
+    with onloaded(adapter.model, mods) as loaded:
+        factors, w = layer_factors(adapter, i, options["variant"])
+        if factors.O_heads.device.type == "meta" or factors.V_groups.device.type == "meta":
+            raise ValueError(
+                f"layer {i} ({ly.name or adapter.family}): its attention weights are still on the meta device "
+                "after loading its offloaded modules; the adapter reads weights from a module that holds none. "
+                "Dispatch the model with its attention modules offloaded whole, or report the model class."
+            )
+        _check_finite(adapter, i, factors, w)
+        key = io.cache_key(factors, w, options) if cache else None
+        spec = io.load_spectrum(key, i) if cache else None
+        if spec is not None:
+            return spec
+        if loaded:
+            factors = _copy_out(factors, options["heads"])
+    return factors, key
+
+
+def _copy_out(factors: Factors, heads: bool) -> Factors:
+    """A float64 CPU copy that outlives the onloaded weights: the stacked Ô (d, G d_head) and
+    V, one factor pair per kv group (same F), unless per-head spectra need every O_h."""
+    if heads:
+        return Factors(
+            factors.O_heads.detach().to("cpu", torch.float64, copy=True),
+            factors.V_groups.detach().to("cpu", torch.float64, copy=True),
+            factors.group_of_head.clone(),
+        )
+    O, V = factors.stacked(torch.float64)  # (d, G*dh), (G*dh, d): fresh tensors
+    G = factors.V_groups.shape[0]
+    return Factors.from_stacked(O, V, G, G)
+
+
+def _compute_layer(g: int, i: int, job, options: dict, cache: bool) -> tuple[int, LayerSpectrum]:
+    factors, key = job
+    o = options
+    spec = layer_spectrum(
+        factors, layer=i, variant=o["variant"], rank=o["rank"], top=o["top"], threshold=o["threshold"], heads=o["heads"]
+    )
+    if cache:
+        io.save_spectrum(spec, key)
+    return g, spec
+
+
+# --- the in-process memo: identity and version of the parameters, never their content ---
+
+_MEMO: OrderedDict[tuple, tuple[list[weakref.ref], LayerSpectrum]] = OrderedDict()
+_MEMO_SIZE = 512
+
+
+def _layer_parameters(adapter: Adapter, i: int) -> list[torch.nn.Parameter]:
+    ly = adapter.layers[i]
+    params: dict[int, torch.Tensor] = {}
+    for m in (ly.block, ly.attn_in, ly.attn_out, ly.o_proj, ly.norm):
+        if isinstance(m, torch.nn.Module):
+            params.update((id(p), p) for p in m.parameters())
+    return list(params.values())
+
+
+def _memo_key(adapter: Adapter, i: int, options: dict) -> tuple | None:
+    """Key of layer i's spectrum from its parameters' identity, version, storage and a sample.
+
+    ``_version`` changes with every in-place edit through autograd-visible tensors
+    (``copy_``, ``load_state_dict``, ``mul_`` under no_grad); ``data_ptr`` with ``p.data = ...``
+    and device or dtype moves. Edits through ``p.data`` keep the version, so a strided sample
+    of 16 entries is keyed too. None (no memo) for probe-read layers and offloaded weights.
+    """
+    ly = adapter.layers[i]
+    params = _layer_parameters(adapter, i)
+    if ly.factors is None or not params or any(p.device.type == "meta" for p in params):
+        return None
+    parts = []
+    for p in params:
+        flat = p.detach().reshape(-1)
+        sample = flat[:: max(1, flat.numel() // 16)][:16].tolist()
+        parts.append(
+            (id(p), p._version, p.data_ptr(), tuple(p.shape), p.stride(), str(p.dtype), str(p.device), tuple(sample))
+        )
+    offset = float(getattr(ly.norm, "eigenhooks_offset", 0.0) or 0.0)
+    opts = tuple(sorted(options.items()))
+    return (adapter.family, adapter.n_heads, adapter.n_kv_heads, i, offset, opts, tuple(parts)), [
+        weakref.ref(p) for p in params
+    ]
+
+
+def clear_memo() -> None:
+    """Forget every spectrum held in memory (the disk cache is untouched)."""
+    _MEMO.clear()
+
+
+def _memo_get(mkey) -> LayerSpectrum | None:
+    if mkey is None:
+        return None
+    key, refs = mkey
+    entry = _MEMO.get(key)
+    # The parameters must be the very objects keyed (an id can be reused once one is freed).
+    if entry is None or len(entry[0]) != len(refs):
+        return None
+    if not all(a() is not None and a() is b() for a, b in zip(entry[0], refs)):
+        return None
+    _MEMO.move_to_end(key)
+    return _fresh(entry[1])
+
+
+def _memo_put(mkey, spec: LayerSpectrum) -> LayerSpectrum:
+    if mkey is not None:
+        key, refs = mkey
+        for k in [k for k, (rs, _) in _MEMO.items() if any(r() is None for r in rs)]:
+            del _MEMO[k]  # entries of freed models
+        _MEMO[key] = (refs, _fresh(spec))
+        _MEMO.move_to_end(key)
+        while len(_MEMO) > _MEMO_SIZE:
+            _MEMO.popitem(last=False)
+    return spec
+
+
+def _fresh(spec: LayerSpectrum) -> LayerSpectrum:
+    """A copy whose tensors the caller may edit without touching the memo."""
+    from dataclasses import replace
+
+    return replace(
+        spec, eigenvalues=spec.eigenvalues.clone(), eigenvectors=spec.eigenvectors.clone(), basis=spec.basis.clone()
+    )
 
 
 def _relabel(spec: LayerSpectrum, layer: int) -> LayerSpectrum:

@@ -163,45 +163,110 @@ def _fix_sign(u: torch.Tensor) -> torch.Tensor:
     return u * signs
 
 
-def _inverse_iteration(F: torch.Tensor, lam: complex, iters: int = 3) -> torch.Tensor:
+def _inverse_iteration(F: torch.Tensor, lam: complex, against: list[torch.Tensor], iters: int = 3) -> torch.Tensor:
     """A unit eigenvector of F for the (known) eigenvalue lam, by shifted inverse iteration.
 
-    Real eigenvalues use a real factorisation (4x cheaper than a complex one).
+    Real eigenvalues use a real factorisation (4x cheaper than a complex one). ``against``
+    holds vectors already found for the same (repeated) eigenvalue: they are projected out
+    at every step, so a repeated eigenvalue gets independent vectors of its eigenspace.
     """
     d = F.shape[0]
-    real = lam.imag == 0
+    real = lam.imag == 0 and all(not u.is_complex() or not u.imag.any() for u in against)
     dtype = torch.float64 if real else torch.complex128
     # Shift off the eigenvalue so the factorisation is not exactly singular.
     shift = (lam.real if real else lam) + (abs(lam) + 1.0) * 1e-10
     lu, piv = torch.linalg.lu_factor(F.to(dtype) - shift * torch.eye(d, dtype=dtype))
-    g = torch.Generator().manual_seed(d)
+    g = torch.Generator().manual_seed(d + len(against))
     v = torch.randn(d, generator=g, dtype=torch.float64)
     if not real:
         v = torch.complex(v, torch.randn(d, generator=g, dtype=torch.float64))
+    Q = None
+    if against:
+        A = torch.stack(against, 1)  # (d, j)
+        Q = torch.linalg.qr(A.real if real else A)[0]  # orthonormal basis of the vectors found
     for _ in range(iters):
         v = torch.linalg.lu_solve(lu, piv, v[:, None])[:, 0]
+        if Q is not None:
+            v = v - Q @ (Q.conj().T @ v)
         v = v / torch.linalg.vector_norm(v)
     return v.to(torch.complex128)
 
 
 def _dense_top_vectors(F: torch.Tensor, eigenvalues: torch.Tensor, m: int) -> torch.Tensor:
-    """Eigenvectors of dense F for the given eigenvalues; full eig as a fallback when inverse
-    iteration is unreliable. A conjugate's vector is the conjugate of its partner's."""
+    """Eigenvectors of dense F (n, n) for the given eigenvalues, (n, m) complex128.
+
+    Shifted inverse iteration per eigenvalue; a full eig is the fallback when a residual is
+    poor (e.g. a defective eigenvalue). A conjugate's vector is the conjugate of its partner's.
+    """
     vecs: list[torch.Tensor] = []
-    done: dict[complex, torch.Tensor] = {}
+    done: list[tuple[complex, torch.Tensor]] = []
     scale = max(float(torch.linalg.matrix_norm(F)), 1e-300)  # Frobenius: cheap, >= the 2-norm
-    for lam in eigenvalues[:m].tolist():
-        if lam.conjugate() in done and lam.imag != 0:
-            vecs.append(done[lam.conjugate()].conj())
+    close = 1e-7 * scale  # eigenvalues this close are treated as one repeated eigenvalue
+    wanted = eigenvalues[:m].tolist()
+    for lam in wanted:
+        partner = next((u for mu, u in done if lam.imag != 0 and mu == lam.conjugate()), None)
+        if partner is not None and not any(mu == lam for mu, _ in done):
+            vecs.append(partner.conj())
+            done.append((lam, vecs[-1]))
             continue
-        v = _inverse_iteration(F, lam)
+        v = _inverse_iteration(F, lam, [u for mu, u in done if abs(mu - lam) < close])
         resid = float(torch.linalg.vector_norm(F.to(v.dtype) @ v - lam * v))
         if not np.isfinite(resid) or resid > 1e-8 * scale:
-            vals, full = torch.linalg.eig(F)
-            return torch.stack([full[:, int(torch.argmin((vals - x).abs()))] for x in eigenvalues[:m].tolist()], 1)
-        done[lam] = v
+            return _full_eig_vectors(F, wanted)
+        done.append((lam, v))
         vecs.append(v)
     return torch.stack(vecs, 1)
+
+
+def _full_eig_vectors(F: torch.Tensor, wanted: list[complex]) -> torch.Tensor:
+    """The fallback: a full eig, each wanted eigenvalue matched to its nearest unused one."""
+    vals, full = torch.linalg.eig(F)
+    free = torch.ones(len(vals), dtype=torch.bool)
+    cols = []
+    for x in wanted:
+        j = int(torch.argmin(torch.where(free, (vals - x).abs(), torch.inf)))
+        free[j] = False
+        cols.append(full[:, j])
+    return torch.stack(cols, 1)
+
+
+def _leading(eigenvalues: torch.Tensor, top: int, ranks: tuple[str, ...], extra: int = 0) -> list[int]:
+    """Indices of the ``top + extra`` leading eigenvalues under each ranking rule (their union)."""
+    idx: set[int] = set()
+    for rank in ranks:
+        idx.update(sort_eigenvalues(eigenvalues, rank)[: top + extra].tolist())
+    return sorted(idx)
+
+
+def _small_side(O: torch.Tensor, V: torch.Tensor, top: int, ranks: tuple[str, ...]):
+    """eig_factored for r = O.shape[1] < d: eigenvalues only of the r x r small side V O,
+    then vectors only for the leading few.
+
+    The nonzero eigenvalues of F = O V are those of M = V O; if M y = mu y then v = O y
+    satisfies F v = O (V O y) = mu v. y comes from inverse iteration on M (an LU of r x r
+    per wanted eigenvalue), so no full eig with vectors is ever computed. A zero eigenvalue
+    among the leading ones takes its vectors from null(V) (F null(V) = 0).
+    """
+    d, r = O.shape
+    M = V @ O  # (r, r)
+    mu = torch.linalg.eigvals(M)  # (r,) complex128
+    eigenvalues = torch.cat([mu, torch.zeros(d - r, dtype=mu.dtype)])  # (d,)
+    zero_tol = 1e-12 * max(float(mu.abs().max()), 1e-300) if r else 0.0
+    want = _leading(eigenvalues, top, ranks)
+    nonzero = [i for i in want if i < r and abs(complex(mu[i])) > zero_tol]
+    n_zero = len(want) - len(nonzero)
+    vals = mu[nonzero]
+    vecs = torch.zeros(d, 0, dtype=torch.complex128)
+    if nonzero:
+        Y = _dense_top_vectors(M, vals, len(nonzero))  # (r, c): M y = mu y
+        vecs = O.to(Y.dtype) @ Y  # (d, c): v = O y
+        vecs = vecs / torch.linalg.vector_norm(vecs, dim=0)
+    if n_zero:
+        _, _, Vh = torch.linalg.svd(V, full_matrices=True)  # rows r.. of Vh span part of null(V)
+        null = Vh[r : r + n_zero].T.to(torch.complex128)  # (d, n_zero)
+        vals = torch.cat([vals, torch.zeros(null.shape[1], dtype=mu.dtype)])
+        vecs = torch.cat([vecs, null], 1)
+    return eigenvalues, vecs, vals
 
 
 def eig_factored(
@@ -210,7 +275,10 @@ def eig_factored(
     """All eigenvalues of F = O V and right eigenvectors for the leading few.
 
     Uses the small side when r = O.shape[1] < d: the nonzero eigenvalues of O V are those of
-    V O (r x r), with eigenvectors v = O y; the other d - r eigenvalues are 0.
+    V O (r x r), with eigenvectors v = O y; the other d - r eigenvalues are 0. Either way,
+    only eigenvalues are computed for the whole matrix (``eigvals``), and eigenvectors only
+    for the leading ones, by shifted inverse iteration (a full ``eig`` is the fallback when
+    an inverse-iteration residual is poor).
 
     Args:
         O: (d, r) float64. V: (r, d) float64.
@@ -219,32 +287,14 @@ def eig_factored(
 
     Returns:
         (eigenvalues (d,) complex128, vectors (d, c) complex128, values_of_vectors (c,)): the
-        candidate eigenpairs, for both ranking rules (largest |lambda| and largest |1+lambda|).
+        candidate eigenpairs, for the leading eigenvalues under every rule in ``ranks``.
     """
     d, r = O.shape
     if r < d:
-        mu, Y = torch.linalg.eig(V @ O)  # (r,), (r, r)
-        eigenvalues = torch.cat([mu, torch.zeros(d - r, dtype=mu.dtype)])
-        vecs = O.to(Y.dtype) @ Y  # (d, r): v = O y
-        norms = torch.linalg.vector_norm(vecs, dim=0)
-        good = norms > 1e-12 * max(float(norms.max()), 1e-300)
-        cand_vals, cand_vecs = mu[good], vecs[:, good] / norms[good]
-        # A zero eigenvalue reaches the top only if few nonzero ones outrank it (|1 + 0| = 1
-        # in residual ranking). Its eigenvectors span null(V): computed only then (costly SVD).
-        n_over_zero = min(int(good.sum()), int(((1 + cand_vals).abs() > 1).sum()))
-        if n_over_zero <= top:
-            _, _, Vh = torch.linalg.svd(V, full_matrices=True)
-            null = Vh[r:].T.to(Y.dtype)[:, : min(top, d - r)]  # (d, <= top), F null = 0
-            cand_vals = torch.cat([cand_vals, torch.zeros(null.shape[1], dtype=mu.dtype)])
-            cand_vecs = torch.cat([cand_vecs, null], 1)
-        return eigenvalues, cand_vecs, cand_vals
+        return _small_side(O, V, top, ranks)
     F = O @ V
     eigenvalues = torch.linalg.eigvals(F)
-    cand = set()
-    for rank in ranks:
-        order = sort_eigenvalues(eigenvalues, rank)
-        cand.update(order[: top + 1].tolist())
-    cand = sorted(cand)
+    cand = _leading(eigenvalues, top, ranks, extra=1)
     vals = eigenvalues[cand]
     vecs = _dense_top_vectors(F, vals, len(cand))
     return eigenvalues, vecs, vals
@@ -280,8 +330,12 @@ def principal(
     # Match each top eigenvalue with its candidate eigenvector.
     m = min(top, len(lam))
     vecs = []
+    free = torch.ones(len(cand_vals), dtype=torch.bool)
     for i in range(m):
-        j = int(torch.argmin((cand_vals - lam[i]).abs()))
+        # Nearest unused candidate, so a repeated eigenvalue gets distinct vectors.
+        dist = (cand_vals - lam[i]).abs()
+        j = int(torch.argmin(torch.where(free, dist, torch.inf))) if free.any() else int(torch.argmin(dist))
+        free[j] = False
         vecs.append(_fix_phase(cand_vecs[:, j]))
     eigenvectors = torch.stack(vecs, 1)
     v1 = eigenvectors[:, 0]

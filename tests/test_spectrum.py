@@ -1,9 +1,13 @@
 """spectrum.py against numpy.linalg.eig and against its own small-side / dense paths."""
 
+import gc
+
 import numpy as np
 import pytest
 import torch
+from conftest import build
 
+import eigenhooks as eh
 from eigenhooks.spectrum import Factors, layer_spectrum, rank_scores
 
 
@@ -116,3 +120,207 @@ def test_bad_rank_and_non_finite():
 def test_factor_shapes_checked():
     with pytest.raises(ValueError, match="do not fit"):
         Factors.from_stacked(torch.zeros(8, 8), torch.zeros(6, 8), n_heads=2)
+
+
+# --- the fast path: eigenvalues only of the small side, vectors by inverse iteration ---
+
+
+def _planted(eigs, d=40, seed=0, blocks=()):
+    """Factors with V O = S M0 S^-1, M0 = diag(eigs) plus 2x2 rotation blocks (r x r, r < d).
+
+    blocks: (rho, theta) pairs, each a complex pair rho exp(+-i theta).
+    """
+    g = torch.Generator().manual_seed(seed)
+    parts = [torch.tensor([[float(x)]], dtype=torch.float64) for x in eigs]
+    for rho, theta in blocks:
+        c, s = rho * np.cos(theta), rho * np.sin(theta)
+        parts.append(torch.tensor([[c, -s], [s, c]], dtype=torch.float64))
+    M0 = torch.block_diag(*parts)
+    r = M0.shape[0]
+    S = torch.eye(r, dtype=torch.float64) + 0.3 * torch.randn(r, r, generator=g, dtype=torch.float64)
+    Q, _ = torch.linalg.qr(torch.randn(d, r, generator=g, dtype=torch.float64))  # (d, r) orthonormal
+    O = Q @ S  # (d, r)
+    V = torch.linalg.solve(S, M0) @ Q.T  # (r, d): V O = S^-1 M0 S, same spectrum as M0
+    return Factors.from_stacked(O, V, n_heads=1)
+
+
+def _numpy_pairs(f):
+    w, vr = np.linalg.eig(f.matrix().numpy())
+    return w, vr
+
+
+def _check_against_numpy(f, rank="modulus", top=4, vec_tol=1e-8, simple=True):
+    """Fast path vs numpy's full eig of the dense F: values, right eigenvectors, residuals."""
+    s = layer_spectrum(f, rank=rank, top=top)
+    w, vr = _numpy_pairs(f)
+    _match(s.eigenvalues.numpy(), w, 1e-9)
+    F = f.matrix().to(torch.complex128)
+    scale = float(torch.linalg.matrix_norm(F, ord=2))
+    for i in range(top):
+        v, lam = s.eigenvectors[:, i], s.eigenvalues[i]
+        resid = float(torch.linalg.vector_norm(F @ v - lam * v))
+        assert resid < 1e-10 * max(scale, 1.0), (i, complex(lam), resid)
+        assert abs(float(torch.linalg.vector_norm(v)) - 1) < 1e-12
+        if simple:  # a simple eigenvalue: numpy's vector is ours up to a phase
+            j = int(np.argmin(np.abs(w - complex(lam))))
+            overlap = abs(np.vdot(vr[:, j], v.numpy()))
+            assert abs(overlap - 1) < vec_tol, (i, complex(lam), overlap)
+    return s
+
+
+@pytest.mark.parametrize("rank", ["modulus", "residual"])
+@pytest.mark.parametrize(
+    "d,H,G,dh",
+    [(64, 8, 8, 4), (48, 8, 2, 6), (24, 4, 1, 4), (24, 4, 4, 6)],  # small side; GQA; MQA; dense (r = d)
+)
+def test_fast_path_equals_full_eig_random(d, H, G, dh, rank):
+    _check_against_numpy(_random_factors(d=d, H=H, G=G, dh=dh, seed=d + G), rank=rank)
+
+
+def test_fast_path_complex_dominant():
+    f = _planted([1.2, 0.7, -0.5, 0.3], blocks=[(2.0, 0.9), (0.4, 2.0)])
+    s = _check_against_numpy(f)
+    assert s.kind == "complex-dominant" and s.k == 2
+    assert abs(s.lambda_1 - 2 * np.exp(0.9j)) < 1e-10 and abs(s.gap_ratio - 1.2 / 2.0) < 1e-10
+    # The principal plane is span(Re v_1, Im v_1) of numpy's v_1.
+    w, vr = _numpy_pairs(f)
+    v1 = vr[:, int(np.argmin(np.abs(w - s.lambda_1)))]
+    U_np, _ = np.linalg.qr(np.stack([v1.real, v1.imag], 1))
+    torch.testing.assert_close(s.basis @ s.basis.T, torch.from_numpy(U_np @ U_np.T), atol=1e-9, rtol=0)
+
+
+def test_fast_path_near_degenerate():
+    f = _planted([1.0, 0.9995, -0.6, 0.5, 0.2])
+    s = _check_against_numpy(f, vec_tol=1e-6)
+    assert s.kind == "near-degenerate" and abs(s.gap_ratio - 0.9995) < 1e-9
+
+
+def test_fast_path_repeated_eigenvalue_gets_distinct_vectors():
+    """lambda = 1 twice: any vectors of the eigenplane will do, but two distinct ones."""
+    f = _planted([1.0, 1.0, 0.5, 0.25])
+    s = _check_against_numpy(f, simple=False)
+    G = s.eigenvectors[:, :2]
+    sv = torch.linalg.svdvals(G)
+    assert float(sv[1]) > 1e-3, f"the two vectors of the repeated eigenvalue are parallel: {sv=}"
+
+
+def test_fast_path_zero_eigenvalues_lead_under_residual_rank():
+    """All nonzero eigenvalues in (-2, 0): |1 + 0| = 1 outranks them, so the leading vectors
+    come from null(V), and F v = 0 for them."""
+    f = _planted([-0.5, -0.4, -0.3])
+    s = _check_against_numpy(f, rank="residual", top=3, simple=False)
+    assert s.lambda_1 == 0 and s.eigenvalues[:3].abs().max() == 0
+    assert float(torch.linalg.svdvals(s.eigenvectors[:, :3])[-1]) > 1e-3
+
+
+def test_fast_path_never_runs_a_full_eig(monkeypatch):
+    """The speed comes from eigenvalues only: a full eig (with vectors) must not run."""
+
+    def no_eig(*a, **k):
+        raise AssertionError("torch.linalg.eig was called")
+
+    monkeypatch.setattr(torch.linalg, "eig", no_eig)
+    for H, G in [(8, 8), (8, 2)]:
+        f = _random_factors(d=64, H=H, G=G, dh=4, seed=5)
+        s = layer_spectrum(f, rank="residual")
+        F = f.matrix().to(torch.complex128)
+        torch.testing.assert_close(F @ s.v_1, s.lambda_1 * s.v_1, atol=1e-10, rtol=0)
+
+
+# --- the in-process memo: identity and version, never a re-hash ---
+
+
+def _spectra_calls(monkeypatch):
+    """Count eig runs and weight hashes behind eh.spectra."""
+    calls = {"eig": 0, "hash": 0}
+    real_eig, real_key = eh.api.layer_spectrum, eh.io.cache_key
+
+    def eig(*a, **k):
+        calls["eig"] += 1
+        return real_eig(*a, **k)
+
+    def key(*a, **k):
+        calls["hash"] += 1
+        return real_key(*a, **k)
+
+    monkeypatch.setattr(eh.api, "layer_spectrum", eig)
+    monkeypatch.setattr(eh.io, "cache_key", key)
+    return calls
+
+
+def _same(a, b):
+    for x, y in zip(a, b, strict=True):
+        assert torch.equal(x.eigenvalues, y.eigenvalues) and torch.equal(x.basis, y.basis)
+        assert torch.equal(x.eigenvectors, y.eigenvectors) and (x.kind, x.gap_ratio) == (y.kind, y.gap_ratio)
+
+
+def test_repeat_call_neither_recomputes_nor_rehashes(monkeypatch):
+    model = build("llama")
+    calls = _spectra_calls(monkeypatch)
+    first = eh.spectra(model)
+    assert calls == {"eig": 2, "hash": 2}
+    second = eh.spectra(model)
+    assert calls == {"eig": 2, "hash": 2}, "a repeat call re-hashed or recomputed the weights"
+    _same(first, second)
+    second[0].basis.mul_(-1)  # the caller's copy: the memo keeps its own
+    _same(first, eh.spectra(model))
+    eh.api.clear_memo()  # the disk cache (content-keyed) answers next: hash, no eig
+    _same(first, eh.spectra(model))
+    assert calls == {"eig": 2, "hash": 4}
+
+
+@pytest.mark.parametrize(
+    "edit",
+    [
+        "no_grad_mul",  # bumps _version
+        "one_entry",  # an unsampled entry: only _version tells
+        "load_state_dict",  # copy_ under no_grad: bumps _version
+        "data_assign",  # p.data = new tensor: new data_ptr
+        "data_inplace",  # p.data.copy_(...): _version unchanged, caught by the keyed sample
+        "to_dtype",  # model.float(): new storage and dtype
+    ],
+)
+def test_in_place_weight_edit_gives_a_new_spectrum(edit):
+    model = build("llama")
+    before = eh.spectra(model, variant="ov_ln")
+    o = model.model.layers[1].self_attn.o_proj
+    new = torch.randn(o.weight.shape, generator=torch.Generator().manual_seed(9), dtype=o.weight.dtype)
+    with torch.no_grad():
+        if edit == "no_grad_mul":
+            o.weight.mul_(2.0)
+        elif edit == "one_entry":
+            o.weight[0, 1] += 1.0
+        elif edit == "load_state_dict":
+            o.load_state_dict({"weight": new})
+        elif edit == "data_assign":
+            o.weight.data = new
+        elif edit == "data_inplace":
+            o.weight.data.copy_(new)
+        else:
+            model.float()
+    after = eh.spectra(model, variant="ov_ln")
+    fresh = eh.spectra(model, variant="ov_ln", cache=False)
+    _same(after, fresh)
+    assert not torch.equal(after[1].eigenvalues, before[1].eigenvalues)
+    if edit != "to_dtype":
+        _same(after[:1], before[:1])  # layer 0 untouched
+
+
+def test_norm_edit_invalidates_ov_ln_only_where_it_matters():
+    model = build("llama")
+    ov, ln = eh.spectra(model), eh.spectra(model, variant="ov_ln")
+    with torch.no_grad():
+        model.model.layers[0].input_layernorm.weight.mul_(3.0)
+    _same(ov, eh.spectra(model))
+    ln2 = eh.spectra(model, variant="ov_ln")
+    torch.testing.assert_close(ln2[0].eigenvalues, 3 * ln[0].eigenvalues)
+    _same(ln2, eh.spectra(model, variant="ov_ln", cache=False))
+
+
+def test_memo_never_serves_a_freed_model():
+
+    for seed in range(3):  # freed models' addresses and ids get reused
+        model = build("gpt2", seed=seed)
+        _same(eh.spectra(model), eh.spectra(model, cache=False))
+        del model
+        gc.collect()

@@ -7,6 +7,7 @@ import torch
 from .base import Adapter, Layer, ReadingPoints, Tap, UnsupportedModelError
 from .hf import generic_adapter, hf_adapter, is_hf_model, supported_families
 from .lens import is_lens_model, lens_adapter
+from .offload import empty_meta_parameters
 
 __all__ = [
     "Adapter",
@@ -33,18 +34,22 @@ def get_adapter(model) -> Adapter:
 
     Raises:
         UnsupportedModelError: no family fits and no attention blocks can be found.
-        ValueError: the model's weights are on the meta device (not materialised).
+        ValueError: some weights are on the meta device and no accelerate offload map holds them.
     """
     if isinstance(model, Adapter):
         return model
     if not isinstance(model, torch.nn.Module):
         raise _unsupported(model)
-    meta = [n for n, p in model.named_parameters() if p.device.type == "meta"]
-    if meta:
+    # Offloaded weights (accelerate) are meta in the module but live in an offload map; only
+    # meta parameters that no map holds are empty.
+    empty = empty_meta_parameters(model)
+    if empty:
         raise ValueError(
-            f"{type(model).__name__} has {len(meta)} parameter(s) on the meta device (e.g. {meta[0]!r}); "
-            "eigenhooks needs real weights. Load the model with its weights (not under init_empty_weights) "
-            "or call model.to_empty(...) and load a state dict first."
+            f"{type(model).__name__} has {len(empty)} parameter(s) on the meta device that no offload map "
+            f"holds (e.g. {empty[0]!r}): the model has no weights (built under init_empty_weights?). "
+            "Load its weights first: accelerate's load_checkpoint_and_dispatch(model, checkpoint, "
+            "device_map='auto') (CPU/disk offload is fine), from_pretrained(..., device_map=...), or "
+            "model.to_empty(device='cpu') then model.load_state_dict(...)."
         )
     if is_lens_model(model):
         return lens_adapter(model)
