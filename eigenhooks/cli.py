@@ -19,9 +19,27 @@ app = typer.Typer(add_completion=False, no_args_is_help=True, help="Power-method
 @app.callback()
 def _setup() -> None:
     _quiet_libraries()
+    _one_line_warnings()
 
 
-ModelArg = Annotated[str, typer.Argument(help="zoo name (e.g. gpt2-tiny, smollm2-135m), a .gguf file, a folder or hub id")]
+def _one_line_warnings() -> None:
+    """eigenhooks' own warnings print as one line on stderr ("eigenhooks: warning: ..."), once each."""
+    import warnings
+
+    default = warnings.showwarning
+
+    def show(message, category, filename, lineno, file=None, line=None):
+        if category.__module__.startswith("eigenhooks"):
+            typer.echo(f"eigenhooks: warning: {message}", err=True)
+        else:
+            default(message, category, filename, lineno, file, line)
+
+    warnings.showwarning = show
+
+
+ModelArg = Annotated[
+    str, typer.Argument(help="zoo name (e.g. gpt2-tiny, smollm2-135m), a .gguf file, a folder or hub id")
+]
 DebugOpt = Annotated[bool, typer.Option("--debug", help="show tracebacks")]
 
 
@@ -51,7 +69,9 @@ def _c(z: complex, digits: int = 4) -> str:
 
 def _emit(title: str, columns: list[str], rows: list[list], as_json: bool, records: list[dict]) -> None:
     if as_json:
-        typer.echo(json.dumps(records, indent=2))
+        from .rundir import json_safe
+
+        typer.echo(json.dumps(json_safe(records), indent=2, allow_nan=False))  # NaN -> null: valid JSON
         return
     from rich.console import Console
     from rich.table import Table
@@ -167,10 +187,15 @@ def run(
     device: Annotated[str | None, typer.Option(help="cpu, cuda, cuda:1 ...")] = None,
     dtype: Annotated[str | None, typer.Option(help="float32, float16, bfloat16")] = None,
     out: Annotated[str | None, typer.Option(help="run folder (default runs/MODEL-TIME)")] = None,
+    overwrite: Annotated[bool, typer.Option("--overwrite", help="replace a run already in --out")] = False,
     backend: Annotated[str, typer.Option(help="hf or lens")] = "hf",
     debug: DebugOpt = False,
 ) -> None:
-    """The whole study: spectra, a monitored pass, a table, plots and report.html in a run folder."""
+    """The whole study: spectra, a monitored pass, a table, plots and report.html in a run folder.
+
+    Under ``torchrun --nproc-per-node N`` the batches are shared out by rank and rank 0
+    writes the folder.
+    """
     try:
         from .run import run as _run
 
@@ -184,6 +209,7 @@ def run(
             device=device,
             dtype=dtype,
             out=out,
+            overwrite=overwrite,
             backend=backend,
             command=["eigenhooks", *sys.argv[1:]],
         )
@@ -192,13 +218,29 @@ def run(
         return
     from .table import rows as table_rows
 
+    if res.rank > 0:  # under torchrun, rank 0 prints
+        return
+    if res.interrupted:
+        typer.echo(f"eigenhooks: {_interrupted_line(res)}", err=True)
+        raise typer.Exit(130)
     df = res.summary
     heads, rows = table_rows(df)
     _emit(f"{model}: alignment per layer ({int(df['n_tokens'].iloc[0])} tokens)", heads, rows, False, [])
-    state = "interrupted; partial results in" if res.interrupted else "run folder:"
-    typer.echo(f"{state} {res.out}  (report: {res.out / 'report.html'})")
-    if res.interrupted:
-        raise typer.Exit(130)
+    if res.tokens_per_s:
+        typer.echo(f"throughput: {res.tokens_per_s:,.0f} tokens/s (monitored forwards)")
+    typer.echo(f"run folder: {res.out}  (report: {res.out / 'report.html'})")
+
+
+def _interrupted_line(res) -> str:
+    """One line for Ctrl-C: where it stopped and what the folder now holds."""
+    if res.summary is None and not res.kept:
+        return f"interrupted at stage {res.stage} before any forward; {res.out} left as it was"
+    if res.summary is None:
+        return f"interrupted at stage {res.stage} before any forward; {res.out} says so (status interrupted)"
+    return (
+        f"interrupted at stage {res.stage}; partial results ({res.forwards} forwards) in {res.out} "
+        f"(status interrupted; eigenhooks report {res.out})"
+    )
 
 
 @app.command()

@@ -1,9 +1,17 @@
-"""Exports and the spectrum cache.
+"""The spectrum cache on disk (safetensors), keyed by the content of the weights.
 
-The cache keeps one safetensors file per (weights, options): the key is a BLAKE2 hash of
-the layer's attention factors (and the folded norm, for ``ov_ln``) plus every option that
-changes the result. No pickle anywhere. ``EIGENHOOKS_CACHE`` sets the folder
-(default ``~/.cache/eigenhooks``).
+One file per (weights, options): the key is a BLAKE2 hash of the layer's attention
+factors (and the folded norm, for ``ov_ln``) plus every option that changes the result.
+No pickle anywhere. ``EIGENHOOKS_CACHE`` sets the folder (``~`` is expanded; unset or
+empty means ``~/.cache/eigenhooks``).
+
+The cache is an optimisation, never a source of truth:
+
+- each entry carries its own key and a checksum of its tensors and metadata, verified on
+  load, so a damaged, truncated, bit-flipped, incomplete or swapped entry is a miss (it is
+  recomputed and rewritten), never a wrong number or a crash;
+- a cache that cannot be written (read-only folder, full disk, a file in the way) is
+  skipped: the spectra are computed without it, with one warning per folder.
 """
 
 from __future__ import annotations
@@ -12,6 +20,8 @@ import hashlib
 import json
 import logging
 import os
+import threading
+import warnings
 from pathlib import Path
 
 import torch
@@ -19,11 +29,19 @@ import torch
 from .spectrum import Factors, HeadSpectrum, LayerSpectrum
 
 log = logging.getLogger(__name__)
-CACHE_FORMAT = 1
+CACHE_FORMAT = 2  # 2: entries carry their key and a checksum
+_warned: set[str] = set()  # folders already warned about (one warning each per process)
+_warn_lock = threading.Lock()  # spectra are saved from a thread pool
+
+
+class CacheWarning(UserWarning):
+    """The spectrum cache could not be written; results are computed without it."""
 
 
 def cache_dir() -> Path:
-    return Path(os.environ.get("EIGENHOOKS_CACHE", Path.home() / ".cache" / "eigenhooks"))
+    """The cache folder: ``EIGENHOOKS_CACHE`` with ``~`` expanded, or ``~/.cache/eigenhooks``."""
+    env = os.environ.get("EIGENHOOKS_CACHE", "").strip()
+    return Path(env).expanduser() if env else Path.home() / ".cache" / "eigenhooks"
 
 
 def _feed(h, t: torch.Tensor) -> None:
@@ -33,7 +51,16 @@ def _feed(h, t: torch.Tensor) -> None:
 
 
 def cache_key(factors: Factors, extra: torch.Tensor | None, options: dict) -> str:
-    """Hash of the weights that define F (and the options that shape the result)."""
+    """Hash of the weights that define F (and the options that shape the result).
+
+    Args:
+        factors: the layer's (O, V) factors.
+        extra: the folded norm scale (d,) for ``ov_ln``, else None.
+        options: every option that changes the spectrum (variant, rank, top, ...).
+
+    Returns:
+        40 hex digits.
+    """
     h = hashlib.blake2b(digest_size=20)
     h.update(json.dumps({"format": CACHE_FORMAT, **options}, sort_keys=True).encode())
     for t in (factors.O_heads, factors.V_groups, factors.group_of_head):
@@ -43,11 +70,18 @@ def cache_key(factors: Factors, extra: torch.Tensor | None, options: dict) -> st
     return h.hexdigest()
 
 
-def save_spectrum(spec: LayerSpectrum, key: str, folder: Path | None = None) -> Path:
-    from safetensors.torch import save_file
+def _checksum(tensors: dict[str, torch.Tensor], meta: str, key: str) -> str:
+    """BLAKE2 of the key, the metadata and every tensor (name, dtype, shape, bytes)."""
+    h = hashlib.blake2b(digest_size=20)
+    h.update(key.encode())
+    h.update(meta.encode())
+    for name in sorted(tensors):
+        h.update(name.encode())
+        _feed(h, tensors[name])
+    return h.hexdigest()
 
-    folder = folder or cache_dir()
-    folder.mkdir(parents=True, exist_ok=True)
+
+def _tensors(spec: LayerSpectrum) -> dict[str, torch.Tensor]:
     t = {
         "eig_re": spec.eigenvalues.real.contiguous(),
         "eig_im": spec.eigenvalues.imag.contiguous(),
@@ -59,36 +93,98 @@ def save_spectrum(spec: LayerSpectrum, key: str, folder: Path | None = None) -> 
         t["head_eig_re"] = torch.stack([h.eigenvalues.real for h in spec.heads])
         t["head_eig_im"] = torch.stack([h.eigenvalues.imag for h in spec.heads])
         t["head_copying"] = torch.tensor([h.copying_score for h in spec.heads], dtype=torch.float64)
-    meta = {
-        "variant": spec.variant,
-        "rank": spec.rank,
-        "k": spec.k,
-        "gap_ratio": spec.gap_ratio,
-        "kind": spec.kind,
-        "lambda_next": [spec.lambda_next.real, spec.lambda_next.imag],
-        "threshold": spec.threshold,
-    }
+    return t
+
+
+def save_spectrum(spec: LayerSpectrum, key: str, folder: Path | None = None) -> Path | None:
+    """Write one spectrum to the cache, atomically. Returns its path, or None if it could not be written.
+
+    A folder that cannot be written gives one ``CacheWarning`` (per folder and process)
+    and no error: the caller goes on without the cache.
+    """
+    from safetensors.torch import save_file
+
+    folder = folder or cache_dir()
+    t = _tensors(spec)
+    meta = json.dumps(
+        {
+            "variant": spec.variant,
+            "rank": spec.rank,
+            "k": spec.k,
+            "gap_ratio": spec.gap_ratio,
+            "kind": spec.kind,
+            "lambda_next": [spec.lambda_next.real, spec.lambda_next.imag],
+            "threshold": spec.threshold,
+        },
+        sort_keys=True,
+    )
+    header = {"eigenhooks": meta, "key": key, "checksum": _checksum(t, meta, key)}
     path = folder / f"{key}.safetensors"
-    tmp = path.with_suffix(f".tmp{os.getpid()}")
-    save_file(t, str(tmp), metadata={"eigenhooks": json.dumps(meta)})
-    os.replace(tmp, path)  # atomic: a reader never sees half a file
+    tmp = path.with_suffix(f".tmp{os.getpid()}-{threading.get_ident()}")
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        save_file(t, str(tmp), metadata=header)
+        os.replace(tmp, path)  # atomic: a reader never sees half a file
+    except OSError as e:
+        _remove_quietly(tmp)
+        _warn_unwritable(folder, e)
+        return None
     return path
 
 
+def _remove_quietly(p: Path) -> None:
+    try:
+        p.unlink(missing_ok=True)
+    except OSError:
+        pass
+
+
+def _warn_unwritable(folder: Path, e: OSError) -> None:
+    with _warn_lock:
+        if str(folder) in _warned:
+            return
+        _warned.add(str(folder))
+    warnings.warn(
+        f"eigenhooks: cannot write the spectrum cache at {folder} ({type(e).__name__}: {e.strerror or e}); "
+        "computing without it. Set EIGENHOOKS_CACHE to a writable folder to cache spectra.",
+        CacheWarning,
+        stacklevel=3,
+    )
+
+
 def load_spectrum(key: str, layer: int, folder: Path | None = None) -> LayerSpectrum | None:
-    """The cached spectrum for key, or None (a missing or unreadable entry is a miss)."""
+    """The cached spectrum for key, or None.
+
+    A missing, unreadable, truncated, bit-flipped, incomplete or swapped entry (its
+    stored key or checksum does not match) is a miss: it is logged and recomputed.
+
+    Args:
+        key: ``cache_key(...)`` of the layer.
+        layer: the layer index to put in the returned spectrum.
+        folder: the cache folder (default ``cache_dir()``).
+    """
+    path = (folder or cache_dir()) / f"{key}.safetensors"
+    try:
+        if not path.is_file():
+            return None
+        return _read(path, key, layer)
+    except Exception as e:  # a bad entry is recomputed, never trusted
+        log.warning("ignoring cache entry %s: %s", path, e)
+        return None
+
+
+def _read(path: Path, key: str, layer: int) -> LayerSpectrum:
     from safetensors import safe_open
 
-    path = (folder or cache_dir()) / f"{key}.safetensors"
-    if not path.exists():
-        return None
-    try:
-        with safe_open(str(path), framework="pt") as f:
-            meta = json.loads(f.metadata()["eigenhooks"])
-            t = {k: f.get_tensor(k) for k in f.keys()}
-    except Exception as e:  # a corrupt entry is recomputed, never trusted
-        log.warning("ignoring unreadable cache entry %s: %s", path, e)
-        return None
+    with safe_open(str(path), framework="pt") as f:
+        header = f.metadata() or {}
+        t = {k: f.get_tensor(k) for k in f.keys()}
+    if header.get("key") != key:
+        raise ValueError(f"entry holds key {header.get('key')!r}, not {key!r} (a swapped or renamed file)")
+    meta_s = header.get("eigenhooks", "")
+    if header.get("checksum") != _checksum(t, meta_s, key):
+        raise ValueError("checksum mismatch (a damaged entry)")
+    meta = json.loads(meta_s)
     heads = None
     if "head_eig_re" in t:
         eig = torch.complex(t["head_eig_re"], t["head_eig_im"])

@@ -44,15 +44,59 @@ def _fmt(v) -> str:
     return html.escape(str(v))
 
 
+class ReportError(RuntimeError):
+    """A run folder has nothing to report (yet); the message says why."""
+
+
+def _read_meta(run_dir: Path) -> dict:
+    p = run_dir / "meta.json"
+    if not p.exists():
+        return {}
+    try:
+        return json.loads(p.read_text())
+    except ValueError as e:
+        raise ReportError(f"{p} is not valid JSON ({e}): the run folder is damaged") from e
+
+
+def _status(run_dir: Path, meta: dict) -> str:
+    """The run's status line, or ReportError when there is nothing to report."""
+    status = meta.get("status") or ("interrupted" if meta.get("interrupted") else "complete")
+    stage = meta.get("stage", "?")
+    if status == "running":
+        pid = meta.get("pid")
+        raise ReportError(
+            f"{run_dir} is still being written (status running, stage {stage}, pid {pid}) "
+            "or its process was killed: nothing to report; wait for it, or run again"
+        )
+    if not (run_dir / "summary.csv").exists():
+        if status in ("interrupted", "failed"):
+            why = f": {meta['error']}" if meta.get("error") else ""
+            raise ReportError(
+                f"{run_dir} holds no statistics: the run was {status} at stage {stage} before any forward was measured{why}"
+            )
+        raise FileNotFoundError(f"{run_dir} has no summary.csv: not an eigenhooks run folder")
+    if status == "interrupted":
+        return f"interrupted at stage {stage}: partial results ({meta.get('forwards', '?')} forwards)"
+    if status == "failed":
+        return f"failed at stage {stage}: {meta.get('error', 'unknown error')}"
+    return "complete"
+
+
 def build_report(run_dir) -> Path:
-    """Write run_dir/report.html (one file, images inlined). Returns its path."""
+    """Write run_dir/report.html (one file, images inlined). Returns its path.
+
+    Raises:
+        FileNotFoundError: no such folder, or a folder that is not a run.
+        ReportError: the run is still running (or was killed), or stopped before measuring anything.
+    """
     import pandas as pd
 
     run_dir = Path(run_dir)
-    if not (run_dir / "summary.csv").exists():
-        raise FileNotFoundError(f"{run_dir} has no summary.csv: not an eigenhooks run folder")
+    if not run_dir.is_dir():
+        raise FileNotFoundError(f"no run folder at {run_dir}")
+    meta = _read_meta(run_dir)
+    status = _status(run_dir, meta)
     df = pd.read_csv(run_dir / "summary.csv")
-    meta = json.loads((run_dir / "meta.json").read_text()) if (run_dir / "meta.json").exists() else {}
     from .table import fmt_num, fmt_p
     from .table import rows as table_rows
 
@@ -81,7 +125,6 @@ def build_report(run_dir) -> Path:
         f"<tr><th>{html.escape(str(k))}</th><td>{html.escape(json.dumps(v) if not isinstance(v, str) else v)}</td></tr>"
         for k, v in meta.items()
     )
-    status = "interrupted: partial results" if meta.get("interrupted") else "complete"
     page = f"""<!doctype html>
 <html lang="en"><head><meta charset="utf-8"><title>eigenhooks run: {html.escape(str(meta.get("model", run_dir.name)))}</title>
 <style>

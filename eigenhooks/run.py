@@ -1,101 +1,90 @@
 """The main job: spectra, a monitored pass over text, and a run folder with table, plots, report.
 
-``eh.run(...)`` is what ``eigenhooks run`` calls. The run folder holds summary.csv (and
-summary.parquet where pyarrow is installed), spectra.json, meta.json, stats.jsonl (one
-line per forward, appended and flushed as it goes), the plots and report.html. An
-interrupted run (Ctrl-C) still writes everything measured so far and says so in meta.json.
+``eh.run(...)`` is what ``eigenhooks run`` calls. The run folder holds meta.json,
+stats.jsonl (one line per forward, appended and flushed as it goes), summary.csv (and
+summary.parquet), spectra.json, the plots and report.html.
+
+A run folder never lies about itself:
+
+- the run is built in a hidden sibling folder (``.NAME.tmp-PID``) and renamed to ``out`` at
+  the end, so a killed run (even SIGKILL) never mixes with an earlier one;
+- ``out`` is refused if it already holds a run, unless ``overwrite=True`` (``--overwrite``);
+  the old run stays intact until the new one is renamed in;
+- meta.json is written first, with ``status: running`` and the current ``stage``, and ends
+  as ``complete``, ``interrupted`` (Ctrl-C at any stage: what was measured is kept) or
+  ``failed`` (with the error). While the final files are written a second Ctrl-C waits.
+
+Under ``torchrun --nproc-per-node N`` every rank reads the same token stream, keeps the
+batches ``i % N == rank``, and the monitors are summed with ``Monitor.all_reduce``; rank
+0 writes the folder, with ``world_size`` and ``tokens_per_rank`` in meta.json.
 """
 
 from __future__ import annotations
 
-import json
+import os
 import platform
 import sys
 import time
 from dataclasses import dataclass
-from importlib import resources
 from pathlib import Path
 
 import torch
 
+from . import distributed as D
+from .rundir import RunFolder, RunFolderError, deferred_sigint
+from .texts import DataLoadError, TokenBatches, iter_texts, load_texts, make_batches, sample_text
+
 TARGETS = (("ov", "modulus"), ("ov", "residual"))
-
-
-class DataLoadError(RuntimeError):
-    """Text or a dataset could not be loaded; the message says why."""
+__all__ = ["DataLoadError", "RunFolderError", "RunResult", "load_texts", "make_batches", "run", "sample_text"]
 
 
 @dataclass
 class RunResult:
+    """What ``run`` did: the folder, the summary table (None if nothing was measured), the final status."""
+
     out: Path
-    summary: object  # pandas DataFrame
-    interrupted: bool
+    summary: object  # pandas DataFrame, or None
+    status: str  # complete | interrupted
+    stage: str = ""  # the stage an interrupted run stopped in
+    tokens_per_s: float | None = None
+    forwards: int = 0  # forwards measured (over all ranks' monitors, on rank 0 after the reduction)
+    kept: bool = True  # False: nothing was measured and ``out`` was left as it was
+    rank: int = 0
+
+    @property
+    def interrupted(self) -> bool:
+        return self.status == "interrupted"
 
 
-def sample_text() -> str:
-    """The text bundled with the package (passages of Python's documentation)."""
-    return resources.files("eigenhooks.data").joinpath("sample.txt").read_text()
+class _Study:
+    """The state of one run as it goes: what exists so far is what an interrupt can save."""
+
+    def __init__(self, folder: RunFolder | None):
+        self.folder = folder
+        self.model = self.tok = self.mon = self.summary = None
+        self.specs: dict | None = None
+        self.first: torch.Tensor | None = None
+        self.tokens = 0  # tokens this rank fed to the model
+        self.tokens_per_rank: list[int] | None = None
+        self.seconds = 0.0
+
+    def stage(self, name: str) -> None:
+        if self.folder is not None:
+            self.folder.stage(name)
+        _test_pause(name)
 
 
-def load_texts(text: str | None = None, file: str | None = None, dataset: str | None = None) -> list[str]:
-    """Texts from exactly one of: a string, a file, an HF dataset 'name[:split]'; default the sample."""
-    given = [x is not None for x in (text, file, dataset)]
-    if sum(given) > 1:
-        raise DataLoadError("give at most one of --text, --file and --dataset")
-    if text is not None:
-        return [text]
-    if file is not None:
-        p = Path(file)
-        if not p.exists():
-            raise DataLoadError(f"no such file: {file}")
-        return [t for t in p.read_text().split("\n\n") if t.strip()]
-    if dataset is not None:
-        return _dataset_texts(dataset)
-    return [t for t in sample_text().split("\n\n") if t.strip()]
+def _test_pause(stage: str) -> None:
+    """Test hook: EIGENHOOKS_TEST_PAUSE=STAGE[,STAGE] sleeps there (EIGENHOOKS_TEST_PAUSE_S s), for signal tests."""
+    if stage in os.environ.get("EIGENHOOKS_TEST_PAUSE", "").split(","):
+        print(f"eigenhooks-test: paused at {stage}", file=sys.stderr, flush=True)
+        time.sleep(float(os.environ.get("EIGENHOOKS_TEST_PAUSE_S", "60")))
 
 
-def _dataset_texts(spec: str) -> list[str]:
-    try:
-        import datasets
-    except ImportError as e:
-        raise DataLoadError("--dataset needs the 'datasets' package: pip install datasets") from e
-    name, _, split = spec.partition(":")
-    try:
-        ds = datasets.load_dataset(name, split=split or "train")
-    except Exception as e:  # offline, unknown name, bad split: one clear line
-        raise DataLoadError(
-            f"could not load dataset {spec!r} ({type(e).__name__}); offline? use --file with a local text file instead"
-        ) from e
-    col = "text" if "text" in ds.column_names else ds.column_names[0]
-    return [t for t in ds[col] if isinstance(t, str) and t.strip()]
-
-
-def make_batches(tokenizer, texts: list[str], max_tokens: int, seq_len: int, batch_size: int) -> list[torch.Tensor]:
-    """Tokenize, join, and cut into (batch, seq_len) blocks of real tokens (no padding)."""
-    ids: list[int] = []
-    for t in texts:
-        ids.extend(tokenizer(t, add_special_tokens=False)["input_ids"])
-        if len(ids) >= max_tokens:
-            break
-    ids = ids[:max_tokens]
-    if not ids:
-        raise DataLoadError("the text is empty after tokenization")
-    seqs = [ids[i : i + seq_len] for i in range(0, len(ids), seq_len)]
-    full = [s for s in seqs if len(s) == seq_len]
-    batches = [torch.tensor(full[i : i + batch_size]) for i in range(0, len(full), batch_size)]
-    if len(seqs[-1]) < seq_len:
-        batches.append(torch.tensor([seqs[-1]]))  # the remainder, as its own batch
-    return batches
-
-
-def _seq_len(model, tokenizer, wanted: int = 128) -> int:
-    cfg = getattr(model, "config", None) or getattr(model, "cfg", None)
-    limit = (
-        getattr(cfg, "n_positions", None)
-        or getattr(cfg, "max_position_embeddings", None)
-        or getattr(cfg, "n_ctx", None)
-    )
-    return min(wanted, int(limit)) if limit else wanted
+def _check_sizes(max_tokens, batch_size) -> None:
+    for flag, v in (("--max-tokens", max_tokens), ("--batch-size", batch_size)):
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            raise ValueError(f"{flag} must be a positive integer, got {v!r}")
 
 
 def run(
@@ -109,135 +98,233 @@ def run(
     device: str | None = None,
     dtype: str | None = None,
     out: str | Path | None = None,
+    overwrite: bool = False,
     backend: str = "hf",
     seed: int = 0,
     progress: bool = True,
     command: list[str] | None = None,
 ) -> RunResult:
-    """Run the whole study on a model and write a run folder. Returns the folder and summary."""
+    """Run the whole study on a model and write a run folder.
+
+    Args:
+        model: a zoo name, a ``.gguf`` file, a local folder or a hub id.
+        text, file, dataset: at most one source of text (default: the bundled sample);
+            ``dataset`` is a local .txt/.jsonl/.csv/.parquet file (streamed offline by HF
+            datasets) or a hub ``NAME[:split]``.
+        max_tokens: tokens to monitor (>= 1), over all ranks.
+        batch_size: sequences per forward (>= 1).
+        device, dtype: where and in which precision to run the model.
+        out: the run folder (default ``runs/MODEL-TIME``); refused if it holds a run.
+        overwrite: replace a run already in ``out`` (only once the new one is written).
+        backend: 'hf', or 'lens' for a TransformerLens bridge.
+
+    Returns:
+        RunResult (status 'complete' or 'interrupted'; a failure raises).
+
+    Raises:
+        ValueError: a size below 1, an unknown dtype.
+        RunFolderError: ``out`` already holds a run (and ``overwrite`` is False).
+        DataLoadError: text or dataset problems. Any other error of the run, after the
+            folder is marked ``failed``.
+    """
+    _check_sizes(max_tokens, batch_size)
+    torch_dtype = _dtype(dtype)
+    texts = iter_texts(text, file, dataset)  # checks the source now, reads it lazily
+    ctx = D.setup(device)
+    meta = _base_meta(model, backend, seed, max_tokens, batch_size, command, ctx)
+    folder = None
+    if ctx.rank == 0:
+        folder = RunFolder(_default_out(model) if out is None else Path(out), overwrite=overwrite)
+        folder.open(meta)
+    st = _Study(folder)
+    status, error = "complete", None
+    try:
+        _study(st, model, texts, torch_dtype, ctx, backend, max_tokens, batch_size, seed, progress)
+    except KeyboardInterrupt:
+        status = "interrupted"
+    except BaseException as e:
+        status, error = "failed", e
+    if folder is None:  # ranks > 0 write nothing
+        if error is not None:
+            raise error
+        return RunResult(Path(out or "."), st.summary, status, rank=ctx.rank)
+    with deferred_sigint():
+        stage = folder.meta.get("stage", "")
+        _finish(st, folder, status, error, ctx)
+    if error is not None:
+        raise error
+    m = folder.meta
+    return RunResult(folder.out, st.summary, status, stage, m.get("tokens_per_s"), m.get("forwards", 0), folder.kept)
+
+
+def _study(st: _Study, model, texts, torch_dtype, ctx, backend, max_tokens, batch_size, seed, progress) -> None:
     import eigenhooks as eh
 
     from .models.loading import load_model
 
     torch.manual_seed(seed)
-    torch_dtype = _dtype(dtype)
-    texts = load_texts(text, file, dataset)
-    m, tok = load_model(model, dtype=torch_dtype, device=device, backend=backend)
-    if tok is None:
+    st.stage("load")
+    st.model, st.tok = load_model(model, dtype=torch_dtype, device=ctx.device, backend=backend)
+    if st.tok is None:
         raise DataLoadError(f"{model} has no tokenizer saved beside it; eigenhooks run needs one")
-    out = Path(out) if out is not None else Path("runs") / f"{Path(model).name}-{time.strftime('%Y%m%d-%H%M%S')}"
-    out.mkdir(parents=True, exist_ok=True)
-    specs = {rank: eh.spectra(m, variant=v, rank=rank) for v, rank in TARGETS}
-    batches = make_batches(tok, texts, max_tokens, _seq_len(m, tok), batch_size)
-    dev = next(m.parameters()).device
+    if st.folder is not None:
+        st.folder.meta.update(_model_meta(st.model))
+    st.stage("spectra")
+    st.specs = {rank: eh.spectra(st.model, variant=v, rank=rank) for v, rank in TARGETS}
+    st.stage("forwards")
+    batches = TokenBatches(st.tok, texts, max_tokens, _seq_len(st.model), batch_size)
+    sink = st.folder.path / "stats.jsonl" if st.folder is not None else None
+    st.mon = eh.monitor(st.model, targets=TARGETS, sink=sink)
+    t0 = time.perf_counter()
+    try:
+        _forwards(st, batches, ctx, backend, progress and ctx.rank == 0)
+    finally:
+        st.seconds = time.perf_counter() - t0
+    if ctx.rank == 0:
+        batches.warn_unknown(f"the text fed to {model}")
+    if ctx.world > 1:
+        st.stage("reduce")
+        st.mon.all_reduce()
+        st.tokens_per_rank = D.gather_ints(st.tokens)
+    st.stage("summary")
+    st.summary = st.mon.summary()
+    if st.folder is not None:
+        st.stage("plots")
+        _plots(st.folder.path, st, backend)
+
+
+def _forwards(st: _Study, batches: TokenBatches, ctx, backend: str, progress: bool) -> None:
+    dev = next(st.model.parameters()).device
+    with st.mon, torch.no_grad():
+        for i, ids in enumerate(_progress(batches, progress, batches.max_tokens)):
+            if st.first is None:
+                st.first = ids[:1]
+            if i % ctx.world != ctx.rank:
+                continue  # another rank's batch
+            ids = ids.to(dev)
+            if backend == "lens":
+                st.model(ids)
+            else:
+                st.model(input_ids=ids, attention_mask=torch.ones_like(ids))
+            st.tokens += ids.numel()
+            if i == 0:
+                st.stage("forwards:after-first")
+
+
+def _finish(st: _Study, folder: RunFolder, status: str, error, ctx) -> None:
+    """Write what exists with a true status, then put the folder in place (a second Ctrl-C waits)."""
+    _test_pause("finish")
+    measured = st.mon is not None and st.mon.n_forwards > 0
+    if status == "complete":
+        folder.meta["stage"] = "done"
+    if status != "complete" and measured and st.summary is None:
+        try:
+            st.summary = st.mon.summary()
+        except Exception as e:  # the partial table is a bonus; the status must still be written
+            folder.meta["summary_error"] = f"{type(e).__name__}: {e}"
+    folder.meta.update(_result_meta(st, ctx, status, error))
+    folder.finish(status, st.summary, st.specs, measured=measured)
+
+
+def _result_meta(st: _Study, ctx, status: str, error) -> dict:
+    n_tokens = int(st.summary["n_tokens"].max()) if st.summary is not None and len(st.summary) else 0
     meta = {
+        "forwards": st.mon.n_forwards if st.mon is not None else 0,
+        "n_tokens": n_tokens,
+        "seconds": round(st.seconds, 3),
+        "tokens_per_s": round(n_tokens / st.seconds, 1) if st.seconds > 0 and n_tokens else None,
+        "world_size": ctx.world,
+        "tokens_per_rank": st.tokens_per_rank or [st.tokens],
+        "interrupted": status == "interrupted",
+        "finished": time.strftime("%Y-%m-%d %H:%M:%S"),
+    }
+    if error is not None:
+        meta["error"] = f"{type(error).__name__}: {error}"
+    return meta
+
+
+def _base_meta(model, backend, seed, max_tokens, batch_size, command, ctx) -> dict:
+    import eigenhooks as eh
+
+    return {
         "model": model,
         "backend": backend,
-        "device": str(dev),
-        "dtype": str(next(m.parameters()).dtype),
         "seed": seed,
         "command": " ".join(command or sys.argv),
         "max_tokens": max_tokens,
         "batch_size": batch_size,
+        "world_size": ctx.world,
         "eigenhooks": eh.__version__,
         "torch": torch.__version__,
         "transformers": _version("transformers"),
         "python": platform.python_version(),
-        "adapter": eh.get_adapter(m).describe(),
+        "pid": os.getpid(),
+        "host": platform.node(),
         "started": time.strftime("%Y-%m-%d %H:%M:%S"),
     }
-    sink = out / "stats.jsonl"
-    sink.unlink(missing_ok=True)
-    interrupted = False
-    t0 = time.time()
-    mon = eh.monitor(m, targets=TARGETS, sink=sink)
-    with mon, torch.no_grad():
-        try:
-            for ids in _progress(batches, progress):
-                ids = ids.to(dev)
-                if backend == "lens":
-                    m(ids)
-                else:
-                    m(input_ids=ids, attention_mask=torch.ones_like(ids))
-        except KeyboardInterrupt:
-            interrupted = True
-    summary = mon.summary()
-    meta.update(
-        interrupted=interrupted,
-        forwards=mon.n_forwards,
-        seconds=round(time.time() - t0, 2),
-        n_tokens=int(summary["n_tokens"].iloc[0]) if len(summary) else 0,
-    )
-    _write(out, summary, specs, meta)
-    _plots(out, m, tok, summary, specs["modulus"], batches[0][:1].to(dev), backend)
-    from .report import build_report
-
-    build_report(out)
-    return RunResult(out, summary, interrupted)
 
 
-def _write(out: Path, summary, specs, meta) -> None:
-    summary.to_csv(out / "summary.csv", index=False)
-    try:
-        summary.to_parquet(out / "summary.parquet")
-    except ImportError:
-        meta["parquet"] = "skipped: pyarrow not installed"
-    spec_rows = []
-    for rank, ss in specs.items():
-        for s in ss:
-            spec_rows.append(
-                {
-                    "layer": s.layer,
-                    "variant": s.variant,
-                    "rank": rank,
-                    "kind": s.kind,
-                    "k": s.k,
-                    "gap_ratio": s.gap_ratio,
-                    "lambda_1": [s.lambda_1.real, s.lambda_1.imag],
-                    "eigenvalues": [[z.real, z.imag] for z in s.eigenvalues.tolist()],
-                }
-            )
-    (out / "spectra.json").write_text(json.dumps(spec_rows))
-    (out / "meta.json").write_text(json.dumps(meta, indent=2, default=str))
-
-
-def _plots(out: Path, model, tok, summary, specs, first, backend) -> None:
-    try:
-        from . import plots
-    except ImportError:
-        return
+def _model_meta(m) -> dict:
     import eigenhooks as eh
 
+    p = next(m.parameters())
+    return {"device": str(p.device), "dtype": str(p.dtype), "adapter": eh.get_adapter(m).describe()}
+
+
+def _default_out(model: str) -> Path:
+    return Path("runs") / f"{Path(model).name}-{time.strftime('%Y%m%d-%H%M%S')}"
+
+
+def _seq_len(model, wanted: int = 128) -> int:
+    cfg = getattr(model, "config", None) or getattr(model, "cfg", None)
+    limit = (
+        getattr(cfg, "n_positions", None)
+        or getattr(cfg, "max_position_embeddings", None)
+        or getattr(cfg, "n_ctx", None)
+    )
+    return min(wanted, int(limit)) if limit else wanted
+
+
+def _plots(out: Path, st: _Study, backend: str) -> None:
     try:
+        import matplotlib
+
+        matplotlib.use("Agg")
         import matplotlib.pyplot as plt
+
+        from . import plots
     except ImportError:
         (out / "plots-skipped.txt").write_text("matplotlib not installed: pip install 'eigenhooks[plot]'\n")
         return
+    import eigenhooks as eh
+
+    summary, model = st.summary, st.model
     for rank in ("modulus", "residual"):
         if (summary["rank"] == rank).any():
             plots.alignment_by_layer(summary, rank).savefig(out / f"alignment_{rank}.png", dpi=110)
-    plots.eigenvalue_planes(specs).savefig(out / "eigenvalues.png", dpi=110)
+    plots.eigenvalue_planes(st.specs["modulus"]).savefig(out / "eigenvalues.png", dpi=110)
+    first = st.first.to(next(model.parameters()).device)
     with eh.monitor(model, targets=[("ov", "modulus")], tokens=True) as mon, torch.no_grad():
         model(first) if backend == "lens" else model(input_ids=first, attention_mask=torch.ones_like(first))
     recs = sorted((r for r in mon.token_records), key=lambda r: r["layer"])
     if recs:
         values = torch.stack([r["a_pre"][0] for r in recs]).numpy()
-        labels = [tok.decode([i]) for i in first[0].tolist()]
+        labels = [st.tok.decode([i]) for i in first[0].tolist()]
         plots.token_heatmap(values, labels).savefig(out / "heatmap.png", dpi=110)
     plt.close("all")
 
 
-def _progress(items, show: bool):
+def _progress(batches: TokenBatches, show: bool, total: int):
     if not show:
-        yield from items
+        yield from batches
         return
     from rich.progress import Progress
 
     with Progress(transient=True) as bar:
-        task = bar.add_task("monitored forward passes", total=len(items))
-        for x in items:
+        task = bar.add_task("monitored forward passes (tokens)", total=total)
+        for x in batches:
             yield x
-            bar.advance(task)
+            bar.update(task, completed=batches.n_tokens)
 
 
 def _dtype(name: str | None):

@@ -51,3 +51,39 @@ def test_steer_command():
 def test_steer_command_errors_in_one_line():
     r = runner.invoke(app, ["steer", "albert-tiny", "--toward", " return", "--alpha", "1"])
     assert r.exit_code == 1 and "shares its weights" in r.output and "Traceback" not in r.output
+
+
+def test_run_input_errors_are_one_line(tmp_path):
+    bad = tmp_path / "latin1.txt"
+    bad.write_bytes(b"caf\xe9 au lait")
+    cfg = tmp_path / "broken"
+    cfg.mkdir()
+    (cfg / "config.json").write_text('{"model_type": "gpt2",')
+    cases = [
+        (["run", "--batch-size", "-1"], "--batch-size must be a positive integer, got -1"),
+        (["run", "--batch-size", "0"], "--batch-size must be a positive integer, got 0"),
+        (["run", "--max-tokens", "-5"], "--max-tokens must be a positive integer, got -5"),
+        (["run", "--text", "  \n "], "--text is blank"),
+        (["run", "--file", str(bad)], f"{bad} is not UTF-8 text (byte 0xe9 at offset 3)"),
+        (["spectrum", str(cfg)], "config.json is not valid JSON"),
+    ]
+    for args, msg in cases:
+        r = runner.invoke(app, [*args, *(["--out", str(tmp_path / "o")] if args[0] == "run" else [])])
+        assert r.exit_code == 1 and msg in r.output and "hub did not answer" not in r.output, (args, r.output)
+        assert len(r.output.strip().splitlines()) == 1, r.output
+    assert not (tmp_path / "o").exists()
+
+
+def test_verify_json_has_no_bare_nan(monkeypatch):
+    import eigenhooks
+    from eigenhooks.api import Verification
+
+    monkeypatch.setattr(eigenhooks, "verify", lambda m: [Verification(0, float("nan"), 1.0, "float32")])
+    r = runner.invoke(app, ["verify", "--json"])
+    assert r.exit_code == 0, r.output
+
+    def refuse(c):
+        raise ValueError(f"bare {c} in JSON")
+
+    rows = json.loads(r.output[r.output.index("[") :], parse_constant=refuse)
+    assert rows[0]["max_abs_diff"] is None

@@ -42,35 +42,32 @@ def load_model(spec: str, dtype=None, device=None, backend: str = "hf"):
     return model, tok
 
 
+class LoadWarning(UserWarning):
+    """A model loaded, but not all of it came from the checkpoint (e.g. a randomly initialised head)."""
+
+
+UNTRAINED_HEAD = "eigenhooks_untrained_head"  # set True on a model whose head was initialised randomly
+
+
 def _load_hf(spec: str, dtype, device):
-    from transformers import AutoConfig, AutoModel, AutoModelForCausalLM, AutoModelForMaskedLM, AutoTokenizer
+    from transformers import AutoTokenizer
 
     local = Path(spec).expanduser()
     if not local.exists() and (spec.startswith((".", "/", "~")) or spec.count("/") > 1):
         raise ModelLoadError(f"no model folder at {spec!r}")
-    kwargs = {"dtype": dtype} if dtype is not None else {}
     src = str(local) if local.exists() else spec
-    try:
-        config = AutoConfig.from_pretrained(src)
-    except OSError as e:
-        raise ModelLoadError(
-            f"could not load {spec!r}: not a zoo name ({', '.join(_zoo_names())}), not a local folder, "
-            f"and the hub did not answer ({type(e).__name__}). Offline? Save the model with "
-            "save_pretrained and pass its folder."
-        ) from e
-    archs = config.architectures or []
-    order = [AutoModelForCausalLM, AutoModelForMaskedLM, AutoModel]
-    if any("MaskedLM" in a for a in archs):
-        order = [AutoModelForMaskedLM, AutoModel]
+    config = _config(spec, local, src)
+    kwargs = {"dtype": dtype} if dtype is not None else {}
     last = None
-    for cls in order:
+    for cls in _classes(config):
         try:
-            model = cls.from_pretrained(src, **kwargs)
+            model, info = cls.from_pretrained(src, output_loading_info=True, **kwargs)
             break
-        except (ValueError, OSError) as e:
+        except (ValueError, OSError, KeyError) as e:
             last = e
     else:
         raise ModelLoadError(f"could not load {spec!r} with transformers: {last}") from last
+    _check_loaded(spec, model, info)
     try:
         tok = AutoTokenizer.from_pretrained(src)
     except (OSError, ValueError):
@@ -78,6 +75,71 @@ def _load_hf(spec: str, dtype, device):
     if device is not None:
         model = model.to(device)
     return model.eval(), tok
+
+
+def _config(spec: str, local: Path, src: str):
+    """The checkpoint's config; a damaged local config.json is reported as such, not as a hub failure."""
+    import json
+
+    from transformers import AutoConfig
+
+    if local.is_dir():
+        cfg = local / "config.json"
+        if not cfg.is_file():
+            raise ModelLoadError(f"{local} has no config.json: not a model folder (save one with save_pretrained)")
+        try:
+            json.loads(cfg.read_text(encoding="utf-8"))
+        except (ValueError, UnicodeDecodeError) as e:
+            raise ModelLoadError(f"{cfg} is not valid JSON ({e}): the checkpoint is damaged; re-save it") from e
+    try:
+        return AutoConfig.from_pretrained(src)
+    except ValueError as e:  # e.g. no model_type: transformers' own message says which key
+        raise ModelLoadError(f"could not read the config of {spec!r}: {str(e).splitlines()[0]}") from e
+    except OSError as e:
+        if local.is_dir():
+            raise ModelLoadError(f"could not read the config of {spec!r}: {str(e).splitlines()[0]}") from e
+        raise ModelLoadError(
+            f"could not load {spec!r}: not a zoo name ({', '.join(_zoo_names())}), not a local folder, "
+            f"and the hub did not answer ({type(e).__name__}). Offline? Save the model with "
+            "save_pretrained and pass its folder."
+        ) from e
+
+
+def _classes(config) -> list:
+    """The model classes to try: the architecture the checkpoint declares, else Auto classes by head."""
+    import transformers
+    from transformers import AutoModel, AutoModelForCausalLM, AutoModelForMaskedLM
+
+    declared = [getattr(transformers, a, None) for a in (config.architectures or [])]
+    declared = [c for c in declared if c is not None and hasattr(c, "from_pretrained")]
+    if declared:
+        return declared[:1]
+    return [AutoModelForCausalLM, AutoModelForMaskedLM, AutoModel]
+
+
+def _check_loaded(spec: str, model, info: dict) -> None:
+    """Warn about weights transformers initialised randomly; mark a model whose head is untrained."""
+    import warnings
+
+    missing = sorted(info.get("missing_keys") or [])
+    if not missing:
+        return
+    prefix = f"{getattr(model, 'base_model_prefix', '')}."
+    head = [k for k in missing if prefix == "." or not k.startswith(prefix)]
+    body = [k for k in missing if k not in head]
+    shown = ", ".join(missing[:3]) + (", ..." if len(missing) > 3 else "")
+    what = []
+    if head:
+        setattr(model, UNTRAINED_HEAD, True)
+        what.append(f"its {type(model).__name__} head is untrained (token probabilities are meaningless)")
+    if body:
+        what.append(f"{len(body)} body weights are random (spectra of those layers are of random weights)")
+    warnings.warn(
+        f"{spec}: {len(missing)} weights are not in the checkpoint and were initialised randomly ({shown}); "
+        + "; ".join(what),
+        LoadWarning,
+        stacklevel=3,
+    )
 
 
 def load_gguf(path, dtype=None, device=None):

@@ -1,0 +1,219 @@
+"""Text for ``eigenhooks run``: a string, a file, a dataset or the bundled sample, streamed into batches.
+
+Nothing here holds the whole corpus: texts are read lazily (a file paragraph by paragraph,
+a dataset through HF datasets' streaming mode) and cut into (batch, seq_len) blocks as
+they come, so memory stays flat in the number of tokens.
+
+``--dataset`` takes a local file or folder read offline by HF datasets' own builders
+(``data.txt`` -> ``text``, ``data.jsonl`` / ``.json`` -> ``json``, ``.csv``, ``.parquet``;
+or explicitly ``text:PATH``, ``json:PATH``, globs allowed), or a hub name ``NAME[:split]``.
+"""
+
+from __future__ import annotations
+
+import codecs
+import warnings
+from collections.abc import Iterable, Iterator
+from importlib import resources
+from pathlib import Path
+
+import torch
+
+BUILDERS = {".txt": "text", ".text": "text", ".json": "json", ".jsonl": "json", ".csv": "csv", ".parquet": "parquet"}
+
+
+class DataLoadError(RuntimeError):
+    """Text or a dataset could not be loaded; the message says why."""
+
+
+class UnknownTokenWarning(UserWarning):
+    """Some words became the tokenizer's unknown token (e.g. WordPiece's [UNK])."""
+
+
+def sample_text() -> str:
+    """The text bundled with the package (passages of Python's documentation)."""
+    return resources.files("eigenhooks.data").joinpath("sample.txt").read_text(encoding="utf-8")
+
+
+def _paragraphs(lines: Iterable[str]) -> Iterator[str]:
+    """Blank-line separated paragraphs of a stream of lines, one at a time."""
+    para: list[str] = []
+    for line in lines:
+        if line.strip():
+            para.append(line)
+        elif para:
+            yield "".join(para)
+            para = []
+    if para:
+        yield "".join(para)
+
+
+def check_utf8(path: Path, chunk: int = 1 << 20) -> None:
+    """Raise DataLoadError naming the file and the offset if it is not valid UTF-8 (streamed, O(chunk) memory)."""
+    dec = codecs.getincrementaldecoder("utf-8")()
+    offset = 0
+    with open(path, "rb") as f:
+        while True:
+            b = f.read(chunk)
+            try:
+                dec.decode(b, final=not b)
+            except UnicodeDecodeError as e:
+                at = offset + e.start
+                raise DataLoadError(
+                    f"{path} is not UTF-8 text (byte 0x{e.object[e.start]:02x} at offset {at}): "
+                    f"convert it, e.g. iconv -f latin1 -t utf-8 {path.name} > {path.stem}.utf8{path.suffix}"
+                ) from None
+            if not b:
+                return
+            offset += len(b)
+
+
+def iter_texts(text: str | None = None, file: str | None = None, dataset: str | None = None) -> Iterator[str]:
+    """Texts from at most one of a string, a file, a dataset; by default the bundled sample.
+
+    Checks (exactly one source, non-blank text, the file exists and is UTF-8, the dataset
+    opens) run at once; the texts themselves are read lazily.
+
+    Raises:
+        DataLoadError: two sources, a blank ``--text``, a missing or non-UTF-8 file, or a
+            dataset that cannot be opened.
+    """
+    if sum(x is not None for x in (text, file, dataset)) > 1:
+        raise DataLoadError("give at most one of --text, --file and --dataset")
+    if text is not None:
+        if not text.strip():
+            raise DataLoadError(f"--text is blank ({text!r}): give some text, or use --file or --dataset")
+        return iter([text])
+    if file is not None:
+        p = Path(file).expanduser()
+        if not p.is_file():
+            raise DataLoadError(f"no such file: {file}")
+        check_utf8(p)
+        return _file_texts(p)
+    if dataset is not None:
+        return _dataset_texts(dataset)
+    return _paragraphs(sample_text().splitlines(keepends=True))
+
+
+def load_texts(text: str | None = None, file: str | None = None, dataset: str | None = None) -> list[str]:
+    """All texts of ``iter_texts`` as a list (small inputs only; ``eigenhooks run`` streams)."""
+    return list(iter_texts(text, file, dataset))
+
+
+def _file_texts(p: Path) -> Iterator[str]:
+    with open(p, encoding="utf-8") as f:
+        yield from _paragraphs(f)
+
+
+def _dataset_source(spec: str) -> tuple[str, dict]:
+    """(builder or hub name, load_dataset kwargs) for a --dataset value."""
+    head, sep, rest = spec.partition(":")
+    if sep and head in set(BUILDERS.values()) and rest:
+        return head, {"data_files": str(Path(rest).expanduser()), "split": "train"}
+    p = Path(spec).expanduser()
+    if p.is_file():
+        if p.suffix.lower() not in BUILDERS:
+            raise DataLoadError(
+                f"--dataset {spec}: unknown file type {p.suffix!r}; use one of {', '.join(BUILDERS)} "
+                "or say the builder, e.g. text:PATH"
+            )
+        return BUILDERS[p.suffix.lower()], {"data_files": str(p), "split": "train"}
+    if p.is_dir():
+        return str(p), {"split": "train"}
+    name, _, split = spec.partition(":")
+    return name, {"split": split or "train"}
+
+
+def _dataset_texts(spec: str) -> Iterator[str]:
+    try:
+        import datasets
+    except ImportError as e:
+        raise DataLoadError("--dataset needs the 'datasets' package: pip install datasets") from e
+    name, kwargs = _dataset_source(spec)
+    try:
+        ds = datasets.load_dataset(name, streaming=True, **kwargs)
+        first = next(iter(ds), None)
+    except Exception as e:  # offline, unknown name, bad split, unreadable file: one clear line
+        why = str(e).strip().splitlines()[0][:200] if str(e).strip() else type(e).__name__
+        raise DataLoadError(
+            f"could not load dataset {spec!r} ({type(e).__name__}: {why}); offline? "
+            "give a local file (--dataset data.txt / data.jsonl) or use --file"
+        ) from e
+    if first is None:
+        raise DataLoadError(f"dataset {spec!r} has no rows")
+    cols = [c for c, v in first.items() if isinstance(v, str)]
+    if not cols:
+        raise DataLoadError(f"dataset {spec!r} has no text column (columns: {', '.join(first)})")
+    col = "text" if "text" in cols else cols[0]
+    return (row[col] for row in ds if isinstance(row.get(col), str) and row[col].strip())
+
+
+class TokenBatches:
+    """(batch, seq_len) blocks of real tokens (no padding), cut from a stream of texts as it comes.
+
+    Texts are tokenized one at a time and joined; full sequences are grouped
+    ``batch_size`` at a time; the remainder (shorter than seq_len) comes last as its own
+    (1, r) batch. At most ``max_tokens`` tokens are taken. After iterating,
+    ``n_tokens`` and ``n_unknown`` (tokens that became the tokenizer's unknown token) are set.
+
+    Args:
+        tokenizer: an HF tokenizer.
+        texts: any iterable of strings (consumed lazily).
+        max_tokens, seq_len, batch_size: positive integers.
+    """
+
+    def __init__(self, tokenizer, texts: Iterable[str], max_tokens: int, seq_len: int, batch_size: int):
+        for name, v in (("max_tokens", max_tokens), ("seq_len", seq_len), ("batch_size", batch_size)):
+            if not isinstance(v, int) or v < 1:
+                raise ValueError(f"{name} must be a positive integer, got {v!r}")
+        self.tokenizer, self.texts = tokenizer, texts
+        self.max_tokens, self.seq_len, self.batch_size = max_tokens, seq_len, batch_size
+        self.n_tokens = 0
+        self.n_unknown = 0
+        self._unk = _unknown_id(tokenizer)
+
+    def __iter__(self) -> Iterator[torch.Tensor]:
+        buf: list[int] = []  # tokens not yet in a batch: < batch_size * seq_len + one text
+        block = self.batch_size * self.seq_len
+        for t in self.texts:
+            ids = self.tokenizer(t, add_special_tokens=False)["input_ids"][: self.max_tokens - self.n_tokens]
+            self.n_tokens += len(ids)
+            if self._unk is not None:
+                self.n_unknown += sum(i == self._unk for i in ids)
+            buf.extend(ids)
+            while len(buf) >= block:
+                yield torch.tensor(buf[:block]).view(self.batch_size, self.seq_len)
+                del buf[:block]
+            if self.n_tokens >= self.max_tokens:
+                break
+        if not self.n_tokens:
+            raise DataLoadError("the text is empty after tokenization")
+        full = len(buf) // self.seq_len * self.seq_len
+        if full:
+            yield torch.tensor(buf[:full]).view(-1, self.seq_len)
+        if full < len(buf):
+            yield torch.tensor([buf[full:]])  # the remainder, as its own batch
+
+    def warn_unknown(self, what: str = "the text") -> None:
+        """Warn (UnknownTokenWarning) if any token became the tokenizer's unknown token."""
+        if self.n_unknown:
+            tok = self.tokenizer.unk_token
+            warnings.warn(
+                f"{self.n_unknown} of {self.n_tokens} tokens of {what} became {tok} (words missing from the "
+                f"tokenizer's vocabulary); they are measured as {tok}",
+                UnknownTokenWarning,
+                stacklevel=2,
+            )
+
+
+def _unknown_id(tokenizer) -> int | None:
+    """The unknown token's id, unless it doubles as a real special token (GPT-2's <|endoftext|>)."""
+    unk = getattr(tokenizer, "unk_token", None)
+    if unk is None or unk in {getattr(tokenizer, a, None) for a in ("eos_token", "bos_token", "pad_token")}:
+        return None
+    return tokenizer.convert_tokens_to_ids(unk)
+
+
+def make_batches(tokenizer, texts: Iterable[str], max_tokens: int, seq_len: int, batch_size: int) -> list[torch.Tensor]:
+    """All batches of ``TokenBatches`` as a list (for tests and small inputs)."""
+    return list(TokenBatches(tokenizer, texts, max_tokens, seq_len, batch_size))
