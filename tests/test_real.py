@@ -138,7 +138,9 @@ def test_random_targets_are_calibrated(smollm2, batch):
     share = float((df["p_null"] < 0.05).mean())
     binom = float((df["p_binom"] < 0.05).mean())
     se = math.sqrt(0.05 * 0.95 / n)
-    print(f"\n[smollm2 calibration] {n} (target, layer) pairs: p_null < 0.05 in {share:.3f}, p_binom < 0.05 in {binom:.3f}")
+    print(
+        f"\n[smollm2 calibration] {n} (target, layer) pairs: p_null < 0.05 in {share:.3f}, p_binom < 0.05 in {binom:.3f}"
+    )
     # the 20 targets share tokens, so pairs are not independent: allow 3 binomial SEs plus resolution
     assert share <= 0.05 + 3 * se + 0.02
     assert binom > 2 * share  # the binomial test against 0.5 is anti-conservative here
@@ -148,7 +150,9 @@ def test_lens_bridge_equals_hf(smollm2):
     lens = pytest.importorskip("transformer_lens")
     model, tok = smollm2
     try:
-        bridge = lens.TransformerBridge.boot_transformers("HuggingFaceTB/SmolLM2-135M-Instruct", hf_model=model, tokenizer=tok)
+        bridge = lens.TransformerBridge.boot_transformers(
+            "HuggingFaceTB/SmolLM2-135M-Instruct", hf_model=model, tokenizer=tok
+        )
     except Exception as e:  # noqa: BLE001 - report why the bridge cannot boot offline, not a pass
         pytest.fail(f"TransformerBridge cannot boot SmolLM2 offline: {type(e).__name__}: {e}")
     hf = eh.spectra(model, layers=[0, 29], cache=False)
