@@ -148,3 +148,26 @@ def contrast(model, tokenizer, pos_prompts: list[str], neg_prompts: list[str], l
     if not pos_prompts or not neg_prompts:
         raise ValueError("contrast needs at least one positive and one negative prompt")
     return _unit(mean_residual(pos_prompts) - mean_residual(neg_prompts), "contrast")
+
+
+def lm_head_looks_random(model) -> bool:
+    """Whether the LM head looks freshly initialised (untrained) rather than trained.
+
+    A matrix of i.i.d. entries (vocab V x d, q = d / V < 1) has all its singular values in
+    the Marchenko-Pastur band sigma sqrt(V) (1 ± sqrt(q)), so its condition number is near
+    (1 + sqrt(q)) / (1 - sqrt(q)); trained unembeddings are far more anisotropic (a common
+    direction, frequency structure). The head counts as random when its condition number
+    is within 1.5x of that bound. A model without a head returns False.
+    """
+    W = get_adapter(model).unembedding()  # raw: a trained final norm's scale must not hide a random head
+    if W is None or W.dim() != 2:
+        return False
+    W = W.detach().to("cpu", torch.float64)
+    V, d = W.shape
+    if V <= d:
+        return False
+    s = torch.linalg.svdvals(W)
+    if not float(s[-1]) > 0:
+        return False
+    q = (d / V) ** 0.5
+    return float(s[0] / s[-1]) < 1.5 * (1 + q) / (1 - q)
