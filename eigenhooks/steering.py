@@ -30,7 +30,7 @@ log = logging.getLogger(__name__)
 METHODS = ("exact", "paper")
 MODES = ("edit", "hook")
 DEFAULT_GAP_RATIO = 0.1
-N_CALIBRATION = (4, 32)  # random calibration sequences x tokens when none are given
+N_CALIBRATION = (4, 32)  # sequences x tokens the model samples for calibration when none are given
 _EDITING: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # o_proj -> the Steer editing it
 
 
@@ -109,12 +109,28 @@ def _vocab_size(model) -> int:
     return int(n)
 
 
+@torch.no_grad()
+def sample_tokens(model, shape=N_CALIBRATION, seed: int = 0) -> torch.Tensor:
+    """Token ids (batch, seq) sampled from the model itself, seeded: its own typical text.
+
+    Each sequence starts from a seeded random token; the rest is sampled at temperature 1
+    from the model's next-token distribution (full forwards, no cache: HF and lens alike).
+    """
+    g = torch.Generator().manual_seed(seed)
+    dev = next(model.parameters()).device
+    ids = torch.randint(0, _vocab_size(model), (shape[0], 1), generator=g)
+    for _ in range(shape[1] - 1):
+        out = model(ids.to(dev))
+        logits = (out.logits if hasattr(out, "logits") else out)[:, -1].to("cpu", torch.float64)
+        nxt = torch.multinomial(torch.softmax(logits, -1), 1, generator=g)  # (batch, 1)
+        ids = torch.cat([ids, nxt], 1)
+    return ids
+
+
 def _calibration_inputs(model, calibration):
-    """(args, kwargs, mask) for the calibration forward; seeded random tokens when None."""
+    """(args, kwargs, mask) for the calibration forward; the model's own samples when None."""
     if calibration is None:
-        g = torch.Generator().manual_seed(0)
-        ids = torch.randint(0, _vocab_size(model), N_CALIBRATION, generator=g)
-        return (ids,), {}, None
+        return (sample_tokens(model),), {}, None
     if isinstance(calibration, torch.Tensor):
         if calibration.dtype != torch.long or calibration.dim() != 2:
             raise ValueError(
@@ -444,7 +460,7 @@ def steer(
         signed: choose the read-out so the typical token is pushed toward +u (default for
             'exact'; the paper's construction is symmetric).
         calibration: token ids (batch, seq) or a tokenizer batch whose heads' outputs set the
-            signed read-out; default: 4 seeded random sequences of 32 tokens.
+            signed read-out; default: 4 sequences of 32 tokens sampled from the model (seeded).
 
     Returns:
         A Steer, to use as a context manager (once at a time).

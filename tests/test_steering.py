@@ -103,6 +103,29 @@ def test_signed_readout_pushes_calibration_tokens_toward_plus_u(gpt2):
         assert s0.calibration_positive is None and not torch.allclose(s0.change.b, b)
 
 
+def test_default_raises_the_token_on_zoo_gpt2(gpt2):
+    """The defaults (exact, signed from the model's own samples, gap 0.1) raise p(' return');
+    the unsigned and paper constructions lower it here (the issue's complaint)."""
+    model, tok = gpt2
+    u = eh.direction.token(model, tok, " return")
+    t = eh.direction.token_id(tok, " return")
+    prompts = ["def f(x):\n    y = x + 1\n   ", "if x > 0:\n       ", "def g(a, b):\n    c = a * b\n   "]
+
+    @torch.no_grad()
+    def probs():
+        return torch.tensor(
+            [float(torch.softmax(model(**tok(p, return_tensors="pt")).logits[0, -1], -1)[t]) for p in prompts]
+        )
+
+    plain = probs()
+    got = {}
+    for name, kw in {"default": {}, "unsigned": {"signed": False}, "paper": {"method": "paper"}}.items():
+        with eh.steer(model, u, **kw):
+            got[name] = probs()
+    assert (got["default"] > plain).all()
+    assert (got["unsigned"] < plain).any() and (got["paper"] < plain).any()
+
+
 @pytest.mark.parametrize("family", ["gpt2", "llama", "bert"])
 @pytest.mark.parametrize("method", ["exact", "paper"])
 def test_edit_and_hook_agree_and_restore_bit_exactly(family, method):
