@@ -248,10 +248,14 @@ def steer(
     model: ModelArg = "gpt2-tiny",
     toward: Annotated[str, typer.Option(help="a token (e.g. ' return') or a .npy file with a unit vector")] = " return",
     prompt: Annotated[list[str] | None, typer.Option(help="prompt(s); repeat the flag for several")] = None,
-    gap_ratio: Annotated[float | None, typer.Option(help="solve alpha for this gap ratio")] = None,
-    alpha: Annotated[float | None, typer.Option(help="size of the rank-1 change")] = None,
+    gap_ratio: Annotated[float | None, typer.Option(help="the steered layer's gap ratio (default 0.1)")] = None,
+    alpha: Annotated[float | None, typer.Option(help="strength on the paper's scale, instead of --gap-ratio")] = None,
     layer: Annotated[int, typer.Option(help="attention layer (default the last)")] = -1,
     mode: Annotated[str, typer.Option(help="edit or hook")] = "edit",
+    method: Annotated[str, typer.Option(help="exact (F'u = lambda u) or paper (O + alpha u w^T)")] = "exact",
+    symmetric: Annotated[
+        bool, typer.Option("--symmetric", help="no signed read-out (push by the sign of V u . z)")
+    ] = False,
     top_k: Annotated[int, typer.Option(help="next tokens to show")] = 5,
     allow_shared: Annotated[bool, typer.Option("--allow-shared", help="steer a shared-weight layer")] = False,
     debug: DebugOpt = False,
@@ -264,42 +268,51 @@ def steer(
         from . import direction as _direction
         from . import steer as _steer
         from .models.loading import load_model
+        from .steering import check_strength
 
-        if alpha is None and gap_ratio is None:
-            gap_ratio = 0.1
+        alpha, gap_ratio = check_strength(alpha, gap_ratio)  # before loading: a bad strength is no weight error
         m, tok = load_model(model)
+        vocab = int(m.get_output_embeddings().weight.shape[0]) if m.get_output_embeddings() is not None else 0
+        if not 1 <= top_k <= vocab:
+            raise ValueError(f"--top-k must be in [1, {vocab}] (the vocabulary size), got {top_k}")
         if toward.endswith(".npy"):
-            u = torch.from_numpy(np.load(toward)).double()
+            u, target = torch.from_numpy(np.load(toward)).double(), None
         else:
-            u = _direction.token(m, tok, toward)
+            u, target = _direction.token(m, tok, toward), _direction.token_id(tok, toward)
+        random_head = _direction.lm_head_looks_random(m)
         prompts = prompt or ["def f(x):\n    y = x + 1\n   "]
         batch = tok(prompts[:1], return_tensors="pt")
         with torch.no_grad():
             before = torch.softmax(m(**batch).logits[0, -1].double(), -1)
-        target = None if toward.endswith(".npy") else tok(toward, add_special_tokens=False)["input_ids"][0]
-        with _steer(m, u, layer=layer, alpha=alpha, gap_ratio=gap_ratio, mode=mode, allow_shared=allow_shared) as s:
+        kw = dict(layer=layer, alpha=alpha, gap_ratio=gap_ratio, mode=mode, allow_shared=allow_shared)
+        with _steer(m, u, method=method, signed=False if symmetric else None, **kw) as s:
             with torch.no_grad():
                 after = torch.softmax(m(**batch).logits[0, -1].double(), -1)
-            rep = s.report(target_token=target)
+            rep = s.report(target_token=None if random_head else target)
     except Exception as e:
         _fail(e, debug)
         return
-    rows = []
     pb, ib = before.topk(top_k)
     pa, ia = after.topk(top_k)
-    for i in range(top_k):
-        rows.append(
-            [
-                i + 1,
-                repr(tok.decode([int(ib[i])])),
-                f"{float(pb[i]):.3f}",
-                repr(tok.decode([int(ia[i])])),
-                f"{float(pa[i]):.3f}",
-            ]
+    rows = [
+        [
+            i + 1,
+            repr(tok.decode([int(ib[i])])),
+            f"{float(pb[i]):.3f}",
+            repr(tok.decode([int(ia[i])])),
+            f"{float(pa[i]):.3f}",
+        ]
+        for i in range(top_k)
+    ]
+    if random_head:
+        typer.echo(
+            f"note: {model}'s LM head looks randomly initialised (isotropic spectrum): token probabilities mean nothing"
         )
-    _emit(f"{model}: next token for {prompts[0]!r}", ["#", "before", "p", "after", "p"], rows, False, [])
+    else:
+        _emit(f"{model}: next token for {prompts[0]!r}", ["#", "before", "p", "after", "p"], rows, False, [])
     typer.echo(
-        f"layer {rep.layer}: alpha {rep.alpha:.3f}; lambda_1 {_c(rep.lambda_1_before)} -> {_c(rep.lambda_1)}, "
+        f"layer {rep.layer} ({rep.method}{', signed' if rep.signed else ''}): alpha {rep.alpha:.3f}; "
+        f"lambda_1 {_c(rep.lambda_1_before)} -> {_c(rep.lambda_1)}, "
         f"gap ratio {rep.gap_ratio_before:.3f} -> {rep.gap_ratio:.3f}, cos(v1', u) {rep.cos_v1_u:.4f}"
     )
     typer.echo(f"final residuals' mean |cos| with u: {rep.alignment_before:.3f} -> {rep.alignment_after:.3f}")

@@ -1,13 +1,26 @@
-"""Directions to steer toward: a token's unembedding direction, or a contrast of prompts.
+"""Directions to steer toward: a token's direction in the residual stream, or a contrast of prompts.
 
-Both return unit float64 vectors in the residual stream (width d_model).
+All return unit float64 vectors in the residual stream (width d_model).
+
+A token's *logit* direction (its unembedding row, with the final norm's scale folded in)
+is not the direction that makes the token *likely*: on SmolLM2 the residual along
+" Paris"'s row makes '<filename>' the top token, because rows with large norms and a
+share of the unembedding's common direction win the softmax. ``token`` therefore
+returns, by default, the direction of the final normalised residual that maximises the
+token's probability (``objective="probability"``); ``objective="logit"`` gives the row.
 """
 
 from __future__ import annotations
 
+import logging
+import math
+
 import torch
 
 from .models import get_adapter
+
+log = logging.getLogger(__name__)
+OBJECTIVES = ("probability", "logit")
 
 
 def _unit(v: torch.Tensor, what: str) -> torch.Tensor:
@@ -17,35 +30,97 @@ def _unit(v: torch.Tensor, what: str) -> torch.Tensor:
     return v / n
 
 
-def token(model, tokenizer, text: str) -> torch.Tensor:
-    """The residual direction that raises ``text``'s (first) token logit most.
+def scaled_unembedding(model) -> torch.Tensor:
+    """W' (vocab, d), float32: the unembedding with the final norm's scale folded in.
 
-    logits = W_U (w * x_hat + b), so with the final norm's scale w the direction in the
-    normalised residual is w * W_U[t]; it is the unembedding row with the norm's scale
-    taken into account.
+    logits = W_U (w * x_hat) (+ bias), so W' = W_U diag(w) maps the normalised final
+    residual x_hat to the logits.
 
     Raises:
-        ValueError: the text is no token, or the model has no unembedding in d_model.
+        ValueError: the model has no unembedding of width d_model.
     """
     ad = get_adapter(model)
+    W_U = ad.unembedding()
+    if W_U is None or W_U.dim() != 2 or W_U.shape[1] != ad.d_model:
+        got = None if W_U is None else tuple(W_U.shape)
+        raise ValueError(
+            f"{ad.family}: expected an unembedding (vocab, d_model={ad.d_model}), got {got}; "
+            "load the model with its LM head (e.g. AutoModelForCausalLM) to take a token direction"
+        )
+    W = W_U.detach().to("cpu", torch.float32)
+    w = getattr(ad.final_norm(), "weight", None)
+    if w is not None:
+        W = W * w.detach().to("cpu", torch.float32)
+    return W
+
+
+def token_id(tokenizer, text: str) -> int:
+    """The (first) token id of ``text``; a warning if it is several tokens.
+
+    Raises:
+        ValueError: ``text`` encodes to no token.
+    """
     ids = tokenizer(text, add_special_tokens=False)["input_ids"]
     if not ids:
-        raise ValueError(f"{text!r} encodes to no token")
+        raise ValueError(f"{text!r} encodes to no token; pass a non-empty token such as ' Paris'")
     if len(ids) > 1:
-        import logging
+        log.warning("%r is %d tokens; using the first, %r", text, len(ids), tokenizer.decode(ids[:1]))
+    return int(ids[0])
 
-        logging.getLogger(__name__).warning(
-            "%r is %d tokens; using the first, %r", text, len(ids), tokenizer.decode(ids[:1])
-        )
-    W_U = ad.unembedding()
-    if W_U is None or W_U.shape[1] != ad.d_model:
-        raise ValueError(f"{ad.family}: no unembedding of width d_model={ad.d_model} to take a token direction from")
-    u = W_U[ids[0]].detach().to("cpu", torch.float64)
-    norm = ad.final_norm()
-    w = getattr(norm, "weight", None)
-    if w is not None:
-        u = u * w.detach().to("cpu", torch.float64)
-    return _unit(u, f"token {text!r}")
+
+def probability_direction(W: torch.Tensor, t: int, steps: int = 200, target: float = 0.99) -> torch.Tensor:
+    """The unit x maximising softmax(W (sqrt(d) x))[t], by Adam on the sphere.
+
+    The scale sqrt(d) is that of an RMS-normalised residual. Starts from the centred row
+    W[t] - mean(W) and stops once p_t >= target; deterministic.
+
+    Args:
+        W: (vocab, d) scaled unembedding. t: token id.
+
+    Returns:
+        (d,) float64 unit vector.
+    """
+    d = W.shape[1]
+    x = (W[t] - W.mean(0)).clone().requires_grad_(True)  # (d,)
+    opt = torch.optim.Adam([x], lr=0.05)
+    for _ in range(steps):
+        log_p = torch.log_softmax(W @ (x * d**0.5 / x.norm()), -1)[t]
+        if float(log_p.detach()) >= math.log(target):
+            break
+        opt.zero_grad()
+        (-log_p).backward()
+        opt.step()
+    return _unit(x.detach().to(torch.float64), f"token {t}")
+
+
+def token(model, tokenizer, text: str, objective: str = "probability") -> torch.Tensor:
+    """The residual direction toward ``text``'s (first) token.
+
+    Args:
+        objective: 'probability' (default): the direction of the normalised final residual
+            that makes the token most probable (see ``probability_direction``);
+            'logit': the direction that raises its logit most, the unembedding row times
+            the final norm's scale.
+
+    Returns:
+        (d,) float64 unit vector.
+
+    Raises:
+        ValueError: unknown objective, the text is no token, or the model has no unembedding.
+
+    Example:
+        >>> u = eh.direction.token(model, tok, " Paris")  # doctest: +SKIP
+    """
+    if objective not in OBJECTIVES:
+        raise ValueError(f"objective must be one of {OBJECTIVES}, got {objective!r}")
+    t = token_id(tokenizer, text)
+    W = scaled_unembedding(model)
+    if not 0 <= t < W.shape[0]:
+        raise ValueError(f"token id {t} of {text!r} is outside the unembedding's {W.shape[0]} rows")
+    if objective == "logit":
+        return _unit(W[t].to(torch.float64), f"token {text!r}")
+    with torch.enable_grad():
+        return probability_direction(W, t)
 
 
 @torch.no_grad()
@@ -73,3 +148,26 @@ def contrast(model, tokenizer, pos_prompts: list[str], neg_prompts: list[str], l
     if not pos_prompts or not neg_prompts:
         raise ValueError("contrast needs at least one positive and one negative prompt")
     return _unit(mean_residual(pos_prompts) - mean_residual(neg_prompts), "contrast")
+
+
+def lm_head_looks_random(model) -> bool:
+    """Whether the LM head looks freshly initialised (untrained) rather than trained.
+
+    A matrix of i.i.d. entries (vocab V x d, q = d / V < 1) has all its singular values in
+    the Marchenko-Pastur band sigma sqrt(V) (1 ± sqrt(q)), so its condition number is near
+    (1 + sqrt(q)) / (1 - sqrt(q)); trained unembeddings are far more anisotropic (a common
+    direction, frequency structure). The head counts as random when its condition number
+    is within 1.5x of that bound. A model without a head returns False.
+    """
+    W = get_adapter(model).unembedding()  # raw: a trained final norm's scale must not hide a random head
+    if W is None or W.dim() != 2:
+        return False
+    W = W.detach().to("cpu", torch.float64)
+    V, d = W.shape
+    if V <= d:
+        return False
+    s = torch.linalg.svdvals(W)
+    if not float(s[-1]) > 0:
+        return False
+    q = (d / V) ** 0.5
+    return float(s[0] / s[-1]) < 1.5 * (1 + q) / (1 - q)

@@ -1,44 +1,41 @@
 """Rank-1 steering of a layer's output matrix toward a chosen direction, reversibly.
 
-O_L' = O_L + alpha u w^T with w = V_L u / ||V_L u|| (V_L the per-head value projections
-stacked, grouped values repeated per head), so F' = F + alpha u (V_L^T w)^T and
-F' u = F u + alpha ||V_L u|| u: for large alpha, u becomes the principal eigenvector of F'
-and the gap grows with alpha (DESIGN.md §1, steering).
+The default (``method="exact"``) changes O_L by ΔO = (lambda u - F u) bᵀ with bᵀ V u = 1,
+so u is an exact eigenvector of F' = O' V, with lambda set by the requested gap ratio
+(cos(v_1', u) = 1 up to rounding). Its read-out b is chosen from calibration data so
+that the typical token is pushed toward +u, not -u (``signed``). ``method="paper"`` is
+Li & Altafini's O' = O + alpha u wᵀ, w = V u / ||V u||, symmetric in ±u. The algebra is in
+``rank1.py``; the construction is explained in docs/steering.md.
 
-Two modes give the same outputs: ``edit`` adds the term to the output projection's weight
-and restores the saved weight bit-exactly on exit; ``hook`` adds alpha u (w . z) to the
-projection's output from its input z, through a forward hook, and never touches weights.
+Two modes give the same outputs: ``edit`` adds ΔO to the output projection's weight and
+restores the saved weight bit-exactly on exit (also after an exception); ``hook`` adds
+a (bᵀ z) to the projection's output from its input z and never touches weights.
 """
 
 from __future__ import annotations
 
 import logging
+import math
+import weakref
 from dataclasses import dataclass
 
 import torch
 
+from . import rank1
 from .models import Adapter, UnsupportedModelError, get_adapter
+from .models.base import StopForward
 from .spectrum import Factors, layer_spectrum
 
 log = logging.getLogger(__name__)
+METHODS = ("exact", "paper")
+MODES = ("edit", "hook")
+DEFAULT_GAP_RATIO = 0.1
+N_CALIBRATION = (4, 32)  # sequences x tokens the model samples for calibration when none are given
+_EDITING: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # o_proj -> the Steer editing it
 
 
 def _is_conv1d(module) -> bool:
     return type(module).__name__ == "Conv1D"  # GPT-2 stores (in, out)
-
-
-def value_stack(factors: Factors) -> torch.Tensor:
-    """V_L (H*d_head, d), float64: each head's value projection (its group's, under GQA)."""
-    V = factors.V_groups.detach().to("cpu", torch.float64)[factors.group_of_head.cpu()]  # (H, d_head, d)
-    return V.reshape(-1, V.shape[-1])
-
-
-def steered_factors(factors: Factors, u: torch.Tensor, w: torch.Tensor, alpha: float) -> Factors:
-    """Factors of F' = (O + alpha u w^T) V; w (H*d_head,) split into heads."""
-    H, d, dh = factors.O_heads.shape
-    O = factors.O_heads.detach().to("cpu", torch.float64) + alpha * u[None, :, None] * w.reshape(H, 1, dh)
-    V = factors.V_groups.detach().to("cpu", torch.float64)
-    return Factors(O, V, factors.group_of_head)
 
 
 def check_direction(u, d: int) -> torch.Tensor:
@@ -47,17 +44,41 @@ def check_direction(u, d: int) -> torch.Tensor:
     if u.dim() != 1 or u.shape[0] != d:
         raise ValueError(f"direction must be a vector of the model's width d={d}, got shape {tuple(u.shape)}")
     if not torch.isfinite(u).all():
-        raise ValueError("direction has non-finite entries")
+        raise ValueError("direction has non-finite entries; pass a finite unit vector")
     n = float(torch.linalg.vector_norm(u))
     if n == 0:
-        raise ValueError("direction is the zero vector")
+        raise ValueError("direction is the zero vector; pass a unit vector")
     if abs(n - 1) > 1e-3:
         raise ValueError(f"direction must be a unit vector, got norm {n:.4g}; pass u / u.norm()")
     return u / n
 
 
+def check_strength(alpha, gap_ratio) -> tuple[float | None, float | None]:
+    """Validate (alpha, gap_ratio); neither given means gap_ratio = 0.1.
+
+    Raises:
+        ValueError: both given, alpha not finite, or gap_ratio outside (0, 1).
+    """
+    if alpha is not None and gap_ratio is not None:
+        raise ValueError(f"give exactly one of alpha and gap_ratio, got alpha={alpha} and gap_ratio={gap_ratio}")
+    if alpha is None and gap_ratio is None:
+        gap_ratio = DEFAULT_GAP_RATIO
+    if alpha is not None and not math.isfinite(float(alpha)):
+        raise ValueError(f"alpha must be a finite number, got {alpha}; e.g. alpha=5.0, or use gap_ratio")
+    if gap_ratio is not None and not 0 < float(gap_ratio) < 1:
+        raise ValueError(f"gap_ratio must be in (0, 1), got {gap_ratio}")
+    return (None if alpha is None else float(alpha)), (None if gap_ratio is None else float(gap_ratio))
+
+
 @dataclass
 class SteerReport:
+    """What a steering did: the steered layer's spectrum and, after a run, its effect.
+
+    alignment_*: mean |cos| of the last block's outputs with u; prob_*: next-token
+    probability of a target token at the last position; both for the last run inside the
+    block, unsteered (before) and steered (after).
+    """
+
     layer: int
     alpha: float
     lambda_1: complex
@@ -65,71 +86,187 @@ class SteerReport:
     cos_v1_u: float
     lambda_1_before: complex
     gap_ratio_before: float
+    method: str = "exact"
+    signed: bool = True
+    lam: float | None = None
+    calibration_positive: float | None = None  # share of calibration tokens pushed toward +u
     alignment_before: float | None = None
     alignment_after: float | None = None
     prob_before: float | None = None
     prob_after: float | None = None
 
 
+def _vocab_size(model) -> int:
+    emb = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
+    if emb is not None:
+        return int(emb.num_embeddings)
+    n = getattr(getattr(model, "cfg", None), "d_vocab", None)
+    if n is None:
+        raise UnsupportedModelError(
+            f"{type(model).__name__}: cannot tell its vocabulary size for random calibration tokens; "
+            "pass calibration=input_ids"
+        )
+    return int(n)
+
+
+@torch.no_grad()
+def sample_tokens(model, shape=N_CALIBRATION, seed: int = 0) -> torch.Tensor:
+    """Token ids (batch, seq) sampled from the model itself, seeded: its own typical text.
+
+    Each sequence starts from a seeded random token; the rest is sampled at temperature 1
+    from the model's next-token distribution (full forwards, no cache: HF and lens alike).
+    """
+    g = torch.Generator().manual_seed(seed)
+    dev = next(model.parameters()).device
+    ids = torch.randint(0, _vocab_size(model), (shape[0], 1), generator=g)
+    for _ in range(shape[1] - 1):
+        out = model(ids.to(dev))
+        logits = (out.logits if hasattr(out, "logits") else out)[:, -1].to("cpu", torch.float64)
+        nxt = torch.multinomial(torch.softmax(logits, -1), 1, generator=g)  # (batch, 1)
+        ids = torch.cat([ids, nxt], 1)
+    return ids
+
+
+def _calibration_inputs(model, calibration):
+    """(args, kwargs, mask) for the calibration forward; the model's own samples when None."""
+    if calibration is None:
+        return (sample_tokens(model),), {}, None
+    if isinstance(calibration, torch.Tensor):
+        if calibration.dtype != torch.long or calibration.dim() != 2:
+            raise ValueError(
+                f"calibration must be token ids (batch, seq) of dtype long, got {calibration.dtype} "
+                f"{tuple(calibration.shape)}; or a tokenizer batch (dict)"
+            )
+        return (calibration,), {}, None
+    if hasattr(calibration, "keys"):
+        return (), dict(calibration), calibration.get("attention_mask")
+    raise ValueError(f"calibration must be token ids or a tokenizer batch (dict), got {type(calibration).__name__}")
+
+
+@torch.no_grad()
+def value_activations(adapter: Adapter, o_proj, calibration=None) -> torch.Tensor:
+    """The heads' outputs z (tokens, H*d_head) entering ``o_proj`` on calibration inputs, float64.
+
+    The forward stops at ``o_proj`` (later layers do not run). Padding is left out.
+    """
+    model = adapter.model
+    args, kwargs, mask = _calibration_inputs(model, calibration)
+    dev = next(model.parameters()).device
+    args = tuple(a.to(dev) for a in args)
+    kwargs = {k: (v.to(dev) if isinstance(v, torch.Tensor) else v) for k, v in kwargs.items()}
+    got = {}
+
+    def grab(module, inputs):
+        got["z"] = inputs[0].detach()
+        raise StopForward
+
+    h = o_proj.register_forward_pre_hook(grab)
+    try:
+        model(*args, **kwargs)
+    except StopForward:
+        pass
+    finally:
+        h.remove()
+    if "z" not in got:
+        raise UnsupportedModelError(f"{adapter.family}: the calibration forward never reached the output projection")
+    z = got["z"].to("cpu", torch.float64)  # (batch, seq, H*d_head)
+    if mask is not None:
+        return z[mask.to("cpu").bool()]
+    return z.reshape(-1, z.shape[-1])
+
+
 class Steer:
     """Context manager made by ``eigenhooks.steer``; see there."""
 
     def __init__(
-        self, model, direction, layer=-1, alpha=None, gap_ratio=None, mode="edit", allow_shared=False, rank="modulus"
+        self,
+        model,
+        direction,
+        layer=-1,
+        alpha=None,
+        gap_ratio=None,
+        mode="edit",
+        allow_shared=False,
+        rank="modulus",
+        method="exact",
+        signed=None,
+        calibration=None,
     ):
-        if mode not in ("edit", "hook"):
-            raise ValueError(f"mode must be 'edit' or 'hook', got {mode!r}")
-        if (alpha is None) == (gap_ratio is None):
-            raise ValueError("give exactly one of alpha and gap_ratio")
-        if gap_ratio is not None and not 0 < gap_ratio < 1:
-            raise ValueError(f"gap_ratio must be in (0, 1), got {gap_ratio}")
+        if mode not in MODES:
+            raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
+        if method not in METHODS:
+            raise ValueError(f"method must be one of {METHODS}, got {method!r}")
+        if method == "paper" and signed:
+            raise ValueError("the paper's construction is symmetric in ±u by definition; use method='exact' for signed")
+        alpha, gap_ratio = check_strength(alpha, gap_ratio)
         self.adapter: Adapter = get_adapter(model)
+        self.layer = self._check_layer(layer, allow_shared)
+        self.mode, self.rank, self.method = mode, rank, method
+        self.signed = (method == "exact") if signed is None else bool(signed)
+        self.o_proj = self.adapter.layers[self.layer].o_proj
+        self.factors: Factors = self.adapter.factors(self.layer)
+        self.u = check_direction(direction, self.adapter.d_model)
+        self.before = layer_spectrum(self.factors, layer=self.layer, rank=rank)
+        self.calibration_positive = None
+        self.change = self._construct(alpha, gap_ratio, calibration)
+        self.alpha = self.change.alpha
+        self.after = layer_spectrum(rank1.steered_factors(self.factors, self.change), layer=self.layer, rank=rank)
+        self._saved = self._edited = None
+        self._handles: list = []
+        self._active = False
+        self._last_call = self._last_out = self._final = None
+
+    def _check_layer(self, layer: int, allow_shared: bool) -> int:
         ad = self.adapter
         n = ad.n_layers
         if not -n <= layer < n:
             raise IndexError(f"layer {layer} is out of range for a model with {n} attention layers")
-        self.layer = layer % n
-        self.mode, self.rank = mode, rank
-        ly = ad.layers[self.layer]
-        shared = next(g for g in ad.shared_groups() if self.layer in g)
+        layer %= n
+        shared = next(g for g in ad.shared_groups() if layer in g)
         if len(shared) > 1 and not allow_shared:
             raise ValueError(
-                f"layer {self.layer} shares its weights with layers {shared}: steering it changes all of them. "
+                f"layer {layer} shares its weights with layers {shared}: steering it changes all of them. "
                 "Pass allow_shared=True to do it anyway."
             )
         self.shared_with = shared
-        if ly.o_proj is None:
-            raise UnsupportedModelError(f"{ad.family}: no output projection module known for layer {self.layer}")
-        self.o_proj = ly.o_proj
-        self.factors = ad.factors(self.layer)
-        self.u = check_direction(direction, ad.d_model)
-        V = value_stack(self.factors)
+        if ad.layers[layer].o_proj is None:
+            raise UnsupportedModelError(f"{ad.family}: no output projection module known for layer {layer}")
+        return layer
+
+    def _construct(self, alpha, gap_ratio, calibration) -> rank1.Rank1:
+        """The rank-1 change ΔO = a bᵀ for the requested method and strength."""
+        V = rank1.value_stack(self.factors)
         Vu = V @ self.u
         norm_vu = float(torch.linalg.vector_norm(Vu))
-        scale = float(torch.linalg.matrix_norm(V, 2))
-        if norm_vu < 1e-6 * max(scale, 1e-30):
+        if norm_vu < 1e-6 * max(float(torch.linalg.matrix_norm(V, 2)), 1e-30):
             raise ValueError(
-                f"V u is ~0 at layer {self.layer} (||V u|| = {norm_vu:.3g}): the rank-1 change cannot make u principal"
+                f"V u is ~0 at layer {self.layer} (||V u|| = {norm_vu:.3g}): no rank-1 change of O can make u "
+                "an eigenvector there; steer another layer or another direction"
             )
-        self.w = Vu / norm_vu
         self.norm_vu = norm_vu
-        self.before = layer_spectrum(self.factors, layer=self.layer, rank=rank)
-        self.alpha = float(alpha) if alpha is not None else self._solve_alpha(gap_ratio)
-        self.after = layer_spectrum(
-            steered_factors(self.factors, self.u, self.w, self.alpha), layer=self.layer, rank=rank
-        )
-        self._saved = None
-        self._handles = []
-        self._last_call = None
-        self._last_out = None
+        if self.method == "paper":
+            return rank1.paper(self.factors, self.u, alpha if alpha is not None else self._solve_alpha(gap_ratio))
+        z_mean = None
+        if self.signed:
+            Z = value_activations(self.adapter, self.o_proj, calibration)  # (tokens, H*d_head)
+            z_mean = Z.mean(0)
+        b = rank1.free_vector(Vu, z_mean)
+        if self.signed:
+            self.calibration_positive = float((Z @ b > 0).double().mean())
+        if gap_ratio is not None:
+            lam = rank1.lambda_for_gap(rank1.quotient_eigenvalues(self.factors, self.u, b), gap_ratio, self.rank)
+        else:
+            lam = rank1.lambda_for_alpha(self.factors, self.u, alpha)
+        return rank1.exact(self.factors, self.u, b, lam, self.signed)
 
     def _solve_alpha(self, target: float) -> float:
-        """Smallest alpha >= 0 whose steered gap ratio (with u principal) reaches target, by bisection."""
+        """Paper method: the smallest alpha >= 0 whose gap ratio (u principal) reaches target, by bisection."""
 
         def gap(a):
-            s = layer_spectrum(steered_factors(self.factors, self.u, self.w, a), rank=self.rank)
-            cos = float((s.basis.T @ self.u).norm())
-            return s.gap_ratio if cos > 0.9 else 1.0
+            s = layer_spectrum(
+                rank1.steered_factors(self.factors, rank1.paper(self.factors, self.u, a)), rank=self.rank
+            )
+            return s.gap_ratio if float((s.basis.T @ self.u).norm()) > 0.9 else 1.0
 
         hi = max(abs(self.before.lambda_1), 1e-3) / (target * self.norm_vu)
         for _ in range(60):
@@ -137,7 +274,7 @@ class Steer:
                 break
             hi *= 2
         else:
-            raise RuntimeError(f"no alpha up to {hi:.3g} reaches gap ratio {target}")
+            raise RuntimeError(f"no alpha up to {hi:.3g} reaches gap ratio {target}; pass alpha instead")
         lo = 0.0
         for _ in range(40):
             mid = 0.5 * (lo + hi)
@@ -148,6 +285,16 @@ class Steer:
 
     # ---- lifecycle ----
     def __enter__(self) -> Steer:
+        if self._active:
+            raise RuntimeError(
+                f"this Steer of layer {self.layer} is already active; exit it before entering it again "
+                "(nothing was changed)"
+            )
+        if self.mode == "edit" and self.o_proj in _EDITING:
+            raise RuntimeError(
+                f"layer {self.layer}'s output projection is already edited by another active Steer; exit that "
+                "one first, or use mode='hook' to stack steerings (nothing was changed)"
+            )
         try:
             if self.mode == "edit":
                 self._edit()
@@ -155,43 +302,58 @@ class Steer:
         except BaseException:
             self._undo()  # all-or-nothing
             raise
+        self._active = True
         return self
-
-    def _register(self) -> None:
-        if self.mode == "hook":
-            self._handles.append(self.o_proj.register_forward_hook(self._hook))
-        self._handles.append(self.adapter.model.register_forward_pre_hook(self._remember, with_kwargs=True))
-        self._handles.append(self.adapter.model.register_forward_hook(self._capture_output))
-        self._handles.append(self.adapter.layers[-1].block.register_forward_hook(self._capture_final))
 
     def __exit__(self, *exc) -> None:
         self._undo()
 
-    def _undo(self) -> None:
+    def _register(self) -> None:
+        if self.mode == "hook":
+            self._handles.append(self.o_proj.register_forward_hook(self._hook))
+        model = self.adapter.model
+        self._handles.append(model.register_forward_pre_hook(self._remember, with_kwargs=True))
+        self._handles.append(model.register_forward_hook(self._capture_output))
+        self._handles.append(self.adapter.layers[-1].block.register_forward_hook(self._capture_final))
+
+    def _remove_hooks(self) -> None:
         for h in self._handles:
             h.remove()
         self._handles = []
+
+    def _undo(self) -> None:
+        self._remove_hooks()
         if self._saved is not None:
+            W = self.o_proj.weight
+            if not torch.equal(W.detach(), self._edited):
+                log.warning(
+                    "layer %d's output projection changed while steered; restoring the saved weight", self.layer
+                )
             with torch.no_grad():
-                self.o_proj.weight.copy_(self._saved)  # bit-exact: the saved tensor itself
-            self._saved = None
+                W.copy_(self._saved)  # bit-exact: the saved tensor itself
+            self._saved = self._edited = None
+        if _EDITING.get(self.o_proj) is self:
+            del _EDITING[self.o_proj]
+        self._active = False
 
     def _delta(self, like: torch.Tensor) -> torch.Tensor:
-        """alpha u w^T in the layout of the projection's weight."""
-        D = self.alpha * torch.outer(self.u, self.w)  # (d, H*d_head)
+        """ΔO = a bᵀ in the layout of the projection's weight."""
+        D = self.change.matrix()  # (d, H*d_head)
         return (D.T if _is_conv1d(self.o_proj) else D).to(like.device, like.dtype)
 
     def _edit(self) -> None:
         W = self.o_proj.weight
         self._saved = W.detach().clone()
+        _EDITING[self.o_proj] = self
         with torch.no_grad():
             W.add_(self._delta(W))
+        self._edited = W.detach().clone()
 
     def _hook(self, module, args, output):
         z = args[0]  # (..., H*d_head): the heads' outputs entering the projection
-        w = self.w.to(z.device, z.dtype)
-        u = self.u.to(z.device, z.dtype)
-        return output + self.alpha * (z @ w)[..., None] * u
+        a = self.change.a.to(z.device, z.dtype)
+        b = self.change.b.to(z.device, z.dtype)
+        return output + (z @ b)[..., None] * a
 
     def _remember(self, module, args, kwargs):
         self._last_call = (args, kwargs)
@@ -205,16 +367,15 @@ class Steer:
 
     # ---- report ----
     def _rerun_unsteered(self):
+        """The last steered call, run again with the steering off (then on again)."""
         args, kwargs = self._last_call
-        for h in self._handles:
-            h.remove()
-        self._handles = []
+        self._remove_hooks()
         was_edit = self._saved is not None
         if was_edit:
             with torch.no_grad():
                 self.o_proj.weight.copy_(self._saved)
+        hold = {}
         try:
-            hold = {}
             h = self.adapter.layers[-1].block.register_forward_hook(
                 lambda m, a, o: hold.__setitem__("final", (o[0] if isinstance(o, tuple) else o).detach())
             )
@@ -226,7 +387,7 @@ class Steer:
         finally:
             if was_edit:
                 with torch.no_grad():
-                    self.o_proj.weight.add_(self._delta(self.o_proj.weight))
+                    self.o_proj.weight.copy_(self._edited)
             self._register()
         return out, hold["final"]
 
@@ -234,17 +395,20 @@ class Steer:
         """The steered layer's new spectrum and, for the last run inside the block, the final
         residuals' mean |cos| with u and (given a token id) its next-token probability, before and after.
         """
-        cos = float((self.after.basis.T @ self.u).norm())
         rep = SteerReport(
             self.layer,
             self.alpha,
             self.after.lambda_1,
             self.after.gap_ratio,
-            cos,
+            float((self.after.basis.T @ self.u).norm()),
             self.before.lambda_1,
             self.before.gap_ratio,
+            method=self.method,
+            signed=self.signed,
+            lam=self.change.lam,
+            calibration_positive=self.calibration_positive,
         )
-        if self._last_out is None or not self._handles:
+        if self._last_out is None or not self._active:
             return rep
         after_out, after_final = self._last_out, self._final  # from the last steered run
         before_out, before_final = self._rerun_unsteered()
@@ -277,6 +441,9 @@ def steer(
     mode: str = "edit",
     allow_shared: bool = False,
     rank: str = "modulus",
+    method: str = "exact",
+    signed: bool | None = None,
+    calibration=None,
 ) -> Steer:
     """Steer ``layer`` toward unit direction u by a rank-1 change of its output matrix.
 
@@ -284,14 +451,28 @@ def steer(
         model: an HF or TransformerLens (bridge) model.
         direction: (d,) unit vector (see ``eigenhooks.direction``).
         layer: attention layer index (default the last).
-        alpha: the size of the change; or
-        gap_ratio: solve alpha so the steered layer's gap ratio reaches this (u principal).
+        alpha: the strength on the paper's scale (uᵀ F' u = uᵀ F u + alpha ||V u||); or
+        gap_ratio: the steered layer's gap ratio, u principal (default 0.1 if neither is given).
         mode: 'edit' (weights changed, restored bit-exactly on exit) or 'hook' (weights untouched).
         allow_shared: required to steer a layer whose weights other layers share (ALBERT).
+        rank: 'modulus' or 'residual', the ranking rule the gap ratio is measured under.
+        method: 'exact' (F' u = lambda u exactly) or 'paper' (O + alpha u wᵀ, approximate).
+        signed: choose the read-out so the typical token is pushed toward +u (default for
+            'exact'; the paper's construction is symmetric).
+        calibration: token ids (batch, seq) or a tokenizer batch whose heads' outputs set the
+            signed read-out; default: 4 sequences of 32 tokens sampled from the model (seeded).
+
+    Returns:
+        A Steer, to use as a context manager (once at a time).
+
+    Raises:
+        ValueError: bad direction, strength, method or mode; V u = 0; a shared layer.
+        IndexError: layer out of range.
 
     Example:
         >>> with eh.steer(model, u, gap_ratio=0.1) as s:    # doctest: +SKIP
         ...     out = model(**batch)
         >>> s.report().cos_v1_u                               # doctest: +SKIP
+        1.0
     """
-    return Steer(model, direction, layer, alpha, gap_ratio, mode, allow_shared, rank)
+    return Steer(model, direction, layer, alpha, gap_ratio, mode, allow_shared, rank, method, signed, calibration)
