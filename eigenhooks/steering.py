@@ -109,13 +109,33 @@ def _vocab_size(model) -> int:
     return int(n)
 
 
-@torch.no_grad()
+_SAMPLES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def _fingerprint(model) -> tuple:
+    """A cheap content fingerprint of the weights (a strided sample of every parameter)."""
+    with torch.no_grad():
+        return tuple(float(p.detach().reshape(-1)[:: max(1, p.numel() // 16)].double().sum()) for p in model.parameters())
+
+
 def sample_tokens(model, shape=N_CALIBRATION, seed: int = 0) -> torch.Tensor:
     """Token ids (batch, seq) sampled from the model itself, seeded: its own typical text.
 
     Each sequence starts from a seeded random token; the rest is sampled at temperature 1
     from the model's next-token distribution (full forwards, no cache: HF and lens alike).
+    The sample is remembered per model while its weights are unchanged (steering restores
+    them bit-exactly), so repeated steers of one model sample once.
     """
+    key = (tuple(shape), seed, _fingerprint(model))
+    memo = _SAMPLES.setdefault(model, {})
+    if key not in memo:
+        memo.clear()
+        memo[key] = _sample_tokens(model, shape, seed)
+    return memo[key].clone()
+
+
+@torch.no_grad()
+def _sample_tokens(model, shape, seed: int) -> torch.Tensor:
     g = torch.Generator().manual_seed(seed)
     dev = next(model.parameters()).device
     ids = torch.randint(0, _vocab_size(model), (shape[0], 1), generator=g)

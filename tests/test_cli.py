@@ -45,7 +45,7 @@ def test_verify_command():
 def test_steer_command():
     r = runner.invoke(app, ["steer", "--toward", " return", "--gap-ratio", "0.1", "--top-k", "3"])
     assert r.exit_code == 0, r.output
-    assert "cos(v1', u) 0.99" in r.output and "before" in r.output and "p(' return')" in r.output
+    assert "cos(v1', u) 1.0000" in r.output and "before" in r.output and "p(' return')" in r.output
 
 
 def test_steer_command_errors_in_one_line():
