@@ -179,6 +179,14 @@ def _read_layer(adapter: Adapter, i: int, options: dict, cache: bool):
     return factors, key
 
 
+def layer_stacked(adapter: Adapter, i: int, variant: str = "ov") -> tuple[torch.Tensor, torch.Tensor]:
+    """(Ô, V) of layer i as float64 CPU copies (F = Ô V), offloaded weights brought in for it only."""
+    ly = adapter.layers[i]
+    mods = [ly.attn_in, ly.attn_out, ly.o_proj, ly.norm] if ly.factors is not None else []
+    with onloaded(adapter.model, mods):
+        return layer_factors(adapter, i, variant)[0].stacked(torch.float64)
+
+
 def _copy_out(factors: Factors, heads: bool) -> Factors:
     """A float64 CPU copy that outlives the onloaded weights: the stacked Ô (d, G d_head) and
     V, one factor pair per kv group (same F), unless per-head spectra need every O_h."""

@@ -27,7 +27,7 @@ from pathlib import Path
 import torch
 
 from . import metrics as M
-from .api import layer_factors, spectra
+from .api import layer_stacked, spectra
 from .models import Adapter, get_adapter
 from .spectrum import RANKS
 
@@ -203,7 +203,7 @@ class Monitor:
             haar = M.haar_frames(ad.d_model, k_max, self.K, self._seed(i, 0))
             fnull = {}
             for fkey in sorted({t.fnull for t in tgts if t.fnull}):
-                O, V = layer_factors(ad, i, fkey)[0].stacked()
+                O, V = layer_stacked(ad, i, fkey)
                 fnull[fkey] = M.power_step_frames(
                     lambda G, O=O, V=V: O @ (V @ G), ad.d_model, k_max, self.Kf, self._seed(i, 1 + len(fnull))
                 )
