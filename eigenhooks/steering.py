@@ -115,7 +115,9 @@ _SAMPLES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 def _fingerprint(model) -> tuple:
     """A cheap content fingerprint of the weights (a strided sample of every parameter)."""
     with torch.no_grad():
-        return tuple(float(p.detach().reshape(-1)[:: max(1, p.numel() // 16)].double().sum()) for p in model.parameters())
+        return tuple(
+            float(p.detach().reshape(-1)[:: max(1, p.numel() // 16)].double().sum()) for p in model.parameters()
+        )
 
 
 def sample_tokens(model, shape=N_CALIBRATION, seed: int = 0) -> torch.Tensor:

