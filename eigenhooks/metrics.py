@@ -194,15 +194,16 @@ class LayerReducer:
         self.targets = targets
         self.T = len(targets)
         self.K, d, self.k_max = haar.shape
-        self.ks = sorted({t.k for t in targets if t.k <= self.k_max})
-        self.k_index = [self.ks.index(t.k) if t.k in self.ks else -1 for t in targets]
+        self.ks = sorted({t.k for t in targets})  # every k <= k_max: the frames are k_max wide
+        self.k_index = [self.ks.index(t.k) for t in targets]
         self.m = max([len(t.eig) for t in targets] + [0])
         self.fkeys = sorted(fnull)
         self.Kf = next(iter(fnull.values())).shape[0] if fnull else 0
-        cols, self.t_slices = [], []
+        cols, self.t_slices, at = [], [], 0
         for t in targets:
-            self.t_slices.append(slice(sum(c.shape[1] for c in cols), sum(c.shape[1] for c in cols) + t.k))
+            self.t_slices.append(slice(at, at + t.k))
             cols.append(t.U)
+            at += t.k
         self.n_tcols = sum(c.shape[1] for c in cols)
         # eigen-subspaces: a 0/1 matrix sums squared projections per subspace, (E_cols, T * m)
         eig_cols, seg = [], []
@@ -309,7 +310,7 @@ class LayerReducer:
                         c = A[p]["P"][..., self.t_slices[ti].start] * A[p]["inv"]
                         tg[ti, _T[f"cos_sum_{p}"]] = c.sum().double()
         n_k = len(self.ks)
-        st["null_pre"] = A["pre"]["haar"].sum((0, 1)).double() if n_k else torch.zeros(0, self.K, device=dev)
+        st["null_pre"] = A["pre"]["haar"].sum((0, 1)).double()
         rows = torch.zeros(pre.shape[0], 3, self.T, dtype=torch.float64, device=dev)
         st["null_up"] = torch.zeros(n_k, self.K, dtype=torch.float64, device=dev)
         st["null_mid"] = torch.zeros(n_k, self.K, dtype=torch.float64, device=dev)
@@ -331,16 +332,14 @@ class LayerReducer:
                 e = up(mid["eig"], ref["eig"]).sum((0, 1)).double().reshape(self.T, self.m)
                 st["eig_up"] = torch.where(self.eig_valid.to(dev), e, float("nan"))
             for ti, t in enumerate(self.targets):
-                if t.fnull is not None and t.k <= self.k_max:
+                if t.fnull is not None:
                     key = "f:" + t.fnull
                     st["fnull_up"][ti] = up(mid[key][..., t.k - 1], ref[key][..., t.k - 1]).sum((0, 1)).double()
             # per-row counters for the cluster-robust intervals
             rows[:, 0, :] = mf.sum(1).double()[:, None]
             rows[:, 1, :] = u_t.sum(1).double()
             per_row_null = u_h.sum(1).double().mean(-1)  # (b, n_k): mean over draws
-            for ti, ki in enumerate(self.k_index):
-                if ki >= 0:
-                    rows[:, 2, ti] = per_row_null[:, ki]
+            rows[:, 2, :] = per_row_null[:, self.k_index]
         if consensus:
             n_s = mf.sum(1)  # (b,)
             defined = n_s >= 2
@@ -465,7 +464,7 @@ def summarize(state: dict[str, torch.Tensor], ti: int, k_index: int, k: int, pos
     }
     rho = out["rho"]
     K = state["null_up"].shape[1]
-    if k_index >= 0 and n_mid > 0:
+    if n_mid > 0:
         null = state["null_up"][k_index].numpy() / n_mid
         npre = state["null_pre"][k_index].numpy() / n
         nmid = state["null_mid"][k_index].numpy() / n_mid

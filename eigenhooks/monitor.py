@@ -103,6 +103,7 @@ class Monitor:
         self._handles: list = []
         self._warned: set[str] = set()
         self._active = False
+        self._orphans = 0  # tap calls that came outside any forward of the model
         self._reset_forward(open_=False)
 
     # ---- targets ----
@@ -328,7 +329,6 @@ class Monitor:
         self._pending: dict[int, tuple] = {}
         self._pending_raw: dict[int, tuple] = {}
         self._mask: torch.Tensor | None = None
-        self._orphans = getattr(self, "_orphans", 0)
 
     def _on_model_start(self, module, args, kwargs):
         cont = _continues(kwargs)
@@ -555,8 +555,7 @@ class Monitor:
 
     # ---- results ----
     def _current_state(self, layer: int) -> dict:
-        """This layer's state with the still-open sequences folded in (nothing is changed)."""
-        self._flush()
+        """This layer's state with the still-open sequences folded in (call ``_flush`` first)."""
         st = dict(self._state[layer])
         rows = self._rows.get(layer)
         if rows is not None:
@@ -567,6 +566,7 @@ class Monitor:
     def stats(self) -> dict[tuple[int, str], dict[str, float]]:
         """(layer, target) -> the raw per-target sums and counts (``metrics.TGT_FIELDS``)."""
         out = {}
+        self._flush()
         for layer, info in sorted(self._layers.items()):
             tg = self._current_state(layer)["tgt"]
             for ti, meta in enumerate(info["meta"]):
@@ -579,6 +579,7 @@ class Monitor:
 
         post_norm = self.adapter.norm_position == "post"
         rows = []
+        self._flush()
         for layer, info in sorted(self._layers.items()):
             st = self._current_state(layer)
             red = info["reducer"]
@@ -635,6 +636,7 @@ class Monitor:
     def state_dict(self) -> dict:
         """The whole streaming state (open sequences folded in) as plain lists: JSON-able, mergeable."""
         self._prepare()
+        self._flush()
         layers = {str(i): {k: v.tolist() for k, v in self._current_state(i).items()} for i in self._layers}
         return {"layout": self._layout(), "layers": layers}
 
