@@ -170,10 +170,23 @@ def verify(
         _fail(e, debug)
         return
     records = [
-        {"layer": r.layer, "max_abs_diff": r.max_abs_diff, "rel_diff": r.rel_diff, "dtype": r.dtype} for r in res
+        {
+            "layer": r.layer,
+            "check": r.check,
+            "max_abs_diff": r.max_abs_diff,
+            "rel_diff": r.rel_diff,
+            "linearity": r.linearity,
+            "linear": r.linear,
+            "dtype": r.dtype,
+        }
+        for r in res
     ]
-    rows = [[r.layer, f"{r.max_abs_diff:.2e}", f"{r.rel_diff:.2e}", r.dtype] for r in res]
-    _emit(f"{model}: F from weights vs probe", ["layer", "max |diff|", "relative", "dtype"], rows, as_json, records)
+    rows = [
+        [r.layer, r.check, f"{r.max_abs_diff:.2e}", f"{r.rel_diff:.2e}", f"{r.linearity:.1e}", "yes" if r.linear else "NO", r.dtype]
+        for r in res
+    ]
+    cols = ["layer", "check", "max |diff|", "relative", "linearity", "linear", "dtype"]
+    _emit(f"{model}: F from weights vs probe", cols, rows, as_json, records)
 
 
 @app.command()

@@ -29,6 +29,7 @@ import torch
 from . import metrics as M
 from .api import layer_stacked, spectra
 from .models import Adapter, get_adapter
+from .models.base import as_tokens
 from .spectrum import RANKS
 
 log = logging.getLogger(__name__)
@@ -430,7 +431,7 @@ class Monitor:
                 mid = pre + cap["attn"]  # parallel block: pre + attention output (not a model state)
             else:
                 mid = cap.get("mid")
-        points = {"pre": pre, "mid": mid, "post": cap.get("post")}
+        points = {"pre": pre, "mid": as_tokens(mid, pre), "post": as_tokens(cap.get("post"), pre)}
         base = None
         if rp.post_norm is not None and mid is not None:
             with torch.no_grad():

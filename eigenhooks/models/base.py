@@ -67,6 +67,13 @@ class ReadingPoints:
         return self.mid is None
 
 
+def as_tokens(t: torch.Tensor | None, like: torch.Tensor) -> torch.Tensor | None:
+    """A tap's tensor in (b, n, d) shape: some blocks flatten tokens before a norm (OPT's MLP)."""
+    if t is not None and t.shape != like.shape and t.numel() == like.numel():
+        return t.reshape(like.shape)
+    return t
+
+
 @dataclass
 class Layer:
     """One attention block, as the adapter sees it.
@@ -87,6 +94,17 @@ class Layer:
             pre-norm ``norm`` nor (post-norm) ``attn_in``.
         mid_out: the module whose output is the 'mid' residual, when no module receives it
             as input (post-norm blocks: default ``norm``).
+        post_in: the module whose first input is the 'post' residual, overriding the default
+            (the next layer of the same stack, or the final norm).
+        stack: which tower the layer belongs to ('' for single-stack models; 'encoder',
+            'decoder', 'text', 'vision' otherwise). ``post`` never crosses a stack.
+        kind: 'self' (attention over the residual it is added to) or 'cross' (the values come
+            from another stack's states: F acts on those, not on this residual).
+        probe_arg: the keyword of ``attn_in`` that carries the values (default: its
+            ``hidden_states`` or first argument; 'key_value_states' etc. for cross-attention).
+        linear: the value path is linear in x, so the probe is F exactly. False where it is
+            not (attention sinks, a norm inside the value path): ``factors`` then gives the
+            linear F of the weights and the probe is only a local linearisation.
     """
 
     index: int
@@ -102,6 +120,11 @@ class Layer:
     parallel: bool = False
     pre_in: nn.Module | None = None
     mid_out: nn.Module | None = None
+    post_in: nn.Module | None = None
+    stack: str = ""
+    kind: Literal["self", "cross"] = "self"
+    probe_arg: str | None = None
+    linear: bool = True
 
 
 @dataclass
@@ -132,6 +155,8 @@ class Adapter:
     probe_runner: Callable | None = None  # backend-specific forward used by the probe
     reading_points_fn: Callable | None = None  # backend-specific reading points (hook names)
     final_in: bool = True  # the final norm's input is the last block's output (False: something sits between)
+    probe_inputs: Callable | None = None  # (model, b, n, device) -> forward kwargs for the probe
+    probe_separately: bool = False  # probe one layer per forward: the layers' probes interact
 
     @property
     def n_layers(self) -> int:
@@ -175,8 +200,13 @@ class Adapter:
             return self.reading_points_fn(self, layer)
         ly = self.layers[layer]
         attn = Tap(ly.attn_out, "output")
-        if layer + 1 < self.n_layers:
-            post = self._pre_tap(self.layers[layer + 1])
+        nxt = next((n for n in self.layers[layer + 1 :] if n.stack == ly.stack), None)
+        if ly.post_in is not None:
+            post = Tap(ly.post_in, "input")
+        elif nxt is not None:
+            post = self._pre_tap(nxt)
+        elif ly.stack:
+            post = Tap(ly.block, "output")
         elif self.final_norm_module is not None and self.final_in and self.norm_position == "pre":
             post = Tap(self.final_norm_module, "input")
         else:

@@ -1,112 +1,26 @@
-"""HuggingFace families: one short function per layout, and one table that maps them.
+"""HuggingFace models: the family table, and the adapter built from it.
 
-Each family function takes the bare model (``model.base_model``) and its config and yields,
-per attention block: the block, the modules around attention, the norm and a factor rule.
-Weight layouts (DESIGN.md §1): ``nn.Linear`` stores (out, in), so V = v_proj.weight and
-O = o_proj.weight; GPT-2's ``Conv1D`` stores (in, out); GPT-NeoX interleaves q, k, v per head.
+Family knowledge lives in one table of small functions, split by kind: ``gpt`` (GPT
+lineage), ``decoders`` (Llama style), ``special`` (MoE, MLA, sinks, hybrids), ``encoders``,
+``seq2seq`` and ``vision``. Each maps ``model_type`` to a ``Family`` (``family.py``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
-
 from torch import nn
 
-from ..spectrum import Factors
+from . import decoders, encoders, gpt, seq2seq, special, vision
 from .base import Adapter, Layer, NormPosition, UnsupportedModelError
+from .family import Family, attr
 
-# (block, attn_in, attn_out, norm, factors) per attention application
-Row = tuple[nn.Module, nn.Module, nn.Module, nn.Module | None, Callable[[], Factors]]
-
-
-def _linear(v: nn.Linear, o: nn.Linear, n_heads: int, n_kv: int) -> Callable[[], Factors]:
-    return lambda: Factors.from_stacked(o.weight, v.weight, n_heads, n_kv)
-
-
-def _gpt2(base, cfg) -> Iterator[Row]:
-    d = cfg.n_embd
-    for blk in base.h:
-        c_attn, c_proj = blk.attn.c_attn, blk.attn.c_proj
-
-        # Conv1D stores (in, out): value columns are [2d, 3d); transpose to (out, in).
-        def f(c_attn=c_attn, c_proj=c_proj):
-            return Factors.from_stacked(c_proj.weight.T, c_attn.weight[:, 2 * d : 3 * d].T, cfg.n_head)
-
-        yield blk, blk.attn, blk.attn, blk.ln_1, f
-
-
-def _gpt_neo(base, cfg) -> Iterator[Row]:
-    for blk in base.h:
-        a = blk.attn.attention
-        yield blk, blk.attn, blk.attn, blk.ln_1, _linear(a.v_proj, a.out_proj, cfg.num_heads, cfg.num_heads)
-
-
-def _gpt_neox(base, cfg) -> Iterator[Row]:
-    H = cfg.num_attention_heads
-    for blk in base.layers:
-        qkv, dense = blk.attention.query_key_value, blk.attention.dense
-
-        # Fused per head: output feature h*3*d_head + j, with q, k, v at j in [0, dh), [dh, 2dh), [2dh, 3dh).
-        def f(qkv=qkv, dense=dense):
-            d = qkv.weight.shape[1]
-            dh = d // H
-            V = qkv.weight.view(H, 3 * dh, d)[:, 2 * dh :, :].reshape(H * dh, d)
-            return Factors.from_stacked(dense.weight, V, H)
-
-        yield blk, blk.attention, blk.attention, blk.input_layernorm, f
-
-
-def _gptj(base, cfg) -> Iterator[Row]:
-    for blk in base.h:
-        a = blk.attn
-        yield blk, a, a, blk.ln_1, _linear(a.v_proj, a.out_proj, cfg.n_head, cfg.n_head)
-
-
-def _bert(base, cfg) -> Iterator[Row]:
-    for blk in base.encoder.layer:
-        s, o = blk.attention.self, blk.attention.output
-        yield blk, s, o.dense, o.LayerNorm, _linear(s.value, o.dense, cfg.num_attention_heads, cfg.num_attention_heads)
-
-
-def _distilbert(base, cfg) -> Iterator[Row]:
-    for blk in base.transformer.layer:
-        a = blk.attention
-        yield blk, a, a, blk.sa_layer_norm, _linear(a.v_lin, a.out_lin, cfg.n_heads, cfg.n_heads)
-
-
-def _albert(base, cfg) -> Iterator[Row]:
-    groups = base.encoder.albert_layer_groups
-    H = cfg.num_attention_heads
-    for i in range(cfg.num_hidden_layers):
-        g = int(i / (cfg.num_hidden_layers / cfg.num_hidden_groups))
-        for blk in groups[g].albert_layers:
-            a = blk.attention
-            yield blk, a, a.dense, a.LayerNorm, _linear(a.value, a.dense, H, H)
-
-
-def _llama(base, cfg) -> Iterator[Row]:
-    H = cfg.num_attention_heads
-    G = getattr(cfg, "num_key_value_heads", None) or H
-    for blk in base.layers:
-        a = blk.self_attn
-        yield blk, a, a, blk.input_layernorm, _linear(a.v_proj, a.o_proj, H, G)
-
-
-def _opt(base, cfg) -> Iterator[Row]:
-    for blk in base.decoder.layers:
-        a = blk.self_attn
-        yield (
-            blk,
-            a,
-            a,
-            blk.self_attn_layer_norm,
-            _linear(a.v_proj, a.out_proj, cfg.num_attention_heads, cfg.num_attention_heads),
-        )
-
-
-def _gqa_dims(c):
-    """(d, query heads, kv heads) of a Llama-style config."""
-    return c.hidden_size, c.num_attention_heads, c.num_key_value_heads or c.num_attention_heads
+FAMILIES: dict[str, Family] = {
+    **gpt.FAMILIES,
+    **decoders.FAMILIES,
+    **special.FAMILIES,
+    **encoders.FAMILIES,
+    **seq2seq.FAMILIES,
+    **vision.FAMILIES,
+}
 
 
 def _unembedding_of(model):
@@ -117,107 +31,6 @@ def _unembedding_of(model):
         return None if out is None else out.weight.detach()
 
     return get
-
-
-def _final(*path: str):
-    def get(base):
-        obj = base
-        for p in path:
-            obj = getattr(obj, p, None)
-            if obj is None:
-                return None
-        return obj
-
-    return get
-
-
-# model_type -> (layer rows, norm position (or a config rule), final norm, head counts)
-FAMILIES: dict[str, tuple] = {
-    "gpt2": (_gpt2, "pre", _final("ln_f"), lambda c: (c.n_embd, c.n_head, c.n_head)),
-    "gpt_neo": (_gpt_neo, "pre", _final("ln_f"), lambda c: (c.hidden_size, c.num_heads, c.num_heads)),
-    "gpt_neox": (
-        _gpt_neox,
-        "pre",
-        _final("final_layer_norm"),
-        lambda c: (c.hidden_size, c.num_attention_heads, c.num_attention_heads),
-    ),
-    "gptj": (_gptj, "pre", _final("ln_f"), lambda c: (c.n_embd, c.n_head, c.n_head)),
-    "bert": (_bert, "post", _final(), lambda c: (c.hidden_size, c.num_attention_heads, c.num_attention_heads)),
-    "roberta": (_bert, "post", _final(), lambda c: (c.hidden_size, c.num_attention_heads, c.num_attention_heads)),
-    "xlm-roberta": (_bert, "post", _final(), lambda c: (c.hidden_size, c.num_attention_heads, c.num_attention_heads)),
-    "distilbert": (_distilbert, "post", _final(), lambda c: (c.dim, c.n_heads, c.n_heads)),
-    "albert": (_albert, "post", _final(), lambda c: (c.hidden_size, c.num_attention_heads, c.num_attention_heads)),
-    "llama": (
-        _llama,
-        "pre",
-        _final("norm"),
-        _gqa_dims,
-    ),
-    "mistral": (
-        _llama,
-        "pre",
-        _final("norm"),
-        _gqa_dims,
-    ),
-    "qwen3": (
-        _llama,
-        "pre",
-        _final("norm"),
-        _gqa_dims,
-    ),
-    "qwen2": (
-        _llama,
-        "pre",
-        _final("norm"),
-        _gqa_dims,
-    ),
-    "opt": (
-        _opt,
-        lambda c: "pre" if c.do_layer_norm_before else "post",
-        _final("decoder", "final_layer_norm"),
-        lambda c: (c.hidden_size, c.num_attention_heads, c.num_attention_heads),
-    ),
-}
-
-# Heads that sit on top of the bare model and hold a final norm of their own.
-_HEAD_NORMS = {
-    "distilbert": ("vocab_layer_norm",),
-    "albert": ("predictions", "LayerNorm"),
-    "bert": ("cls", "predictions", "transform", "LayerNorm"),
-    "roberta": ("lm_head", "layer_norm"),
-}
-
-
-# model_type -> the module that receives the 'mid' residual (the MLP's norm), pre-norm blocks only
-MID_IN = {
-    "gpt2": lambda b: b.ln_2,
-    "gpt_neo": lambda b: b.ln_2,
-    "gpt_neox": lambda b: b.post_attention_layernorm,
-    "llama": lambda b: b.post_attention_layernorm,
-    "mistral": lambda b: b.post_attention_layernorm,
-    "qwen2": lambda b: b.post_attention_layernorm,
-    "qwen3": lambda b: b.post_attention_layernorm,
-    "opt": lambda b: b.final_layer_norm,
-}
-
-
-# model_type -> the output projection of one block (for steering)
-O_PROJ = {
-    "gpt2": lambda b: b.attn.c_proj,
-    "gpt_neo": lambda b: b.attn.attention.out_proj,
-    "gpt_neox": lambda b: b.attention.dense,
-    "gptj": lambda b: b.attn.out_proj,
-    "bert": lambda b: b.attention.output.dense,
-    "roberta": lambda b: b.attention.output.dense,
-    "xlm-roberta": lambda b: b.attention.output.dense,
-    "distilbert": lambda b: b.attention.out_lin,
-    "albert": lambda b: b.attention.dense,
-    "llama": lambda b: b.self_attn.o_proj,
-    "mistral": lambda b: b.self_attn.o_proj,
-    "qwen2": lambda b: b.self_attn.o_proj,
-    "qwen3": lambda b: b.self_attn.o_proj,
-    "opt": lambda b: b.self_attn.out_proj,
-}
 
 
 def supported_families() -> list[str]:
@@ -235,39 +48,24 @@ def hf_adapter(model: nn.Module) -> Adapter:
     model_type = getattr(cfg, "model_type", None)
     if model_type not in FAMILIES:
         raise UnsupportedModelError(f"no HF family rule for model_type={model_type!r}")
-    rows_fn, norm_pos, final_fn, dims = FAMILIES[model_type]
+    fam = FAMILIES[model_type]
     base = getattr(model, "base_model", model)
-    norm_position: NormPosition = norm_pos(cfg) if callable(norm_pos) else norm_pos
-    rows = list(rows_fn(base, cfg))
-    groups = _group_ids([r[2] for r in rows])
-    parallel = model_type == "gptj" or bool(getattr(cfg, "use_parallel_residual", False))
-    mid_in = MID_IN.get(model_type) if norm_position == "pre" and not parallel else None
-    layers = [
-        Layer(
-            index=i,
-            block=b,
-            attn_in=ai,
-            attn_out=ao,
-            norm=n,
-            factors=f,
-            group=g,
-            name=_name(model, ai),
-            o_proj=O_PROJ[model_type](b),
-            mid_in=None if mid_in is None else mid_in(b),
-            parallel=parallel,
+    norm_position: NormPosition = fam.norm(cfg) if callable(fam.norm) else fam.norm
+    rows = list(fam.rows(base, cfg))
+    if not rows:
+        raise UnsupportedModelError(f"{model_type}: no attention layers found in {type(model).__name__}")
+    groups = _group_ids([r["attn_out"] for r in rows])
+    layers = [Layer(index=i, group=g, name=_name(model, r["attn_in"]), **r) for i, (r, g) in enumerate(zip(rows, groups))]
+    d, H, G = fam.dims(cfg)
+    final = fam.final(base)
+    if final is None and fam.head_norm:
+        final = attr(*fam.head_norm)(model)
+    notes = list(fam.notes(cfg))
+    if any(not ly.linear for ly in layers):
+        notes.append(
+            "nonlinear value path: F is the linear map read from the weights; the probe is only a local "
+            "linearisation and is never reported as F"
         )
-        for i, ((b, ai, ao, n, f), g) in enumerate(zip(rows, groups))
-    ]
-    d, H, G = dims(cfg)
-    final = final_fn(base)
-    if final is None and model_type in _HEAD_NORMS:
-        final = _final(*_HEAD_NORMS[model_type])(model)
-
-    notes = []
-    if model_type == "albert" and len(set(groups)) < len(groups):
-        notes.append(f"shared weights: {len(groups)} attention applications use {len(set(groups))} distinct layer(s)")
-    if parallel:
-        notes.append("parallel attention/MLP block: 'mid' = pre + attention output, not a state the model forms")
     return Adapter(
         model=model,
         family=model_type,
@@ -280,6 +78,9 @@ def hf_adapter(model: nn.Module) -> Adapter:
         final_norm_module=final,
         unembed_weight=_unembedding_of(model),
         notes=notes,
+        probe_inputs=fam.inputs,
+        probe_separately=fam.probe_separately,
+        final_in=fam.final_in,
     )
 
 

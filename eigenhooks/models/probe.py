@@ -11,13 +11,19 @@ from __future__ import annotations
 
 import torch
 
-from .base import Adapter, StopForward
+from .base import Adapter, StopForward, UnsupportedModelError
+from .family import token_inputs
 
 N_TOKENS = 2  # a causal first token attends to itself alone; the second averages two equal values
 
 
 def hf_runner(adapter: Adapter, layers: list[int], x: torch.Tensor) -> dict[int, torch.Tensor]:
-    """Run the HF model once with every probed layer's attention input replaced by x.
+    """Run the HF model once with every probed layer's attention values replaced by x.
+
+    The values are the attention's ``hidden_states`` (or ``Layer.probe_arg``, e.g. the
+    encoder states of a cross-attention). Where the model's own sequence there is longer
+    than x's (a vision tower's patches, an encoder's frames), x's first token is repeated
+    to that length: the tokens are identical either way.
 
     Args:
         layers: layer indices, at most one per shared-weight group.
@@ -29,15 +35,28 @@ def hf_runner(adapter: Adapter, layers: list[int], x: torch.Tensor) -> dict[int,
     model = adapter.model
     base = getattr(model, "base_model", model)
     outs_by_module = {id(adapter.layers[i].attn_out): i for i in layers}
+    arg_of = {id(adapter.layers[i].attn_in): adapter.layers[i].probe_arg for i in layers}
     captured: dict[int, torch.Tensor] = {}
     handles = []
 
-    def pre_hook(module, args, kwargs):
+    def fit(like: torch.Tensor | None, module) -> torch.Tensor:
         xi = x.to(_param_device(module))
-        if "hidden_states" in kwargs:
-            kwargs["hidden_states"] = xi
+        if like is not None and like.dim() == 3 and like.shape[1] != xi.shape[1]:
+            xi = xi[:, :1].expand(xi.shape[0], like.shape[1], xi.shape[2]).contiguous()
+        return xi
+
+    def pre_hook(module, args, kwargs):
+        key = arg_of[id(module)]
+        if key is not None:
+            if kwargs.get(key) is None:
+                raise UnsupportedModelError(
+                    f"probe: {type(module).__name__} was called without {key!r}; cannot place the probe"
+                )
+            kwargs[key] = fit(kwargs[key], module)
+        elif "hidden_states" in kwargs:
+            kwargs["hidden_states"] = fit(kwargs["hidden_states"], module)
         else:
-            args = (xi, *args[1:])
+            args = (fit(args[0], module), *args[1:])
         return args, kwargs
 
     def fwd_hook(module, args, output):
@@ -55,9 +74,8 @@ def hf_runner(adapter: Adapter, layers: list[int], x: torch.Tensor) -> dict[int,
             handles.append(ly.attn_out.register_forward_hook(fwd_hook))
         b, n, _ = x.shape
         emb = base.get_input_embeddings() if hasattr(base, "get_input_embeddings") else None
-        dev = emb.weight.device if emb is not None else _param_device(base)
-        ids = torch.full((b, n), _safe_token(model), dtype=torch.long, device=dev)
-        kwargs = {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
+        dev = emb.weight.device if emb is not None and hasattr(emb, "weight") else _param_device(base)
+        kwargs = (adapter.probe_inputs or token_inputs)(model, b, n, dev)
         if getattr(getattr(model, "config", None), "use_cache", None) is not None:
             kwargs["use_cache"] = False
         try:
@@ -77,12 +95,6 @@ def hf_runner(adapter: Adapter, layers: list[int], x: torch.Tensor) -> dict[int,
 def _param_device(module: torch.nn.Module) -> torch.device:
     p = next(module.parameters(), None)
     return p.device if p is not None else torch.device("cpu")
-
-
-def _safe_token(model) -> int:
-    cfg = getattr(model, "config", None)
-    pad = getattr(cfg, "pad_token_id", None)
-    return int(pad) if isinstance(pad, int) and pad >= 0 else 0
 
 
 def apply_attention(
@@ -116,9 +128,11 @@ def apply_attention_many(
     for s in range(0, X.shape[0], chunk):
         xb = X[s : s + chunk].to(dtype)
         x = xb[:, None, :].expand(xb.shape[0], n_tokens, xb.shape[1]).contiguous()  # (b, n, d)
-        got = runner(adapter, list(rep), x)
-        for i in rep:
-            pieces[i].append(got[i].to("cpu", torch.float64))
+        groups = [[i] for i in rep] if adapter.probe_separately else [list(rep)]
+        for g in groups:
+            got = runner(adapter, g, x)
+            for i in g:
+                pieces[i].append(got[i].to("cpu", torch.float64))
     out = {}
     for i in layers:
         full = torch.cat(pieces[rep_of(adapter, i, rep)])

@@ -1,0 +1,64 @@
+"""Encoder cases (eigenhooks/models/encoders.py)."""
+
+import transformers as T
+from harness import Case, seeded, sum_mid, token_inputs
+
+TOK = token_inputs()
+BERT = dict(
+    num_hidden_layers=2,
+    num_attention_heads=2,
+    hidden_size=16,
+    intermediate_size=32,
+    vocab_size=64,
+    max_position_embeddings=40,
+)
+
+
+def _bert_layers(m):
+    return m.base_model.encoder.layer
+
+
+def _albert_layers(m):
+    enc, c = m.base_model.encoder, m.config
+    per = c.num_hidden_layers / c.num_hidden_groups
+    return [b for i in range(c.num_hidden_layers) for b in enc.albert_layer_groups[int(i / per)].albert_layers]
+
+
+BERT_MID = sum_mid(_bert_layers, lambda b: b.attention.output.dense, then=lambda b, x: b.attention.output.LayerNorm(x))
+
+CASES = {
+    "bert": Case(seeded(lambda: T.BertForMaskedLM(T.BertConfig(**BERT))), "bert", BERT_MID, TOK),
+    "roberta": Case(seeded(lambda: T.RobertaForMaskedLM(T.RobertaConfig(**BERT))), "roberta", BERT_MID, TOK),
+    "xlm-roberta": Case(
+        seeded(lambda: T.XLMRobertaForMaskedLM(T.XLMRobertaConfig(**BERT))), "xlm-roberta", BERT_MID, TOK
+    ),
+    "distilbert": Case(
+        seeded(
+            lambda: T.DistilBertForMaskedLM(
+                T.DistilBertConfig(n_layers=2, n_heads=2, dim=16, hidden_dim=32, vocab_size=64, max_position_embeddings=32)
+            )
+        ),
+        "distilbert",
+        sum_mid(lambda m: m.base_model.transformer.layer, lambda b: b.attention, then=lambda b, x: b.sa_layer_norm(x)),
+        TOK,
+    ),
+    "albert (shared)": Case(
+        seeded(
+            lambda: T.AlbertForMaskedLM(
+                T.AlbertConfig(
+                    num_hidden_layers=4,
+                    num_hidden_groups=2,
+                    num_attention_heads=2,
+                    hidden_size=16,
+                    embedding_size=8,
+                    intermediate_size=32,
+                    vocab_size=64,
+                    max_position_embeddings=32,
+                )
+            )
+        ),
+        "albert",
+        sum_mid(_albert_layers, lambda b: b.attention.dense, then=lambda b, x: b.attention.LayerNorm(x)),
+        TOK,
+    ),
+}

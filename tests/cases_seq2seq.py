@@ -1,0 +1,3 @@
+"""seq2seq cases (eigenhooks/models/seq2seq.py)."""
+
+CASES: dict = {}

@@ -1,0 +1,3 @@
+"""special cases (eigenhooks/models/special.py)."""
+
+CASES: dict = {}

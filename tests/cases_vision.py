@@ -1,0 +1,3 @@
+"""vision cases (eigenhooks/models/vision.py)."""
+
+CASES: dict = {}
