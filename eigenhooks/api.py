@@ -376,7 +376,9 @@ def verify(model, layers: list[int] | None = None, n_tokens: int = 2) -> list[Ve
             rows.append(Verification(i, lin[i] * scale, scale, dtype, "linearity", lin[i], is_linear))
             continue
         F_w = adapter.factors(i).matrix()
-        rows.append(Verification(i, float((F_w - F_p).abs().max()), float(F_w.abs().max()), dtype, "weights", lin[i], is_linear))
+        rows.append(
+            Verification(i, float((F_w - F_p).abs().max()), float(F_w.abs().max()), dtype, "weights", lin[i], is_linear)
+        )
     return rows
 
 

@@ -182,7 +182,15 @@ def verify(
         for r in res
     ]
     rows = [
-        [r.layer, r.check, f"{r.max_abs_diff:.2e}", f"{r.rel_diff:.2e}", f"{r.linearity:.1e}", "yes" if r.linear else "NO", r.dtype]
+        [
+            r.layer,
+            r.check,
+            f"{r.max_abs_diff:.2e}",
+            f"{r.rel_diff:.2e}",
+            f"{r.linearity:.1e}",
+            "yes" if r.linear else "NO",
+            r.dtype,
+        ]
         for r in res
     ]
     cols = ["layer", "check", "max |diff|", "relative", "linearity", "linear", "dtype"]

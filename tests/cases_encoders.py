@@ -35,7 +35,9 @@ CASES = {
     "distilbert": Case(
         seeded(
             lambda: T.DistilBertForMaskedLM(
-                T.DistilBertConfig(n_layers=2, n_heads=2, dim=16, hidden_dim=32, vocab_size=64, max_position_embeddings=32)
+                T.DistilBertConfig(
+                    n_layers=2, n_heads=2, dim=16, hidden_dim=32, vocab_size=64, max_position_embeddings=32
+                )
             )
         ),
         "distilbert",

@@ -114,7 +114,9 @@ CASES = {
             )
         ),
         "opt",
-        sum_mid(lambda m: m.base_model.decoder.layers, lambda b: b.self_attn, then=lambda b, x: b.self_attn_layer_norm(x)),
+        sum_mid(
+            lambda m: m.base_model.decoder.layers, lambda b: b.self_attn, then=lambda b, x: b.self_attn_layer_norm(x)
+        ),
         TOK,
         generate=True,
     ),

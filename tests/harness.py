@@ -185,7 +185,11 @@ def tap_values(adapter, inputs: dict, point: str) -> dict[int, torch.Tensor]:
             pre.setdefault(i, t[0] if isinstance(t, tuple) else t)
 
         if tap.where == "input":
-            hs.append(tap.module.register_forward_pre_hook(lambda m, a, k, i=i: keep(i, a[0] if a else k["hidden_states"]), with_kwargs=True))
+            hs.append(
+                tap.module.register_forward_pre_hook(
+                    lambda m, a, k, i=i: keep(i, a[0] if a else k["hidden_states"]), with_kwargs=True
+                )
+            )
         else:
             hs.append(tap.module.register_forward_hook(lambda m, a, o, i=i: keep(i, o)))
     try:

@@ -10,12 +10,11 @@ import math
 
 import pytest
 import torch
+from cases import CASES
 from harness import RESULTS, tap_values
 
 import eigenhooks as eh
 from eigenhooks.models.probe import probe_matrices
-
-from cases import CASES
 
 NAMES = sorted(CASES)
 
@@ -121,7 +120,9 @@ def test_generate_counts_fed_tokens(name, built):
     ids = _inputs(case, model)["input_ids"][:1]
     with eh.monitor(model, targets=[("ov", "modulus")], null_draws=16, fnull_draws=0, eig_top=0) as mon:
         with torch.no_grad():
-            seq = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=4, do_sample=False, min_new_tokens=4)
+            seq = model.generate(
+                input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=4, do_sample=False, min_new_tokens=4
+            )
     df = mon.summary()
     fed = seq.shape[1] - 1  # the last token is never fed back
     assert (df["n_tokens"] == fed).all() and (df["n_sequences"] == 1).all(), df[["n_tokens", "n_sequences"]]

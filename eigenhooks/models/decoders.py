@@ -9,7 +9,15 @@ def _llama(base, cfg):
     d, H, G = gqa_dims(cfg)
     for blk in base.layers:
         a = blk.self_attn
-        yield row(blk, a, a, blk.input_layernorm, linear(a.v_proj, a.o_proj, H, G), a.o_proj, mid_in=blk.post_attention_layernorm)
+        yield row(
+            blk,
+            a,
+            a,
+            blk.input_layernorm,
+            linear(a.v_proj, a.o_proj, H, G),
+            a.o_proj,
+            mid_in=blk.post_attention_layernorm,
+        )
 
 
 LLAMA = Family(_llama, "pre", attr("norm"))

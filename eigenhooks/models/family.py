@@ -29,9 +29,7 @@ def row(block, attn_in, attn_out, norm, factors, o_proj, **extra) -> dict:
     ``extra`` may set any other ``Layer`` field: ``mid_in``, ``pre_in``, ``mid_out``, ``post_in``,
     ``parallel``, ``stack``, ``kind``, ``probe_arg``, ``linear``.
     """
-    return dict(
-        block=block, attn_in=attn_in, attn_out=attn_out, norm=norm, factors=factors, o_proj=o_proj, **extra
-    )
+    return dict(block=block, attn_in=attn_in, attn_out=attn_out, norm=norm, factors=factors, o_proj=o_proj, **extra)
 
 
 def token_inputs(model: nn.Module, b: int, n: int, device: torch.device) -> dict:

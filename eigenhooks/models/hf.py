@@ -55,7 +55,9 @@ def hf_adapter(model: nn.Module) -> Adapter:
     if not rows:
         raise UnsupportedModelError(f"{model_type}: no attention layers found in {type(model).__name__}")
     groups = _group_ids([r["attn_out"] for r in rows])
-    layers = [Layer(index=i, group=g, name=_name(model, r["attn_in"]), **r) for i, (r, g) in enumerate(zip(rows, groups))]
+    layers = [
+        Layer(index=i, group=g, name=_name(model, r["attn_in"]), **r) for i, (r, g) in enumerate(zip(rows, groups))
+    ]
     d, H, G = fam.dims(cfg)
     final = fam.final(base)
     if final is None and fam.head_norm:
