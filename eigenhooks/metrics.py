@@ -22,6 +22,7 @@ import math
 from dataclasses import dataclass, field
 
 import torch
+import torch.nn.functional as F
 
 POINTS = ("pre", "mid", "post")
 # A token "grows" when delta exceeds this: alignments are computed in float32, so smaller
@@ -52,11 +53,17 @@ TGT_FIELDS = (
     "clu_u2",
     "clu_un",
     "clu_n2",
-    "clu_w2",
+    "clu_w2",  # w_s = u_s - ubar_s on the null's tokens, n_s there: the lift's interval
     "clu_wn",
+    "clu_ns2",
+    "n_sub",  # tokens in the null subsample with a delta (p_null and its kin compare these)
+    "n_up_sub",
+    "n_pre_sub",
+    "sum_pre_sub",
+    "sum_mid_sub",
 )
 _T = {name: i for i, name in enumerate(TGT_FIELDS)}
-_ROW = ("n", "u", "ubar")  # per-row open counters, per target
+_ROW = ("n", "u", "n_sub", "u_sub", "ubar_sub")  # per-row open counters, per target
 
 
 class TargetError(ValueError):
@@ -180,81 +187,127 @@ def merge_states(a: dict, b: dict) -> dict:
 class LayerReducer:
     """Reduces one layer's readings to sums for all its targets and nulls in a few batched ops.
 
-    One projection X @ B per reading point, B = [targets | eigen-subspaces | Haar frames |
-    F-null frames] (float32 on the activations' device); ``post`` is projected on the
-    targets' columns only. No host synchronisation and no data-dependent branches, so it
-    adds no graph breaks under torch.compile.
+    The targets are projected on every token. The nulls (F's eigen-subspaces, the Haar
+    frames, the F-null frames) are projected on a subsample of at most ``null_tokens`` tokens
+    per call, a fixed stride over the batch's token grid that depends on shapes only; the
+    targets' own alignments on the same tokens are kept beside them, so p_null, the
+    percentiles and eig_rank compare like with like (a target and a draw are exchangeable
+    under the null). One matmul per reading point for each part, float32 on the activations'
+    device; ``post`` is projected on the targets only. No host synchronisation and no
+    data-dependent branches, so it adds no graph breaks under torch.compile.
 
     Args:
         targets: the layer's targets.
         haar: (K, d, k_max) Haar frames. fnull: {key: (Kf, d, k_max)} F-null frames.
+        null_tokens: the subsample's size per call (None: every token).
     """
 
-    def __init__(self, targets: list[TargetSpec], haar: torch.Tensor, fnull: dict[str, torch.Tensor]):
+    def __init__(
+        self,
+        targets: list[TargetSpec],
+        haar: torch.Tensor,
+        fnull: dict[str, torch.Tensor],
+        null_tokens: int | None = None,
+    ):
         self.targets = targets
         self.T = len(targets)
         self.K, d, self.k_max = haar.shape
+        self.null_tokens = null_tokens
         self.ks = sorted({t.k for t in targets})  # every k <= k_max: the frames are k_max wide
         self.k_index = [self.ks.index(t.k) for t in targets]
         self.m = max([len(t.eig) for t in targets] + [0])
         self.fkeys = sorted(fnull)
         self.Kf = next(iter(fnull.values())).shape[0] if fnull else 0
-        cols, self.t_slices, at = [], [], 0
+        self.t_slices, at = [], 0
         for t in targets:
             self.t_slices.append(slice(at, at + t.k))
-            cols.append(t.U)
             at += t.k
-        self.n_tcols = sum(c.shape[1] for c in cols)
-        # eigen-subspaces: a 0/1 matrix sums squared projections per subspace, (E_cols, T * m)
-        eig_cols, seg = [], []
-        for ti, t in enumerate(targets):
-            for j, E in enumerate(t.eig):
-                eig_cols.append(E)
-                seg += [ti * self.m + j] * E.shape[1]
-        self.eig_start = self.n_tcols
-        cols += eig_cols
-        S = torch.zeros(len(seg), max(self.T * self.m, 1), dtype=torch.float64)
-        if seg:
-            S[torch.arange(len(seg)), torch.tensor(seg)] = 1.0
+        self.Bt64 = torch.cat([t.U for t in targets], 1)  # (d, target columns)
+        eig_cols, seg = self._eig_columns(targets)
+        S = torch.zeros(max(sum(E.shape[1] for E in eig_cols), 0), max(self.T * self.m, 1), dtype=torch.float64)
+        at = 0
+        for E, owners in zip(eig_cols, seg):
+            S[at : at + E.shape[1], owners] = 1.0
+            at += E.shape[1]
         self.S_eig = S
         self.eig_valid = torch.zeros(self.T, max(self.m, 1), dtype=torch.bool)
         for ti, t in enumerate(targets):
             self.eig_valid[ti, : len(t.eig)] = True
+        cols = list(eig_cols)
         self.haar_start = sum(c.shape[1] for c in cols)
         cols.append(haar.permute(1, 0, 2).reshape(d, self.K * self.k_max))  # column j*k_max + i
         self.f_start = {}
         for key in self.fkeys:
             self.f_start[key] = sum(c.shape[1] for c in cols)
             cols.append(fnull[key].permute(1, 0, 2).reshape(d, self.Kf * self.k_max))
-        self.B64 = torch.cat(cols, 1)  # (d, C)
+        self.Bn64 = torch.cat(cols, 1)  # (d, null columns)
         self.v1 = [t.v1 for t in targets]
         self._dev: dict = {}
+
+    def _eig_columns(self, targets) -> tuple[list[torch.Tensor], list[list[int]]]:
+        """F's eigen-subspaces over all targets, each projected once; seg: the (target, j) slots it fills."""
+        cols: list[torch.Tensor] = []
+        seg: list[list[int]] = []
+        for ti, t in enumerate(targets):
+            for j, E in enumerate(t.eig):
+                hit = next((c for c, C in enumerate(cols) if C.shape == E.shape and torch.equal(C, E)), None)
+                if hit is None:
+                    cols.append(E)
+                    seg.append([])
+                    hit = len(cols) - 1
+                seg[hit].append(ti * self.m + j)
+        return cols, seg
 
     def _on(self, device):
         key = str(device)
         if key not in self._dev:
-            self._dev[key] = (self.B64.to(device, torch.float32), self.S_eig.to(device, torch.float32))
+            f = lambda t: t.to(device, torch.float32)  # noqa: E731
+            # (C, d) row-major for F.linear: X @ B with a skinny B is ~6x slower in MKL's GEMM
+            self._dev[key] = (f(self.Bt64.T).contiguous(), f(self.Bn64.T).contiguous(), f(self.S_eig))
         return self._dev[key]
 
-    def _align(self, P: torch.Tensor, inv: torch.Tensor, full: bool) -> dict[str, torch.Tensor]:
-        """Alignments from projections P (b, n, C) and 1/||x|| (b, n)."""
-        b, n = P.shape[:2]
-        tgt = torch.stack([torch.linalg.vector_norm(P[..., s], dim=-1) for s in self.t_slices], -1)
-        out = {"tgt": tgt * inv[..., None]}  # (b, n, T)
-        if not full:
-            return out
-        B, S = self._on(P.device)
+    def sub_index(self, b: int, n: int, device) -> torch.Tensor | None:
+        """Flat (b*n) positions of the null subsample: every s-th token, s = ceil(b n / null_tokens); None: all."""
+        if self.null_tokens is None or b * n <= self.null_tokens:
+            return None
+        s = -(-b * n // self.null_tokens)
+        return torch.arange(0, b * n, s, device=device)
+
+    def _null_align(self, P: torch.Tensor, inv: torch.Tensor) -> dict[str, torch.Tensor]:
+        """Null alignments from the subsample's projections P (N, C_null) and 1/||x|| (N,)."""
+        N = P.shape[0]
+        _, _, S = self._on(P.device)
+        out = {}
         if self.m:
-            E = P[..., self.eig_start : self.haar_start]
-            out["eig"] = torch.sqrt((E * E) @ S) * inv[..., None]  # (b, n, T*m)
-        H = P[..., self.haar_start : self.haar_start + self.K * self.k_max].reshape(b, n, self.K, self.k_max)
-        cum = (H * H).cumsum(-1)  # (b, n, K, k_max): squared norm of the first k columns
-        out["haar"] = torch.stack([cum[..., k - 1] for k in self.ks], 2).sqrt() * inv[..., None, None]  # (b,n,n_k,K)
+            E = P[:, : self.haar_start]
+            out["eig"] = torch.sqrt((E * E) @ S) * inv[:, None]  # (N, T*m)
+        H = P[:, self.haar_start : self.haar_start + self.K * self.k_max].reshape(N, self.K, self.k_max)
+        cum = (H * H).cumsum(-1)  # (N, K, k_max): squared norm of the first k columns
+        out["haar"] = torch.stack([cum[..., k - 1] for k in self.ks], 1).sqrt() * inv[:, None, None]  # (N, n_k, K)
         for key in self.fkeys:
             s = self.f_start[key]
-            Fp = P[..., s : s + self.Kf * self.k_max].reshape(b, n, self.Kf, self.k_max)
-            out["f:" + key] = (Fp * Fp).cumsum(-1).sqrt() * inv[..., None, None]  # (b, n, Kf, k_max)
+            Fp = P[:, s : s + self.Kf * self.k_max].reshape(N, self.Kf, self.k_max)
+            out["f:" + key] = (Fp * Fp).cumsum(-1).sqrt() * inv[:, None, None]  # (N, Kf, k_max)
         return out
+
+    def _project(self, readings, norms, m, idx):
+        """Target alignments on every token and null alignments on the subsample, per reading point."""
+        Bt, Bn, _ = self._on(m.device)
+        A, Z = {}, {}
+        flat_m = m.reshape(-1) if idx is None else m.reshape(-1)[idx]
+        for p, X in readings.items():
+            inv = torch.where(m, 1.0 / norms[p].clamp_min(1e-30), 0.0)
+            Pt = torch.where(m[..., None], F.linear(X, Bt), 0.0)  # where() drops NaN rows; a product would not
+            tgt = torch.stack([torch.linalg.vector_norm(Pt[..., s], dim=-1) for s in self.t_slices], -1)
+            A[p] = {"tgt": tgt * inv[..., None], "P": Pt, "inv": inv}  # (b, n, T)
+            if p == "post":
+                continue
+            Xs = X.reshape(-1, X.shape[-1]) if idx is None else X.reshape(-1, X.shape[-1])[idx]
+            Ps = torch.where(flat_m[:, None], F.linear(Xs, Bn), 0.0)
+            invs = inv.reshape(-1) if idx is None else inv.reshape(-1)[idx]
+            Z[p] = self._null_align(Ps, invs)
+            Z[p]["tgt"] = A[p]["tgt"].reshape(-1, self.T) if idx is None else A[p]["tgt"].reshape(-1, self.T)[idx]
+        return A, Z, flat_m
 
     def __call__(
         self,
@@ -272,11 +325,11 @@ class LayerReducer:
             consensus: sum the within-sequence consensus (off for buffered single steps).
 
         Returns:
-            (state sums like ``zero_state``, rows (b, 3, T) float64: n_s, u_s, ubar_s).
+            (state sums like ``zero_state``, rows (b, 5, T) float64: n, u, n_sub, u_sub, ubar_sub).
         """
         pre = points["pre"]
         dev = pre.device
-        B, _ = self._on(dev)
+        b, n = pre.shape[:2]
         readings = {p: X.float() for p, X in points.items() if X is not None}
         if base is not None:
             readings["base"] = base.float()
@@ -286,20 +339,17 @@ class LayerReducer:
             finite = finite & torch.isfinite(nrm)  # a norm is non-finite iff some entry is
         m = mask.bool() & finite
         mf = m.float()
-        A = {}
-        for p, X in readings.items():
-            full = p != "post"
-            P = X @ (B if full else B[:, : self.n_tcols])
-            P = torch.where(m[..., None], P, 0.0)  # where() drops NaN rows; a product would not
-            inv = torch.where(m, 1.0 / norms[p].clamp_min(1e-30), 0.0)
-            A[p] = self._align(P, inv, full)
-            A[p]["P"] = P
-            A[p]["inv"] = inv
+        idx = self.sub_index(b, n, dev)
+        row_of = (torch.arange(b * n, device=dev) // n) if idx is None else idx // n
+        A, Z, ms = self._project(readings, norms, m, idx)
+        msf = ms.float()
         st = {}
         tg = torch.zeros(self.T, len(TGT_FIELDS), dtype=torch.float64, device=dev)
         n_tok = mf.sum()
         tg[:, _T["n"]] = n_tok.double()
         tg[:, _T["n_nonfinite"]] = (mask.bool() & ~finite).sum().double()
+        tg[:, _T["n_pre_sub"]] = msf.sum().double()
+        tg[:, _T["sum_pre_sub"]] = Z["pre"]["tgt"].sum(0).double()
         for p in ("pre", "mid", "post"):
             if p in A:
                 tg[:, _T[f"sum_{p}"]] = A[p]["tgt"].sum((0, 1)).double()
@@ -310,63 +360,87 @@ class LayerReducer:
                         c = A[p]["P"][..., self.t_slices[ti].start] * A[p]["inv"]
                         tg[ti, _T[f"cos_sum_{p}"]] = c.sum().double()
         n_k = len(self.ks)
-        st["null_pre"] = A["pre"]["haar"].sum((0, 1)).double()
-        rows = torch.zeros(pre.shape[0], 3, self.T, dtype=torch.float64, device=dev)
+        st["null_pre"] = Z["pre"]["haar"].sum(0).double()
+        rows = torch.zeros(b, len(_ROW), self.T, dtype=torch.float64, device=dev)
         st["null_up"] = torch.zeros(n_k, self.K, dtype=torch.float64, device=dev)
         st["null_mid"] = torch.zeros(n_k, self.K, dtype=torch.float64, device=dev)
         st["eig_up"] = torch.zeros(self.T, max(self.m, 0), dtype=torch.float64, device=dev)
         st["fnull_up"] = torch.zeros(self.T, self.Kf, dtype=torch.float64, device=dev)
         if "mid" in A:
-            ref = A["base"] if "base" in A else A["pre"]
-            mid = A["mid"]
-            up = lambda a, b: ((a - b) > GROWTH_EPS) & m.reshape(m.shape + (1,) * (a.dim() - 2))
-            u_t = up(mid["tgt"], ref["tgt"])  # (b, n, T)
-            tg[:, _T["n_up"]] = u_t.sum((0, 1)).double()
-            tg[:, _T["sum_delta"]] = (mid["tgt"] - ref["tgt"]).sum((0, 1)).double()
-            if "base" in A:
-                tg[:, _T["n_norm_up"]] = up(A["base"]["tgt"], A["pre"]["tgt"]).sum((0, 1)).double()
-            u_h = up(mid["haar"], ref["haar"])  # (b, n, n_k, K)
-            st["null_up"] = u_h.sum((0, 1)).double()
-            st["null_mid"] = mid["haar"].sum((0, 1)).double()
-            if self.m:
-                e = up(mid["eig"], ref["eig"]).sum((0, 1)).double().reshape(self.T, self.m)
-                st["eig_up"] = torch.where(self.eig_valid.to(dev), e, float("nan"))
-            for ti, t in enumerate(self.targets):
-                if t.fnull is not None:
-                    key = "f:" + t.fnull
-                    st["fnull_up"][ti] = up(mid[key][..., t.k - 1], ref[key][..., t.k - 1]).sum((0, 1)).double()
-            # per-row counters for the cluster-robust intervals
-            rows[:, 0, :] = mf.sum(1).double()[:, None]
-            rows[:, 1, :] = u_t.sum(1).double()
-            per_row_null = u_h.sum(1).double().mean(-1)  # (b, n_k): mean over draws
-            rows[:, 2, :] = per_row_null[:, self.k_index]
+            self._mid_sums(A, Z, m, ms, msf, row_of, tg, st, rows)
         if consensus:
-            n_s = mf.sum(1)  # (b,)
-            defined = n_s >= 2
-            tg[:, _T["n_seq"]] = defined.sum().double()
-            for p in ("pre", "mid", "post"):
-                if p not in A:
-                    continue
-                Xh = torch.where(m[..., None], readings[p] * A[p]["inv"][..., None], 0.0)
-                s = Xh.sum(1)  # (b, d): sum of unit vectors
-                c = torch.where(defined, (s.pow(2).sum(-1) - n_s) / (n_s * (n_s - 1)).clamp_min(1), 0.0)
-                tg[:, _T[f"cons_sum_{p}"]] = c.sum().double()
+            self._consensus(readings, A, m, mf, tg)
         st["tgt"] = tg
         return st, rows
 
+    def _mid_sums(self, A, Z, m, ms, msf, row_of, tg, st, rows) -> None:
+        """Up-counts of mid against its baseline: targets on every token, nulls on the subsample."""
+        dev = m.device
+        up = lambda a, b, mk: ((a - b) > GROWTH_EPS) & mk.reshape(mk.shape + (1,) * (a.dim() - mk.dim()))  # noqa: E731
+        ref, zref = (A["base"], Z["base"]) if "base" in A else (A["pre"], Z["pre"])
+        mid, zmid = A["mid"], Z["mid"]
+        u_t = up(mid["tgt"], ref["tgt"], m)  # (b, n, T)
+        tg[:, _T["n_up"]] = u_t.sum((0, 1)).double()
+        tg[:, _T["sum_delta"]] = (mid["tgt"] - ref["tgt"]).sum((0, 1)).double()
+        if "base" in A:
+            tg[:, _T["n_norm_up"]] = up(A["base"]["tgt"], A["pre"]["tgt"], m).sum((0, 1)).double()
+        u_s = up(zmid["tgt"], zref["tgt"], ms)  # (N, T): the targets on the null's tokens
+        tg[:, _T["n_sub"]] = msf.sum().double()
+        tg[:, _T["n_up_sub"]] = u_s.sum(0).double()
+        tg[:, _T["sum_mid_sub"]] = zmid["tgt"].sum(0).double()
+        u_h = up(zmid["haar"], zref["haar"], ms)  # (N, n_k, K)
+        st["null_up"] = u_h.sum(0).double()
+        st["null_mid"] = zmid["haar"].sum(0).double()
+        if self.m:
+            e = up(zmid["eig"], zref["eig"], ms).sum(0).double().reshape(self.T, self.m)
+            st["eig_up"] = torch.where(self.eig_valid.to(dev), e, float("nan"))
+        for ti, t in enumerate(self.targets):
+            if t.fnull is not None:
+                key = "f:" + t.fnull
+                st["fnull_up"][ti] = up(zmid[key][..., t.k - 1], zref[key][..., t.k - 1], ms).sum(0).double()
+        # per-row counters for the cluster-robust intervals
+        b = rows.shape[0]
+        per_row = lambda v: torch.zeros(b, *v.shape[1:], dtype=torch.float64, device=dev).index_add_(  # noqa: E731
+            0, row_of, v.double()
+        )
+        rows[:, 0, :] = m.sum(1).double()[:, None]
+        rows[:, 1, :] = u_t.sum(1).double()
+        rows[:, 2, :] = per_row(msf)[:, None]
+        rows[:, 3, :] = per_row(u_s)
+        rows[:, 4, :] = per_row(u_h.double().mean(-1))[:, self.k_index]  # (b, T): mean over draws
+
+    def _consensus(self, readings, A, m, mf, tg) -> None:
+        """Within-sequence consensus: mean pairwise cosine of valid tokens, per reading point.
+
+        A sequence with a non-finite valid token is left out (its sum of unit vectors is NaN);
+        so is one with fewer than 2 valid tokens.
+        """
+        n_s = mf.sum(1)  # (b,)
+        for p in ("pre", "mid", "post"):
+            if p not in A:
+                continue
+            s = torch.bmm(A[p]["inv"][:, None, :], readings[p])[:, 0]  # (b, d): sum of unit vectors (inv 0 off m)
+            q = s.pow(2).sum(-1)
+            defined = (n_s >= 2) & torch.isfinite(q)
+            c = torch.where(defined, (q - n_s) / (n_s * (n_s - 1)).clamp_min(1), 0.0)
+            tg[:, _T[f"cons_sum_{p}"]] = c.sum().double()
+            if p == "pre":
+                tg[:, _T["n_seq"]] = defined.sum().double()
+
 
 def close_rows(tgt: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
-    """Add finished sequences' counters (b, 3, T) to the cluster sums of ``tgt`` (T, F); new tgt."""
-    n, u, ubar = rows[:, 0, :], rows[:, 1, :], rows[:, 2, :]  # (b, T)
+    """Add finished sequences' counters (b, 5, T) to the cluster sums of ``tgt`` (T, F); new tgt."""
+    n, u, ns, us, ubar = (rows[:, i, :] for i in range(len(_ROW)))  # (b, T) each
     live = (n > 0).double()
-    w = u - ubar
+    w = us - ubar
     tgt = tgt.clone()
     tgt[:, _T["n_clu"]] += live.sum(0)
     tgt[:, _T["clu_u2"]] += (u * u).sum(0)
     tgt[:, _T["clu_un"]] += (u * n).sum(0)
     tgt[:, _T["clu_n2"]] += (n * n).sum(0)
     tgt[:, _T["clu_w2"]] += (w * w).sum(0)
-    tgt[:, _T["clu_wn"]] += (w * n).sum(0)
+    tgt[:, _T["clu_wn"]] += (w * ns).sum(0)
+    tgt[:, _T["clu_ns2"]] += (ns * ns).sum(0)
     return tgt
 
 
@@ -423,7 +497,8 @@ def cluster_ci(t: dict, rho: float, lift: float, null_var: float, K: int) -> dic
     """Cluster-robust 95% intervals for rho and lift, and the design effect.
 
     var(rho) = C/(C-1) * sum_s (u_s - rho n_s)^2 / N^2, the sequence as the cluster (C clusters,
-    N tokens). The lift's variance adds the Monte-Carlo variance of the null mean (var/K).
+    N tokens). The lift is measured on the null's tokens (n_s, N there, w_s = u_s - mean over
+    draws), and its variance adds the Monte-Carlo variance of the null mean (var/K).
     """
     N, C = t["n_mid"], t["n_clu"]
     nan = float("nan")
@@ -436,8 +511,9 @@ def cluster_ci(t: dict, rho: float, lift: float, null_var: float, K: int) -> dic
     out["rho_ci_lo"], out["rho_ci_hi"] = max(0.0, rho - Z95 * se), min(1.0, rho + Z95 * se)
     binom = rho * (1 - rho) / N
     out["design_effect"] = var / binom if binom > 0 else nan
-    if math.isfinite(lift):
-        var_l = f * max(t["clu_w2"] - 2 * lift * t["clu_wn"] + lift * lift * t["clu_n2"], 0.0) / (N * N)
+    Ns = t["n_sub"]
+    if math.isfinite(lift) and Ns > 0:
+        var_l = f * max(t["clu_w2"] - 2 * lift * t["clu_wn"] + lift * lift * t["clu_ns2"], 0.0) / (Ns * Ns)
         se_l = math.sqrt(var_l + (null_var / K if K else 0.0))
         out["lift_ci_lo"], out["lift_ci_hi"] = lift - Z95 * se_l, lift + Z95 * se_l
     return out
@@ -464,35 +540,37 @@ def summarize(state: dict[str, torch.Tensor], ti: int, k_index: int, k: int, pos
     }
     rho = out["rho"]
     K = state["null_up"].shape[1]
-    if n_mid > 0:
-        null = state["null_up"][k_index].numpy() / n_mid
-        npre = state["null_pre"][k_index].numpy() / n
-        nmid = state["null_mid"][k_index].numpy() / n_mid
-    else:
-        null = npre = nmid = np.array([])
+    # The nulls are measured on a subsample of tokens; the target is compared on the same ones.
+    ns, nps = t["n_sub"], t["n_pre_sub"]
+    rho_s = div(t["n_up_sub"], ns)
+    null = state["null_up"][k_index].numpy() / ns if ns > 0 else np.array([])
+    nmid = state["null_mid"][k_index].numpy() / ns if ns > 0 else np.array([])
+    npre = state["null_pre"][k_index].numpy() / nps if nps > 0 else np.array([])
     q = lambda x, a: float(np.quantile(x, a)) if x.size else nan
     out.update(
+        null_tokens=int(ns),
+        rho_null_tokens=rho_s,
         null_rho_mean=float(null.mean()) if null.size else nan,
         null_rho_lo=q(null, 0.025),
         null_rho_hi=q(null, 0.975),
-        rho_percentile=percentile(rho, null),
-        p_null=mc_p_value(rho, null),
+        rho_percentile=percentile(rho_s, null),
+        p_null=mc_p_value(rho_s, null),
         null_gamma_pre_mean=float(npre.mean()) if npre.size else nan,
         null_gamma_pre_lo=q(npre, 0.025),
         null_gamma_pre_hi=q(npre, 0.975),
-        gamma_pre_percentile=percentile(out["gamma_pre"], npre),
+        gamma_pre_percentile=percentile(div(t["sum_pre_sub"], nps), npre),
         null_gamma_mid_mean=float(nmid.mean()) if nmid.size else nan,
-        gamma_mid_percentile=percentile(out["gamma_mid"], nmid),
+        gamma_mid_percentile=percentile(div(t["sum_mid_sub"], ns), nmid),
     )
-    out["lift"] = rho - out["null_rho_mean"]
+    out["lift"] = rho_s - out["null_rho_mean"]
     out.update(cluster_ci(t, rho, out["lift"], float(null.var(ddof=1)) if null.size > 1 else 0.0, K))
-    eig = state["eig_up"][ti].numpy() / n_mid if n_mid > 0 else np.array([])
+    eig = state["eig_up"][ti].numpy() / ns if ns > 0 else np.array([])
     eig = eig[np.isfinite(eig)]
-    out["eig_rank"] = int(1 + np.sum(eig > rho)) if eig.size and math.isfinite(rho) else nan
+    out["eig_rank"] = int(1 + np.sum(eig > rho_s)) if eig.size and math.isfinite(rho_s) else nan
     out["eig_rho_median"] = float(np.median(eig)) if eig.size else nan
-    fn = state["fnull_up"][ti].numpy() / n_mid if n_mid > 0 and state["fnull_up"].shape[1] else np.array([])
+    fn = state["fnull_up"][ti].numpy() / ns if ns > 0 and state["fnull_up"].shape[1] else np.array([])
     out["fnull_rho_mean"] = float(fn.mean()) if fn.size else nan
-    out["fnull_percentile"] = percentile(rho, fn)
+    out["fnull_percentile"] = percentile(rho_s, fn)
     out["p_binom"] = binomtest(int(t["n_up"]), int(n_mid), 0.5).pvalue if n_mid > 0 else nan
     out["rho_norm_only"] = div(t["n_norm_up"], n_mid) if post_norm else nan
     for p in POINTS:

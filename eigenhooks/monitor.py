@@ -38,6 +38,7 @@ BUFFER_TOKENS = 256  # single-position forwards reduced together; bounds the buf
 NULL_DRAWS = 128
 FNULL_DRAWS = 64
 EIG_TOP = 16
+NULL_TOKENS = 128  # tokens per forward (or buffered batch) the nulls are measured on
 
 
 class MeasurementWarning(UserWarning):
@@ -73,6 +74,7 @@ class Monitor:
         null_draws: int = NULL_DRAWS,
         fnull_draws: int = FNULL_DRAWS,
         eig_top: int = EIG_TOP,
+        null_tokens: int | None = NULL_TOKENS,
     ):
         bad = set(reading_points) - set(M.POINTS)
         if bad or "pre" not in reading_points:
@@ -82,6 +84,9 @@ class Monitor:
                 raise ValueError(
                     f"{name} must be a {'positive' if name == 'null_draws' else 'non-negative'} int, got {v!r}"
                 )
+        if null_tokens is not None and (not isinstance(null_tokens, int) or null_tokens < 1):
+            raise ValueError(f"null_tokens must be a positive int or None (every token), got {null_tokens!r}")
+        self.null_tokens = null_tokens
         self.adapter: Adapter = get_adapter(model)
         self.model = self.adapter.model
         self.target_defs = [self._parse_target(t) for t in targets]
@@ -209,7 +214,7 @@ class Monitor:
                 fnull[fkey] = M.power_step_frames(
                     lambda G, O=O, V=V: O @ (V @ G), ad.d_model, k_max, self.Kf, self._seed(i, 1 + len(fnull))
                 )
-            red = M.LayerReducer(tgts, haar, fnull)
+            red = M.LayerReducer(tgts, haar, fnull, self.null_tokens)
             self._layers[i] = {"targets": tgts, "meta": meta, "reducer": red, "rp": ad.reading_points(i)}
             self._state[i] = M.zero_state(len(tgts), len(red.ks), self.K, max(red.m, 0), red.Kf)
 
@@ -631,6 +636,7 @@ class Monitor:
             "null_draws": self.K,
             "fnull_draws": self.Kf,
             "eig_top": self.m,
+            "null_tokens": self.null_tokens,
             "targets": [d[0] for d in self.target_defs],
         }
 
@@ -730,6 +736,7 @@ def monitor(
     null_draws: int = NULL_DRAWS,
     fnull_draws: int = FNULL_DRAWS,
     eig_top: int = EIG_TOP,
+    null_tokens: int | None = NULL_TOKENS,
     sink=None,
     attach: bool = True,
 ) -> Monitor:
@@ -747,6 +754,10 @@ def monitor(
         null_draws: K, Haar-random subspaces per layer (p_null resolution 1/(K+1)).
         fnull_draws: directions orth(F g) per layer (0: none).
         eig_top: m, F's own top eigen-subspaces the target is ranked among (0: none).
+        null_tokens: the nulls (Haar, F-null, eigen-subspaces) are measured on at most this
+            many tokens per forward, a fixed stride over the token grid; p_null, the
+            percentiles, eig_rank and lift compare the target on the same tokens
+            (``rho_null_tokens``), so the test stays exact. None: every token.
         sink: a .jsonl path; one line (the forward's target sums) is appended per forward.
         attach: register hooks on enter (TransformerLens users may set False and pass
             ``mon.fwd_hooks()`` to ``run_with_hooks``).
@@ -769,4 +780,5 @@ def monitor(
         null_draws,
         fnull_draws,
         eig_top,
+        null_tokens,
     )

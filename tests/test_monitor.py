@@ -161,7 +161,10 @@ def test_hooks_removed_after_exception_and_user_hooks_survive(gpt2):
     with eh.monitor(model) as outer, eh.monitor(model, targets=[("ov", "residual")]) as inner:
         model(**tok(["x = 1"], return_tensors="pt"))
     assert fired == [1, 1] and _hook_count(model) == before
-    assert outer.stats[(0, "ov/residual")] == inner.stats[(0, "ov/residual")]
+    a, b = outer.stats[(0, "ov/residual")], inner.stats[(0, "ov/residual")]
+    # counts agree exactly; float32 sums agree to rounding (the two projections differ in width)
+    assert a.keys() == b.keys() and all(a[k] == pytest.approx(b[k], rel=1e-6, abs=1e-9) for k in a)
+    assert all(a[k] == b[k] for k in a if k.startswith("n"))
     h.remove()
 
 
