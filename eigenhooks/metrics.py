@@ -447,10 +447,14 @@ def close_rows(tgt: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
 # ---- summaries: from sums to the numbers a user reads ----
 
 
-def mc_p_value(t: float, draws) -> float:
-    """Two-sided Monte-Carlo p-value of t among K null draws: valid (uniform at resolution 1/(K+1)).
+def mc_p_value(t: float, draws, tie_seed: int | None = None) -> float:
+    """Two-sided Monte-Carlo p-value of t among K null draws, valid at resolution 1/(K+1).
 
-    p = min(1, 2 min(1 + #{x <= t}, 1 + #{x >= t}) / (K + 1)); ties count against rejection.
+    r is the rank of t among the K draws and t itself; p = min(1, 2 min(r, K + 2 - r) / (K + 1)).
+    Alignment shares are counts over tokens, so t often ties with draws. With ``tie_seed``
+    the ties are broken uniformly at random (seeded, so reproducible): r is then uniform on
+    1..K+1 under the null and p has exact size. Without it ties count against rejection,
+    which is valid but conservative.
     """
     import numpy as np
 
@@ -458,7 +462,12 @@ def mc_p_value(t: float, draws) -> float:
     x = x[np.isfinite(x)]
     if not math.isfinite(t) or x.size == 0:
         return float("nan")
-    lo, hi = 1 + np.sum(x <= t), 1 + np.sum(x >= t)
+    below, ties = int(np.sum(x < t)), int(np.sum(x == t))
+    if tie_seed is None:
+        lo, hi = 1 + below + ties, 1 + int(np.sum(x > t)) + ties
+    else:
+        r = 1 + below + int(np.random.default_rng(tie_seed).integers(0, ties + 1))
+        lo, hi = r, x.size + 2 - r
     return float(min(1.0, 2 * min(lo, hi) / (x.size + 1)))
 
 
@@ -519,8 +528,13 @@ def cluster_ci(t: dict, rho: float, lift: float, null_var: float, K: int) -> dic
     return out
 
 
-def summarize(state: dict[str, torch.Tensor], ti: int, k_index: int, k: int, post_norm: bool = False) -> dict:
-    """All statistics of one (layer, target) from its state (q_null and verdict come later)."""
+def summarize(
+    state: dict[str, torch.Tensor], ti: int, k_index: int, k: int, post_norm: bool = False, tie_seed: int | None = None
+) -> dict:
+    """All statistics of one (layer, target) from its state (q_null and verdict come later).
+
+    ``tie_seed`` breaks p_null's ties with the draws at random (see ``mc_p_value``).
+    """
     import numpy as np
     from scipy.stats import binomtest
 
@@ -554,7 +568,7 @@ def summarize(state: dict[str, torch.Tensor], ti: int, k_index: int, k: int, pos
         null_rho_lo=q(null, 0.025),
         null_rho_hi=q(null, 0.975),
         rho_percentile=percentile(rho_s, null),
-        p_null=mc_p_value(rho_s, null),
+        p_null=mc_p_value(rho_s, null, tie_seed),
         null_gamma_pre_mean=float(npre.mean()) if npre.size else nan,
         null_gamma_pre_lo=q(npre, 0.025),
         null_gamma_pre_hi=q(npre, 0.975),

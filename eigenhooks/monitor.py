@@ -605,7 +605,11 @@ class Monitor:
                     abs_lambda_1=abs(s.lambda_1) if s else float("nan"),
                     gap_ratio=s.gap_ratio if s else float("nan"),
                 )
-                row.update(M.summarize(st, ti, red.k_index[ti], t.k, post_norm=post_norm))
+                row.update(
+                    M.summarize(
+                        st, ti, red.k_index[ti], t.k, post_norm=post_norm, tie_seed=self._seed(layer, 1000 + ti)
+                    )
+                )
                 row["null_seed"] = self.null_seed
                 rows.append(row)
         df = pd.DataFrame(rows)
