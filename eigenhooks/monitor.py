@@ -436,7 +436,10 @@ class Monitor:
         if rp.post_norm is not None and mid is not None:
             with torch.no_grad():
                 base = rp.post_norm.forward(pre)  # LN_t(pre), without running anyone's hooks
-        mask = self._valid_mask(pre)
+        if getattr(self.adapter.layers[layer], "masked", True):
+            mask = self._valid_mask(pre)
+        else:  # a tower the forward's attention_mask does not describe: all its tokens count
+            mask = torch.ones(pre.shape[:2], dtype=torch.bool, device=pre.device)
         if pre.shape[1] == 1 and self.sink_path is None and not self.keep_tokens:
             self._pending_raw[layer] = (points, mask, base)  # reduced in batches once the forward ends
             return

@@ -105,6 +105,9 @@ class Layer:
         linear: the value path is linear in x, so the probe is F exactly. False where it is
             not (attention sinks, a norm inside the value path): ``factors`` then gives the
             linear F of the weights and the probe is only a local linearisation.
+        masked: the forward's ``attention_mask`` (batch, seq) marks this layer's tokens. False for
+            a tower it does not describe (CLIP's vision tower beside the text tower): all of its
+            tokens count.
     """
 
     index: int
@@ -125,6 +128,7 @@ class Layer:
     kind: Literal["self", "cross"] = "self"
     probe_arg: str | None = None
     linear: bool = True
+    masked: bool = True
 
 
 @dataclass
