@@ -27,6 +27,12 @@ class UnsupportedModelError(TypeError):
     """Raised when no adapter fits a model (and the probe fallback cannot find attention)."""
 
 
+class LayoutError(UnsupportedModelError):
+    """A model of a known family that the family's rule cannot read (another layout, a variant not
+    supported). ``get_adapter`` re-raises it instead of falling back to the generic probe, whose
+    guess (pre-norm, the largest block list) would be silently wrong there."""
+
+
 @dataclass(frozen=True)
 class Tap:
     """Where to read a tensor: a module's input or output (HF), or a hook name (TransformerLens)."""
