@@ -6,18 +6,18 @@ from __future__ import annotations
 from torch import nn
 
 from ..spectrum import Factors
-from .base import UnsupportedModelError
+from .base import LayoutError
 from .family import Family, attr, linear, mha_dims, row
 
 
 def need(obj: nn.Module, path: str) -> nn.Module:
-    """``obj.<path>`` (dotted), or an ``UnsupportedModelError`` naming what ``obj`` holds instead."""
+    """``obj.<path>`` (dotted), or a ``LayoutError`` naming what ``obj`` holds instead."""
     cur = obj
     for p in path.split("."):
         nxt = getattr(cur, p, None)
         if not isinstance(nxt, nn.Module):
             found = ", ".join(n for n, _ in cur.named_children()) if isinstance(cur, nn.Module) else type(cur).__name__
-            raise UnsupportedModelError(
+            raise LayoutError(
                 f"{type(obj).__name__}: expected a submodule {path!r}, found no {p!r} in {type(cur).__name__} "
                 f"(children: {found or 'none'}); this layout is not the one transformers' code builds"
             )

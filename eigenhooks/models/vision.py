@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from .base import UnsupportedModelError
+from .base import LayoutError, UnsupportedModelError
 from .encoders import need
 from .family import Family, attr, linear, mha_dims, row, token_inputs
 
@@ -84,7 +84,7 @@ def _clip(base, cfg):
     """Both towers, in forward order (``CLIPModel.forward`` runs the vision tower first)."""
     t, v = cfg.text_config, cfg.vision_config
     if t.hidden_size != v.hidden_size:
-        raise UnsupportedModelError(
+        raise LayoutError(
             f"CLIPModel: its towers have different widths (text {t.hidden_size}, vision {v.hidden_size}) and an "
             "adapter has one residual width; wrap one tower at a time: eh.monitor(model.text_model) or "
             "eh.monitor(model.vision_model)"
