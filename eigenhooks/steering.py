@@ -238,7 +238,7 @@ class Steer:
         self.signed = (method == "exact") if signed is None else bool(signed)
         self.o_proj = self.adapter.layers[self.layer].o_proj
         self.factors: Factors = self.adapter.factors(self.layer)
-        self.u = check_direction(direction, self.adapter.d_model)
+        self.u = check_direction(direction, self.adapter.width(self.layer))
         self.before = layer_spectrum(self.factors, layer=self.layer, rank=rank)
         self.calibration_positive = None
         self.change = self._construct(alpha, gap_ratio, calibration)
@@ -347,7 +347,12 @@ class Steer:
         model = self.adapter.model
         self._handles.append(model.register_forward_pre_hook(self._remember, with_kwargs=True))
         self._handles.append(model.register_forward_hook(self._capture_output))
-        self._handles.append(self.adapter.layers[-1].block.register_forward_hook(self._capture_final))
+        self._handles.append(self._last_block().register_forward_hook(self._capture_final))
+
+    def _last_block(self):
+        """The last block of the steered layer's stack: its output is the 'final residual' reported."""
+        stack = self.adapter.layers[self.layer].stack
+        return [ly for ly in self.adapter.layers if ly.stack == stack][-1].block
 
     def _remove_hooks(self) -> None:
         for h in self._handles:
@@ -409,7 +414,7 @@ class Steer:
                 self.o_proj.weight.copy_(self._saved)
         hold = {}
         try:
-            h = self.adapter.layers[-1].block.register_forward_hook(
+            h = self._last_block().register_forward_hook(
                 lambda m, a, o: hold.__setitem__("final", (o[0] if isinstance(o, tuple) else o).detach())
             )
             try:

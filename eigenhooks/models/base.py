@@ -114,6 +114,8 @@ class Layer:
         masked: the forward's ``attention_mask`` (batch, seq) marks this layer's tokens. False for
             a tower it does not describe (CLIP's vision tower beside the text tower): all of its
             tokens count.
+        d_model: this layer's residual width, where it differs from the adapter's (CLIP's text
+            and vision towers); None: ``Adapter.d_model``. See ``Adapter.width``.
     """
 
     index: int
@@ -135,6 +137,7 @@ class Layer:
     probe_arg: str | None = None
     linear: bool = True
     masked: bool = True
+    d_model: int | None = None
 
 
 @dataclass
@@ -171,6 +174,10 @@ class Adapter:
     @property
     def n_layers(self) -> int:
         return len(self.layers)
+
+    def width(self, layer: int) -> int:
+        """The residual width d of one layer (towers of one model may differ)."""
+        return self.layers[layer].d_model or self.d_model
 
     def factors(self, layer: int) -> Factors:
         """(O, V) of one layer, column convention (F = sum_h O_h V_h)."""

@@ -158,11 +158,14 @@ def apply_attention_many(
 def probe_matrices(
     adapter: Adapter, layers: list[int] | None = None, chunk: int = 512, n_tokens: int = N_TOKENS
 ) -> dict[int, torch.Tensor]:
-    """F (d, d) float64 of each layer, recovered from the model's forward code."""
+    """F (d, d) float64 of each layer, recovered from the model's forward code (d: its width)."""
     layers = list(range(adapter.n_layers)) if layers is None else list(layers)
-    eye = torch.eye(adapter.d_model, dtype=torch.float64)
-    rows = apply_attention_many(adapter, layers, eye, chunk, n_tokens)
-    return {i: r.T for i, r in rows.items()}  # row i of r is F e_i, i.e. column i of F
+    out: dict[int, torch.Tensor] = {}
+    for d in sorted({adapter.width(i) for i in layers}):  # towers of one model may differ in width
+        eye = torch.eye(d, dtype=torch.float64)
+        rows = apply_attention_many(adapter, [i for i in layers if adapter.width(i) == d], eye, chunk, n_tokens)
+        out.update({i: r.T for i, r in rows.items()})  # row i of r is F e_i, i.e. column i of F
+    return {i: out[i] for i in layers}
 
 
 def _representatives(adapter: Adapter, layers: list[int]) -> list[int]:
