@@ -123,14 +123,46 @@ def test_a_layout_mismatch_names_what_was_found():
         eh.get_adapter(model)
 
 
-def test_clip_towers_of_different_widths_are_refused_with_the_fix():
-    vision = dict(VISION, hidden_size=24, intermediate_size=48)
+@pytest.fixture(scope="module")
+def wide_clip():
+    """CLIPModel whose towers differ in width, as real CLIPs do (text 16, vision 24)."""
+    vision = dict(VISION, hidden_size=24, intermediate_size=48, num_attention_heads=3)
     torch.manual_seed(0)
-    model = T.CLIPModel(T.CLIPConfig(text_config=TEXT, vision_config=vision, projection_dim=8)).eval()
-    with pytest.raises(UnsupportedModelError, match=r"different widths \(text 16, vision 24\).*model\.vision_model"):
-        eh.get_adapter(model)
-    assert eh.get_adapter(model.vision_model).family == "clip_vision_model"
-    assert eh.get_adapter(model.text_model).family == "clip_text_model"
+    return T.CLIPModel(T.CLIPConfig(text_config=TEXT, vision_config=vision, projection_dim=8)).eval()
+
+
+def test_clip_towers_of_different_widths_each_have_their_F(wide_clip):
+    ad = eh.get_adapter(wide_clip)
+    assert [ad.width(i) for i in range(4)] == [24, 24, 16, 16] and ad.d_model == 16
+    probed = probe_matrices(ad)
+    for i in range(4):
+        F = ad.factors(i).matrix()
+        assert F.shape == probed[i].shape == (ad.width(i), ad.width(i))
+        assert float((F - probed[i]).abs().max()) <= 1e-5 * float(F.abs().max()), i
+    rows = eh.verify(wide_clip)
+    assert all(r.check == "weights" and r.linear and r.max_abs_diff <= 1e-5 * r.max_abs_F for r in rows)
+
+
+def test_monitor_and_steer_on_towers_of_different_widths(wide_clip):
+    inputs = CASES["clip (both towers)"].inputs(wide_clip, True)
+    g = torch.Generator().manual_seed(0)
+    u0, u3 = torch.randn(24, generator=g, dtype=torch.float64), torch.randn(16, generator=g, dtype=torch.float64)
+    targets = [("ov", "modulus"), ("mine", {0: u0 / u0.norm(), 3: u3 / u3.norm()})]  # one per tower's width
+    with eh.monitor(wide_clip, targets=targets, null_draws=16, fnull_draws=0, eig_top=0) as mon:
+        with torch.no_grad():
+            wide_clip(**inputs)
+    df = mon.summary().reset_index()
+    ov = df[df["target"] == "ov/modulus"]
+    assert list(ov["n_tokens"]) == [10, 10, 11, 11] and ov["rho"].notna().all()
+    before = {k: v.clone() for k, v in wide_clip.state_dict().items()}
+    with eh.steer(wide_clip, torch.ones(24, dtype=torch.float64) / 24**0.5, layer=1, calibration=inputs) as s:
+        with torch.no_grad():
+            wide_clip(**inputs)
+        rep = s.report()
+    assert abs(rep.cos_v1_u) > 0.999 and rep.alignment_after > rep.alignment_before  # read on the vision tower
+    assert all(torch.equal(before[k], v) for k, v in wide_clip.state_dict().items())
+    with pytest.raises(ValueError, match="16"):
+        eh.steer(wide_clip, torch.ones(24, dtype=torch.float64), layer=-1, calibration=inputs)
 
 
 def test_probe_pixels_need_an_image_size():

@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from .base import LayoutError, UnsupportedModelError
+from .base import UnsupportedModelError
 from .encoders import need
 from .family import Family, attr, linear, mha_dims, row, token_inputs
 
@@ -61,15 +61,18 @@ def _vit(base, cfg):
         yield row(blk, a, a, need(blk, "layernorm_before"), linear(v, o, H, H), o, mid_in=need(blk, "layernorm_after"))
 
 
-def _clip_stack(encoder: nn.Module, cfg, stack: str, masked: bool):
-    """One CLIP tower's ``CLIPEncoderLayer`` list: pre-norm, layer_norm1 -> self_attn -> add -> layer_norm2."""
+def _clip_stack(encoder: nn.Module, cfg, stack: str, masked: bool, width: int | None = None):
+    """One CLIP tower's ``CLIPEncoderLayer`` list: pre-norm, layer_norm1 -> self_attn -> add -> layer_norm2.
+
+    ``width`` marks the tower's residual width on its layers (CLIPModel's towers differ: 512 and 768
+    in openai/clip-vit-base-patch32); each layer's F is (width, width)."""
     H = cfg.num_attention_heads
     for blk in need(encoder, "layers"):
         a = need(blk, "self_attn")
         v, o = need(a, "v_proj"), need(a, "out_proj")
         f = linear(v, o, H, H)
         ln1, ln2 = need(blk, "layer_norm1"), need(blk, "layer_norm2")
-        yield row(blk, a, a, ln1, f, o, mid_in=ln2, stack=stack, masked=masked)
+        yield row(blk, a, a, ln1, f, o, mid_in=ln2, stack=stack, masked=masked, d_model=width)
 
 
 def _clip_text(base, cfg):
@@ -81,16 +84,11 @@ def _clip_vision(base, cfg):
 
 
 def _clip(base, cfg):
-    """Both towers, in forward order (``CLIPModel.forward`` runs the vision tower first)."""
+    """Both towers, in forward order (``CLIPModel.forward`` runs the vision tower first); each
+    layer carries its tower's width, ``Adapter.d_model`` is the text tower's."""
     t, v = cfg.text_config, cfg.vision_config
-    if t.hidden_size != v.hidden_size:
-        raise LayoutError(
-            f"CLIPModel: its towers have different widths (text {t.hidden_size}, vision {v.hidden_size}) and an "
-            "adapter has one residual width; wrap one tower at a time: eh.monitor(model.text_model) or "
-            "eh.monitor(model.vision_model)"
-        )
-    yield from _clip_stack(need(base, "vision_model.encoder"), v, "vision", False)
-    yield from _clip_stack(need(base, "text_model.encoder"), t, "text", True)
+    yield from _clip_stack(need(base, "vision_model.encoder"), v, "vision", False, v.hidden_size)
+    yield from _clip_stack(need(base, "text_model.encoder"), t, "text", True, t.hidden_size)
 
 
 def _clip_dims(c) -> tuple[int, int, int]:
@@ -103,7 +101,10 @@ def _no_mask_note(c) -> list[str]:
 
 
 def _clip_notes(c) -> list[str]:
+    t, v = c.text_config.hidden_size, c.vision_config.hidden_size
     return [
+        f"residual widths: vision {v}, text {t} (adapter.d_model is the text width; adapter.width(layer) "
+        "per layer: a direction to steer or a custom target has its layer's width)",
         "two stacks: 'vision' (no mask, every patch token counts) then 'text' (the attention_mask applies); "
         "post never crosses a stack",
         "the text tower's final_layer_norm and the vision tower's post_layernorm (on the pooled CLS only) are not read",
