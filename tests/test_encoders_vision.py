@@ -224,3 +224,19 @@ def test_monitor_on_clipmodel_counts_each_tower_by_its_own_rule():
     df = mon.summary()
     assert list(df["n_tokens"]) == [20, 20, 22, 22]  # vision: 2 x 2 x 5; text: 2 x (4 + 7)
     assert df["rho"].notna().all()
+
+
+@pytest.mark.parametrize("name", ["vit", "clip (vision)"])
+def test_iterate_a_vision_tower_from_pixel_values(name):
+    from harness import record
+
+    model = CASES[name].build()
+    blk = eh.get_adapter(model).layers[0].block
+    px = {"pixel_values": pixels()[:1]}
+    with record([blk]) as got, torch.no_grad():
+        model(**px)
+    y = got[id(blk)][0][1][0].double()  # (5, d) the block's own output on these pixels
+    traj = eh.iterate(model, px, layer=0, steps=1)
+    torch.testing.assert_close(traj.final, y / y.norm(dim=-1, keepdim=True), rtol=1e-5, atol=1e-6)
+    start = torch.randn(1, 5, 16, generator=torch.Generator().manual_seed(0))  # hidden states, no image
+    assert len(eh.iterate(model, start, layer=1, steps=3).alignment) == 4
