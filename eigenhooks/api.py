@@ -389,7 +389,14 @@ def _linearity(adapter: Adapter, idx: list[int], probed: dict, n_tokens: int) ->
     P(a x + b y) with a P(x) + b P(y), and P(s x) with s P(x); also P(x) with F_probe x
     (the probe's own columns). A linear path gives rounding; a norm or a sink does not.
     """
-    d = adapter.d_model
+    out = {}
+    for d in sorted({adapter.width(i) for i in idx}):  # towers of one model may differ in width
+        out.update(_linearity_at(adapter, [i for i in idx if adapter.width(i) == d], d, probed, n_tokens))
+    return out
+
+
+def _linearity_at(adapter: Adapter, idx: list[int], d: int, probed: dict, n_tokens: int) -> dict[int, float]:
+    """``_linearity`` for layers of one residual width d."""
     g = torch.Generator().manual_seed(0)
     x, y = torch.randn(2, d, generator=g, dtype=torch.float64)
     a, b, s = 0.7, -1.3, 3.0

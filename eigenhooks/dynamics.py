@@ -28,6 +28,7 @@ from .api import spectra
 from .metrics import alignment
 from .models import get_adapter
 from .models.base import StopForward
+from .models.family import token_inputs
 from .spectrum import LayerSpectrum
 
 LIMITS = ("consensus", "rotation", "near-degenerate", "bipartite", "consensus-off-subspace", "unconverged")
@@ -77,8 +78,11 @@ def _plane(spec: LayerSpectrum) -> torch.Tensor:
     return Q
 
 
-def _capture(adapter, ids, attention_mask, module):
-    """Run the model until ``module`` is called; return its (args, kwargs)."""
+def _capture(adapter, ids, attention_mask, module, forward: dict | None = None):
+    """Run the model until ``module`` is called; return its (args, kwargs).
+
+    ``forward``: the model's forward kwargs, used instead of ids (pixel_values of a vision tower).
+    """
     got = {}
 
     def pre(m, args, kwargs):
@@ -87,8 +91,8 @@ def _capture(adapter, ids, attention_mask, module):
 
     h = module.register_forward_pre_hook(pre, with_kwargs=True)
     try:
-        kw = {"input_ids": ids}
-        if attention_mask is not None:
+        kw = dict(forward) if forward is not None else {"input_ids": ids}
+        if attention_mask is not None and forward is None:
             kw["attention_mask"] = attention_mask
         if getattr(getattr(adapter.model, "config", None), "use_cache", None) is not None:
             kw["use_cache"] = False
@@ -124,8 +128,9 @@ def iterate(
 
     Args:
         model: an HF model (or Adapter).
-        inputs: a tokenizer output (dict with input_ids), a LongTensor of ids (1, n), or float
-            hidden states (1, n, d) to start from.
+        inputs: a tokenizer output (dict with input_ids), a LongTensor of ids (1, n), float
+            hidden states (1, n, d) to start from, or a dict of other forward kwargs (a vision
+            tower's ``{"pixel_values": images}``).
         layer: the attention block to iterate.
         steps: number of applications (> 0).
         mode: 'model' (the real block) or 'paper' (no FFN, L2 norm, no biases).
@@ -145,16 +150,21 @@ def iterate(
         raise IndexError(f"layer {layer} is out of range for a model with {n_layers} attention layers")
     layer %= n_layers
     ly = ad.layers[layer]
-    ids, mask, x0 = _parse_inputs(inputs, ad.d_model)
-    if ids is None:  # start from given hidden states; any ids of the same length give the kwargs
-        ids = torch.zeros(x0.shape[:2], dtype=torch.long)
     dev = next(ad.model.parameters()).device
-    ids = ids[:1].to(dev)
+    ids, mask, x0, forward = _parse_inputs(inputs, ad.width(layer))
+    if ids is None and forward is None:  # start from given hidden states; inputs of that length give the kwargs
+        if ad.probe_inputs not in (None, token_inputs):  # the family takes no token ids (a vision tower)
+            forward = ad.probe_inputs(ad.model, 1, x0.shape[1], dev)
+        else:
+            ids = torch.zeros(x0.shape[:2], dtype=torch.long)
+    if forward is not None:  # the first sequence of each batched input
+        forward = {k: (v[:1].to(dev) if isinstance(v, torch.Tensor) else v) for k, v in forward.items()}
+    ids = None if ids is None else ids[:1].to(dev)
     mask = None if mask is None else mask[:1].to(dev)
     target = ly.block if mode == "model" else ly.attn_in
-    args, kwargs = _capture(ad, ids, mask, target)
+    args, kwargs = _capture(ad, ids, mask, target, forward)
     if x0 is None:
-        block_args, block_kwargs = (args, kwargs) if mode == "model" else _capture(ad, ids, mask, ly.block)
+        block_args, block_kwargs = (args, kwargs) if mode == "model" else _capture(ad, ids, mask, ly.block, forward)
         x0 = block_kwargs.get("hidden_states", block_args[0] if block_args else None)
     x = x0[:1].to(dev, next(ad.model.parameters()).dtype)
     spec = spectra(ad, rank=rank, layers=[layer])[0]
@@ -192,18 +202,21 @@ def _attn_out(ly, x, args, kwargs) -> torch.Tensor:
 
 
 def _parse_inputs(inputs, d: int):
+    """(ids, mask, hidden states, other forward kwargs); the ones not given are None."""
     if hasattr(inputs, "keys") and "input_ids" in inputs:
         ids = torch.as_tensor(inputs["input_ids"])
         mask = inputs.get("attention_mask")
-        return (ids if ids.dim() == 2 else ids[None]), (None if mask is None else torch.as_tensor(mask)), None
+        return (ids if ids.dim() == 2 else ids[None]), (None if mask is None else torch.as_tensor(mask)), None, None
+    if hasattr(inputs, "keys"):
+        return None, None, None, dict(inputs)
     t = torch.as_tensor(inputs)
     if not t.is_floating_point():
-        return (t if t.dim() == 2 else t[None]), None, None
+        return (t if t.dim() == 2 else t[None]), None, None, None
     if t.dim() == 2:
         t = t[None]
     if t.dim() != 3 or t.shape[-1] != d:
         raise ValueError(f"hidden states must have shape (1, n, d={d}); got {tuple(t.shape)}")
-    return None, None, t
+    return None, None, t, None
 
 
 @dataclass

@@ -125,18 +125,16 @@ class Monitor:
         name, U = t
         if not isinstance(name, str) or not name:
             raise ValueError(f"a custom target's name must be a non-empty string, got {name!r}")
-        d = self.adapter.d_model
+        ad = self.adapter
         if isinstance(U, dict):
             per = {}
             for layer, u in U.items():
-                if not isinstance(layer, int) or not 0 <= layer < self.adapter.n_layers:
-                    raise M.TargetError(
-                        f"target {name!r}: layer key {layer!r} is not in 0..{self.adapter.n_layers - 1}"
-                    )
-                per[layer] = M.check_target(name, u, d)
+                if not isinstance(layer, int) or not 0 <= layer < ad.n_layers:
+                    raise M.TargetError(f"target {name!r}: layer key {layer!r} is not in 0..{ad.n_layers - 1}")
+                per[layer] = M.check_target(name, u, ad.width(layer))
             return (name, None, None, per)
-        U = M.check_target(name, U, d)
-        return (name, None, None, {i: U for i in range(self.adapter.n_layers)})
+        checked = {d: M.check_target(name, U, d) for d in sorted({ad.width(i) for i in range(ad.n_layers)})}
+        return (name, None, None, {i: checked[ad.width(i)] for i in range(ad.n_layers)})
 
     # ---- lifecycle ----
     def __enter__(self) -> Monitor:
@@ -207,12 +205,12 @@ class Monitor:
             if not tgts:
                 continue
             k_max = max(t.k for t in tgts)
-            haar = M.haar_frames(ad.d_model, k_max, self.K, self._seed(i, 0))
+            haar = M.haar_frames(ad.width(i), k_max, self.K, self._seed(i, 0))
             fnull = {}
             for fkey in sorted({t.fnull for t in tgts if t.fnull}):
                 O, V = layer_stacked(ad, i, fkey)
                 fnull[fkey] = M.power_step_frames(
-                    lambda G, O=O, V=V: O @ (V @ G), ad.d_model, k_max, self.Kf, self._seed(i, 1 + len(fnull))
+                    lambda G, O=O, V=V: O @ (V @ G), ad.width(i), k_max, self.Kf, self._seed(i, 1 + len(fnull))
                 )
             red = M.LayerReducer(tgts, haar, fnull, self.null_tokens)
             self._layers[i] = {"targets": tgts, "meta": meta, "reducer": red, "rp": ad.reading_points(i)}
@@ -441,7 +439,10 @@ class Monitor:
         if rp.post_norm is not None and mid is not None:
             with torch.no_grad():
                 base = rp.post_norm.forward(pre)  # LN_t(pre), without running anyone's hooks
-        mask = self._valid_mask(pre)
+        if getattr(self.adapter.layers[layer], "masked", True):
+            mask = self._valid_mask(pre)
+        else:  # a tower the forward's attention_mask does not describe: all its tokens count
+            mask = torch.ones(pre.shape[:2], dtype=torch.bool, device=pre.device)
         if pre.shape[1] == 1 and self.sink_path is None and not self.keep_tokens:
             self._pending_raw[layer] = (points, mask, base)  # reduced in batches once the forward ends
             return

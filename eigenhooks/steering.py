@@ -24,6 +24,7 @@ import torch
 from . import rank1
 from .models import Adapter, UnsupportedModelError, get_adapter
 from .models.base import StopForward
+from .models.probe import input_embeddings
 from .spectrum import Factors, layer_spectrum
 
 log = logging.getLogger(__name__)
@@ -97,14 +98,15 @@ class SteerReport:
 
 
 def _vocab_size(model) -> int:
-    emb = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
-    if emb is not None:
-        return int(emb.num_embeddings)
-    n = getattr(getattr(model, "cfg", None), "d_vocab", None)
+    emb = input_embeddings(model)
+    n = getattr(emb, "num_embeddings", None)
+    if n is None:
+        n = getattr(getattr(model, "cfg", None), "d_vocab", None)
     if n is None:
         raise UnsupportedModelError(
-            f"{type(model).__name__}: cannot tell its vocabulary size for random calibration tokens; "
-            "pass calibration=input_ids"
+            f"{type(model).__name__}: cannot tell its vocabulary size for random calibration tokens (its input "
+            f"embedding is {type(emb).__name__}); pass calibration=input_ids, or a dict of its forward kwargs "
+            "(e.g. {'pixel_values': images} for a vision tower)"
         )
     return int(n)
 
@@ -143,7 +145,13 @@ def _sample_tokens(model, shape, seed: int) -> torch.Tensor:
     ids = torch.randint(0, _vocab_size(model), (shape[0], 1), generator=g)
     for _ in range(shape[1] - 1):
         out = model(ids.to(dev))
-        logits = (out.logits if hasattr(out, "logits") else out)[:, -1].to("cpu", torch.float64)
+        logits = token_logits(out)
+        if logits is None:
+            raise UnsupportedModelError(
+                f"{type(model).__name__} has no LM head (its output has no (batch, seq, vocab) logits), so it "
+                "cannot sample its own calibration text; pass calibration=input_ids or a dict of forward kwargs"
+            )
+        logits = logits[:, -1].to("cpu", torch.float64)
         nxt = torch.multinomial(torch.softmax(logits, -1), 1, generator=g)  # (batch, 1)
         ids = torch.cat([ids, nxt], 1)
     return ids
@@ -192,6 +200,9 @@ def value_activations(adapter: Adapter, o_proj, calibration=None) -> torch.Tenso
     if "z" not in got:
         raise UnsupportedModelError(f"{adapter.family}: the calibration forward never reached the output projection")
     z = got["z"].to("cpu", torch.float64)  # (batch, seq, H*d_head)
+    ly = next((ly for ly in adapter.layers if ly.o_proj is o_proj), None)
+    if ly is not None and not getattr(ly, "masked", True):
+        mask = None  # the attention_mask is another tower's (CLIP's text mask, a vision layer steered)
     if mask is not None:
         return z[mask.to("cpu").bool()]
     return z.reshape(-1, z.shape[-1])
@@ -227,7 +238,7 @@ class Steer:
         self.signed = (method == "exact") if signed is None else bool(signed)
         self.o_proj = self.adapter.layers[self.layer].o_proj
         self.factors: Factors = self.adapter.factors(self.layer)
-        self.u = check_direction(direction, self.adapter.d_model)
+        self.u = check_direction(direction, self.adapter.width(self.layer))
         self.before = layer_spectrum(self.factors, layer=self.layer, rank=rank)
         self.calibration_positive = None
         self.change = self._construct(alpha, gap_ratio, calibration)
@@ -336,7 +347,12 @@ class Steer:
         model = self.adapter.model
         self._handles.append(model.register_forward_pre_hook(self._remember, with_kwargs=True))
         self._handles.append(model.register_forward_hook(self._capture_output))
-        self._handles.append(self.adapter.layers[-1].block.register_forward_hook(self._capture_final))
+        self._handles.append(self._last_block().register_forward_hook(self._capture_final))
+
+    def _last_block(self):
+        """The last block of the steered layer's stack: its output is the 'final residual' reported."""
+        stack = self.adapter.layers[self.layer].stack
+        return [ly for ly in self.adapter.layers if ly.stack == stack][-1].block
 
     def _remove_hooks(self) -> None:
         for h in self._handles:
@@ -398,7 +414,7 @@ class Steer:
                 self.o_proj.weight.copy_(self._saved)
         hold = {}
         try:
-            h = self.adapter.layers[-1].block.register_forward_hook(
+            h = self._last_block().register_forward_hook(
                 lambda m, a, o: hold.__setitem__("final", (o[0] if isinstance(o, tuple) else o).detach())
             )
             try:
@@ -448,9 +464,19 @@ def mean_abs_cos(X: torch.Tensor, u: torch.Tensor) -> float:
     return float(((X @ u.to(X.device)).abs() / torch.linalg.vector_norm(X, dim=-1).clamp_min(1e-30)).mean())
 
 
-def next_token_prob(output, token: int) -> float:
-    """Mean probability of token at the last position of each sequence."""
-    logits = output.logits if hasattr(output, "logits") else output
+def token_logits(output) -> torch.Tensor | None:
+    """The (batch, seq, vocab) logits of a model's output, or None where it has no LM head
+    (a vision tower, CLIP, a classifier's (batch, labels) logits)."""
+    logits = getattr(output, "logits", None) if not isinstance(output, torch.Tensor) else output
+    return logits if isinstance(logits, torch.Tensor) and logits.dim() == 3 else None
+
+
+def next_token_prob(output, token: int) -> float | None:
+    """Mean probability of token at the last position of each sequence; None without an LM head."""
+    logits = token_logits(output)
+    if logits is None:
+        log.warning("the model's output has no (batch, seq, vocab) logits: no token probability to report")
+        return None
     return float(torch.softmax(logits[:, -1].double(), -1)[:, token].mean())
 
 
@@ -481,8 +507,10 @@ def steer(
         method: 'exact' (F' u = lambda u exactly) or 'paper' (O + alpha u wᵀ, approximate).
         signed: choose the read-out so the typical token is pushed toward +u (default for
             'exact'; the paper's construction is symmetric).
-        calibration: token ids (batch, seq) or a tokenizer batch whose heads' outputs set the
-            signed read-out; default: 4 sequences of 32 tokens sampled from the model (seeded).
+        calibration: token ids (batch, seq), or a dict of forward kwargs (a tokenizer batch;
+            ``{"pixel_values": images}`` for a vision tower), whose heads' outputs set the signed
+            read-out; default: 4 sequences of 32 tokens sampled from the model (seeded; needs an
+            LM head).
 
     Returns:
         A Steer, to use as a context manager (once at a time).

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from .base import Adapter, Layer, ReadingPoints, Tap, UnsupportedModelError
+from .base import Adapter, Layer, LayoutError, ReadingPoints, Tap, UnsupportedModelError
 from .hf import generic_adapter, hf_adapter, is_hf_model, supported_families
 from .lens import is_lens_model, lens_adapter
 from .offload import empty_meta_parameters
@@ -12,6 +12,7 @@ from .offload import empty_meta_parameters
 __all__ = [
     "Adapter",
     "Layer",
+    "LayoutError",
     "ReadingPoints",
     "Tap",
     "UnsupportedModelError",
@@ -56,6 +57,8 @@ def get_adapter(model) -> Adapter:
     if is_hf_model(model):
         try:
             return hf_adapter(model)
+        except LayoutError:
+            raise
         except UnsupportedModelError:
             pass
         try:

@@ -27,6 +27,12 @@ class UnsupportedModelError(TypeError):
     """Raised when no adapter fits a model (and the probe fallback cannot find attention)."""
 
 
+class LayoutError(UnsupportedModelError):
+    """A model of a known family that the family's rule cannot read (another layout, a variant not
+    supported). ``get_adapter`` re-raises it instead of falling back to the generic probe, whose
+    guess (pre-norm, the largest block list) would be silently wrong there."""
+
+
 @dataclass(frozen=True)
 class Tap:
     """Where to read a tensor: a module's input or output (HF), or a hook name (TransformerLens)."""
@@ -105,6 +111,11 @@ class Layer:
         linear: the value path is linear in x, so the probe is F exactly. False where it is
             not (attention sinks, a norm inside the value path): ``factors`` then gives the
             linear F of the weights and the probe is only a local linearisation.
+        masked: the forward's ``attention_mask`` (batch, seq) marks this layer's tokens. False for
+            a tower it does not describe (CLIP's vision tower beside the text tower): all of its
+            tokens count.
+        d_model: this layer's residual width, where it differs from the adapter's (CLIP's text
+            and vision towers); None: ``Adapter.d_model``. See ``Adapter.width``.
     """
 
     index: int
@@ -125,6 +136,8 @@ class Layer:
     kind: Literal["self", "cross"] = "self"
     probe_arg: str | None = None
     linear: bool = True
+    masked: bool = True
+    d_model: int | None = None
 
 
 @dataclass
@@ -161,6 +174,10 @@ class Adapter:
     @property
     def n_layers(self) -> int:
         return len(self.layers)
+
+    def width(self, layer: int) -> int:
+        """The residual width d of one layer (towers of one model may differ)."""
+        return self.layers[layer].d_model or self.d_model
 
     def factors(self, layer: int) -> Factors:
         """(O, V) of one layer, column convention (F = sum_h O_h V_h)."""

@@ -7,11 +7,13 @@ lineage), ``decoders`` (Llama style), ``special`` (MoE, MLA, sinks, hybrids), ``
 
 from __future__ import annotations
 
+import torch
 from torch import nn
 
 from . import decoders, encoders, gpt, seq2seq, special, vision
 from .base import Adapter, Layer, NormPosition, UnsupportedModelError
 from .family import Family, attr
+from .probe import input_embeddings
 
 FAMILIES: dict[str, Family] = {
     **gpt.FAMILIES,
@@ -165,9 +167,9 @@ def _guess_width(model: nn.Module) -> int:
     for key in ("hidden_size", "d_model", "n_embd", "dim"):
         if isinstance(getattr(cfg, key, None), int):
             return getattr(cfg, key)
-    emb = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
-    if emb is not None:
-        return emb.weight.shape[1]
+    w = getattr(input_embeddings(model), "weight", None)
+    if isinstance(w, torch.Tensor) and w.dim() == 2:
+        return w.shape[1]
     raise UnsupportedModelError(f"cannot tell the residual width of {type(model).__name__}")
 
 

@@ -73,8 +73,7 @@ def hf_runner(adapter: Adapter, layers: list[int], x: torch.Tensor) -> dict[int,
             handles.append(ly.attn_in.register_forward_pre_hook(pre_hook, with_kwargs=True))
             handles.append(ly.attn_out.register_forward_hook(fwd_hook))
         b, n, _ = x.shape
-        emb = base.get_input_embeddings() if hasattr(base, "get_input_embeddings") else None
-        dev = emb.weight.device if emb is not None and hasattr(emb, "weight") else _param_device(base)
+        dev = _input_device(base)
         kwargs = (adapter.probe_inputs or token_inputs)(model, b, n, dev)
         if getattr(getattr(model, "config", None), "use_cache", None) is not None:
             kwargs["use_cache"] = False
@@ -90,6 +89,22 @@ def hf_runner(adapter: Adapter, layers: list[int], x: torch.Tensor) -> dict[int,
     if missing:
         raise RuntimeError(f"probe: attention of layers {missing} was never called in {type(model).__name__}'s forward")
     return captured
+
+
+def input_embeddings(model: torch.nn.Module) -> torch.nn.Module | None:
+    """The model's input embedding module, or None: vision towers' patch embeddings and models
+    that do not implement ``get_input_embeddings`` (CLIPModel raises NotImplementedError)."""
+    try:
+        return model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
+    except (NotImplementedError, AttributeError):
+        return None
+
+
+def _input_device(base: torch.nn.Module) -> torch.device:
+    """Where the forward's inputs go: the token embedding's device (first under a device_map),
+    else the first parameter's (a patch embedding has no ``.weight``)."""
+    w = getattr(input_embeddings(base), "weight", None)
+    return w.device if isinstance(w, torch.Tensor) else _param_device(base)
 
 
 def _param_device(module: torch.nn.Module) -> torch.device:
@@ -143,11 +158,14 @@ def apply_attention_many(
 def probe_matrices(
     adapter: Adapter, layers: list[int] | None = None, chunk: int = 512, n_tokens: int = N_TOKENS
 ) -> dict[int, torch.Tensor]:
-    """F (d, d) float64 of each layer, recovered from the model's forward code."""
+    """F (d, d) float64 of each layer, recovered from the model's forward code (d: its width)."""
     layers = list(range(adapter.n_layers)) if layers is None else list(layers)
-    eye = torch.eye(adapter.d_model, dtype=torch.float64)
-    rows = apply_attention_many(adapter, layers, eye, chunk, n_tokens)
-    return {i: r.T for i, r in rows.items()}  # row i of r is F e_i, i.e. column i of F
+    out: dict[int, torch.Tensor] = {}
+    for d in sorted({adapter.width(i) for i in layers}):  # towers of one model may differ in width
+        eye = torch.eye(d, dtype=torch.float64)
+        rows = apply_attention_many(adapter, [i for i in layers if adapter.width(i) == d], eye, chunk, n_tokens)
+        out.update({i: r.T for i, r in rows.items()})  # row i of r is F e_i, i.e. column i of F
+    return {i: out[i] for i in layers}
 
 
 def _representatives(adapter: Adapter, layers: list[int]) -> list[int]:
