@@ -1,8 +1,10 @@
-"""Monitored vs plain forward on SmolLM2 (4 x 128, 2 threads), interleaved, with and without the nulls.
+"""Monitored vs plain, interleaved, 2 threads: SmolLM2 4x128 forward, SmolLM2 generating 48
+tokens, and a GPT-2-small-shaped model (random weights) 4x128 forward.
 
     python benchmarks/bench_monitor_real.py [--reps 7]
 
-Prints min-of-reps times and their ratios, measured side by side in one run. Needs
+Prints min-of-reps times and their ratios, measured side by side in one run, and the
+monitor's state size after 1 and after 10 forwards (flat in tokens). Needs
 `eigenhooks fetch smollm2-135m`. Not a timed test: read the ratios, not the seconds.
 """
 
@@ -12,13 +14,44 @@ import argparse
 import time
 
 import torch
+import transformers as T
 
 import eigenhooks as eh
 
 CONFIGS = {
-    "default (K=128 Haar, 64 power-step, 16 eig)": {},
+    "default (K=128 Haar, 64 power-step, 16 eig; nulls on 128 tokens)": {},
+    "nulls on every token": {"null_tokens": None},
     "no nulls (K=1, 0, 0)": {"null_draws": 1, "fnull_draws": 0, "eig_top": 0},
 }
+
+
+def interleaved(fn, mons: dict, reps: int) -> tuple[float, dict[str, float]]:
+    """min time of fn plain and under each monitor, alternating so drift hits both."""
+    for m in mons.values():
+        m._prepare()  # spectra and null frames once, outside the timing
+    fn()
+    plain, timed = [], {name: [] for name in mons}
+    for _ in range(reps):
+        for name, m in mons.items():
+            t0 = time.perf_counter()
+            fn()
+            plain.append(time.perf_counter() - t0)
+            with m:
+                t0 = time.perf_counter()
+                fn()
+                timed[name].append(time.perf_counter() - t0)
+    return min(plain), {k: min(v) for k, v in timed.items()}
+
+
+def report(title: str, base: float, timed: dict[str, float]) -> None:
+    print(f"{title}, plain: {base:.3f} s")
+    for name, t in timed.items():
+        print(f"  monitored, {name}: {t:.3f} s  ratio {t / base:.3f}")
+
+
+def state_bytes(mon) -> int:
+    mon._flush()
+    return sum(v.numel() * v.element_size() for st in mon._state.values() for v in st.values())
 
 
 def main() -> None:
@@ -26,31 +59,42 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=7)
     args = ap.parse_args()
     torch.set_num_threads(2)
-    model, _ = eh.zoo.load("smollm2-135m")
+    model, tok = eh.zoo.load("smollm2-135m")
     ids = torch.randint(100, 20000, (4, 128), generator=torch.Generator().manual_seed(0))
 
-    def fwd():
+    def fwd(m=model):
         with torch.no_grad():
-            model(input_ids=ids)
+            m(input_ids=ids)
 
-    mons = {name: eh.monitor(model, **kw) for name, kw in CONFIGS.items()}
-    for m in mons.values():
-        m._prepare()  # spectra and null frames once, outside the timing
-    fwd()
-    plain, timed = [], {name: [] for name in mons}
-    for _ in range(args.reps):
-        for name, m in mons.items():
-            t0 = time.perf_counter()
+    base, timed = interleaved(fwd, {n: eh.monitor(model, **kw) for n, kw in CONFIGS.items()}, args.reps)
+    report("SmolLM2 4x128 forward", base, timed)
+
+    prompt = tok(["The capital of France is"], return_tensors="pt")
+
+    def gen():
+        with torch.no_grad():
+            model.generate(**prompt, max_new_tokens=48, min_new_tokens=48, do_sample=False)
+
+    base, timed = interleaved(gen, {"default": eh.monitor(model)}, max(3, args.reps // 2))
+    report("SmolLM2 generate 48 tokens", base, timed)
+
+    torch.manual_seed(0)
+    gpt2 = T.GPT2LMHeadModel(T.GPT2Config(n_layer=12, n_head=12, n_embd=768)).eval()  # GPT-2 small shape
+
+    def fwd2():
+        fwd(gpt2)
+
+    base, timed = interleaved(fwd2, {"default": eh.monitor(gpt2)}, args.reps)
+    report("GPT-2-small shape (random weights) 4x128 forward", base, timed)
+
+    mon = eh.monitor(model)
+    sizes = []
+    with mon:
+        for i in range(10):
             fwd()
-            plain.append(time.perf_counter() - t0)
-            with m:
-                t0 = time.perf_counter()
-                fwd()
-                timed[name].append(time.perf_counter() - t0)
-    base = min(plain)
-    print(f"SmolLM2 4x128 forward, plain: {base:.3f} s (min of {len(plain)})")
-    for name, ts in timed.items():
-        print(f"  monitored, {name}: {min(ts):.3f} s  ratio {min(ts) / base:.3f}")
+            if i in (0, 9):
+                sizes.append(state_bytes(mon))
+    print(f"monitor state after 1 forward: {sizes[0]} bytes; after 10 (10x the tokens): {sizes[1]} bytes")
 
 
 if __name__ == "__main__":
