@@ -102,6 +102,9 @@ class Monitor:
         self._buf: dict[int, list] = {}
         self._stack: ExitStack | None = None
         self._handles: list = []
+        self._raw: list = []  # (module, handle) of every hook registered
+        self._inert: list = []  # model-level handles left to remove at the model's next call
+        self._closing = False  # closed while a forward was running: detach when it returns
         self._warned: set[str] = set()
         self._active = False
         self._orphans = 0  # tap calls that came outside any forward of the model
@@ -144,7 +147,7 @@ class Monitor:
                 self._register()
             except BaseException:
                 self._stack.close()  # all-or-nothing: drop what was registered
-                self._stack, self._handles = None, []
+                self._stack, self._handles, self._raw = None, [], []
                 raise
         self._active = True
         return self
@@ -153,14 +156,22 @@ class Monitor:
         self.close(_raised=exc_type is not None)
 
     def close(self, _raised: bool = False) -> None:
-        """Remove the monitor's own hooks (only those), after checking they were still there."""
-        if not self._active:
+        """Remove the monitor's own hooks (only those), after checking they were still there.
+
+        Closed while a forward of the model is still running (the with-block was entered inside
+        nnsight's ``model.trace(...)``, whose body runs within the model's forward), the hooks
+        stay until that forward returns, so it counts whole; then they come off.
+        """
+        if not self._active or self._closing:
+            return
+        if self._open and self._stack is not None and not _raised and not self._gone():
+            self._closing = True  # _on_model_end finishes the close
             return
         self._active = False
         try:
             if self._stack is not None:
-                self._check_handles()
-                if self.n_forwards == 0 and not self._orphans and not _raised:
+                gone = self._check_handles()
+                if self.n_forwards == 0 and not self._orphans and not _raised and not gone:
                     self._warn(
                         "no-forward",
                         "no forward pass reached the monitor's hooks inside its with-block. If the model was "
@@ -171,7 +182,25 @@ class Monitor:
         finally:
             if self._stack is not None:
                 self._stack.close()
-                self._stack, self._handles = None, []
+                self._stack, self._handles, self._raw = None, [], []
+
+    def _finish_deferred_close(self, raised: bool) -> None:
+        """The forward a close waited for ended: detach now (see ``close``)."""
+        self._closing = False
+        if not raised or self.adapter.backend == "lens":
+            self.close()
+            return
+        # torch is iterating the model's forward hooks to call the always_call hooks of a raising
+        # forward: removing one of those now would break its loop, so the two model-level hooks
+        # come off at the model's next call (inert until then); all the others come off now.
+        self._stack.pop_all()
+        for module, handle in self._raw:
+            if module is self.model:
+                self._inert.append(handle)
+            else:
+                handle.remove()
+        self._stack, self._handles, self._raw, self._active = None, [], [], False
+        self._flush()
 
     def _prepare(self) -> None:
         """Spectra (cached), bases, nulls and reducers for every layer."""
@@ -221,6 +250,7 @@ class Monitor:
         reg = {"pre": module.register_forward_pre_hook, "fwd": module.register_forward_hook}[kind]
         handle = reg(fn, **kw)
         self._stack.callback(handle.remove)
+        self._raw.append((module, handle))
         self._handles.append((module, "_forward_pre_hooks" if kind == "pre" else "_forward_hooks", handle.id))
 
     def _register(self) -> None:
@@ -332,6 +362,11 @@ class Monitor:
         self._mask: torch.Tensor | None = None
 
     def _on_model_start(self, module, args, kwargs):
+        if self._inert:  # left by a close that waited for a forward which raised
+            for handle in self._inert:
+                handle.remove()
+            self._inert = []
+            return
         cont = _continues(kwargs)
         if not cont:
             self._end_sequences()
@@ -346,10 +381,12 @@ class Monitor:
             return
         if output is None:  # the forward raised: nothing of it counts
             self._reset_forward(open_=False)
-            return
-        self._check_forward()
-        self._commit()
-        self._reset_forward(open_=False)
+        else:
+            self._check_forward()
+            self._commit()
+            self._reset_forward(open_=False)
+        if self._closing:
+            self._finish_deferred_close(raised=output is None)
 
     def _on_tap(self, key, x) -> None:
         if not isinstance(x, torch.Tensor):
@@ -391,8 +428,12 @@ class Monitor:
             "a module replaced or swapped by another tool, or hooks bypassed); their statistics stay NaN",
         )
 
+    def _gone(self) -> list:
+        """Modules from which one of the monitor's hooks was removed by something else."""
+        return [m for m, attr, hid in self._handles if hid not in getattr(m, attr, {})]
+
     def _check_handles(self) -> bool:
-        gone = [m for m, attr, hid in self._handles if hid not in getattr(m, attr, {})]
+        gone = self._gone()
         if gone:
             self._warn(
                 "handles",
@@ -710,13 +751,16 @@ def _lens_string_mask(model, args, kwargs):
     tok = getattr(model, "tokenizer", None)
     if tok is None or tok.pad_token_id is None:
         return None
-    from transformer_lens import utils
+    try:  # TransformerLens 4 moved utils to utilities (same names)
+        from transformer_lens.utilities import get_attention_mask
+    except ImportError:
+        from transformer_lens.utils import get_attention_mask
 
     side = kwargs.get("padding_side") or getattr(tok, "padding_side", "right")
     prepend = kwargs.get("prepend_bos")
     ids = model.to_tokens(inp, prepend_bos=prepend, padding_side=side)
     bos = getattr(model.cfg, "default_prepend_bos", True) if prepend is None else prepend
-    return utils.get_attention_mask(tok, ids, prepend_bos=bos, padding_side=side)
+    return get_attention_mask(tok, ids, prepend_bos=bos, padding_side=side)
 
 
 def monitor(
