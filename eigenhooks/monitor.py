@@ -104,6 +104,7 @@ class Monitor:
         self._handles: list = []
         self._raw: list = []  # (module, handle) of every hook registered
         self._inert: list = []  # model-level handles left to remove at the model's next call
+        self._started = 0  # forwards whose start the monitor saw (whole or not)
         self._closing = False  # closed while a forward was running: detach when it returns
         self._warned: set[str] = set()
         self._active = False
@@ -164,14 +165,14 @@ class Monitor:
         """
         if not self._active or self._closing:
             return
-        if self._open and self._stack is not None and not _raised and not self._gone():
+        if self._open and self._stack is not None and not _raised and not self._gone() and self._in_forward():
             self._closing = True  # _on_model_end finishes the close
             return
         self._active = False
         try:
             if self._stack is not None:
                 gone = self._check_handles()
-                if self.n_forwards == 0 and not self._orphans and not _raised and not gone:
+                if not self._started and not self._orphans and not _raised and not gone:
                     self._warn(
                         "no-forward",
                         "no forward pass reached the monitor's hooks inside its with-block. If the model was "
@@ -183,6 +184,25 @@ class Monitor:
             if self._stack is not None:
                 self._stack.close()
                 self._stack, self._handles, self._raw = None, [], []
+
+    def _in_forward(self) -> bool:
+        """Whether the model's forward is running below us (not merely opened by a forward that
+        was interrupted, e.g. by a KeyboardInterrupt caught since). nnsight runs a trace's body
+        in a greenlet whose parent is suspended inside the forward: its stack counts too."""
+        import sys
+
+        frames = [sys._getframe(1)]
+        gl = sys.modules.get("greenlet")
+        g = gl.getcurrent().parent if gl is not None else None
+        while g is not None:
+            frames.append(g.gr_frame)
+            g = g.parent
+        for f in frames:
+            while f is not None:
+                if f.f_code.co_name == "_call_impl" and f.f_locals.get("self") is self.model:
+                    return True
+                f = f.f_back
+        return False
 
     def _finish_deferred_close(self, raised: bool) -> None:
         """The forward a close waited for ended: detach now (see ``close``)."""
@@ -367,6 +387,7 @@ class Monitor:
                 handle.remove()
             self._inert = []
             return
+        self._started += 1
         cont = _continues(kwargs)
         if not cont:
             self._end_sequences()
@@ -425,7 +446,9 @@ class Monitor:
         self._warn(
             "missing-layers",
             f"layers {missing} were not measured in a forward (their hooks did not fire: a block skipped, "
-            "a module replaced or swapped by another tool, or hooks bypassed); their statistics stay NaN",
+            "a module replaced or swapped by another tool, or hooks bypassed); their statistics stay NaN. "
+            "A model compiled (torch.compile) before the monitor ignores hooks added later: enter eh.monitor "
+            "before compiling, or call torch._dynamo.reset() after entering it.",
         )
 
     def _gone(self) -> list:
@@ -585,7 +608,7 @@ class Monitor:
                 if name == first:
                     self._end_sequences()
                     self._reset_forward(open_=True)
-                    self._mask = self.explicit_mask
+                    self._mask = self.explicit_mask if self.explicit_mask is not None else _lens_call_mask(self.model)
                 self._on_tap(key, act)
                 if name == last_name and self._open:
                     self._check_forward()
@@ -741,6 +764,25 @@ def _continues(kwargs) -> bool:
         return int(past.get_seq_length()) > 0
     except (AttributeError, TypeError):
         return bool(past)
+
+
+def _lens_call_mask(model):
+    """The padding mask of the TransformerLens forward now running (for ``fwd_hooks``, whose
+    hooks see only activations): the ``attention_mask`` run_with_hooks passed on, else the
+    mask of a batch of strings. Read from the bridge's forward frame; None if not found."""
+    import sys
+
+    f = sys._getframe(2)
+    while f is not None:
+        loc = f.f_locals
+        if f.f_code.co_name == "forward" and loc.get("self") is model and "input" in loc:
+            mask = loc.get("attention_mask")
+            if isinstance(mask, torch.Tensor):
+                return mask
+            kw = {"prepend_bos": loc.get("prepend_bos"), "padding_side": loc.get("padding_side")}
+            return _lens_string_mask(model, (loc["input"],), kw)
+        f = f.f_back
+    return None
 
 
 def _lens_string_mask(model, args, kwargs):
