@@ -438,10 +438,16 @@ class Monitor:
 
     def _check_forward(self) -> None:
         missing = [i for i in self._layers if i not in self._pending and i not in self._pending_raw]
-        if not missing:
+        partial = [i for i in self._layers if i not in missing and self._unread(i)]
+        if not (missing or partial) or self._check_handles():
             return
-        gone = self._check_handles()
-        if gone:
+        if partial:
+            self._warn(
+                "partial-layers",
+                f"in layers {partial} the attention or the next sublayer was not seen (its module skipped, "
+                "replaced or swapped by another tool, e.g. a swapped HookPoint): gamma_mid and rho stay NaN there",
+            )
+        if not missing:
             return
         self._warn(
             "missing-layers",
@@ -450,6 +456,12 @@ class Monitor:
             "A model compiled (torch.compile) before the monitor ignores hooks added later: enter eh.monitor "
             "before compiling, or call torch._dynamo.reset() after entering it.",
         )
+
+    def _unread(self, layer: int) -> bool:
+        """Whether a measured layer lacks its attention output or its mid reading this forward."""
+        cap, rp = self._cap.get(layer, {}), self._layers[layer]["rp"]
+        need_mid = "mid" in self.points and rp.mid is not None
+        return "attn" not in cap or (need_mid and "mid" not in cap)
 
     def _gone(self) -> list:
         """Modules from which one of the monitor's hooks was removed by something else."""
