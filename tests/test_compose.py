@@ -292,3 +292,32 @@ def test_real_edits_in_either_order(smollm2):
         _agree(mon, ref, tol=1e-4)
         assert ref[7]["rho"] == 0.0 and plain[7]["rho"] > 0
         assert abs(ref[4]["gamma_pre"] - plain[4]["gamma_pre"]) > 1e-4
+
+
+# ---- TransformerLens 4 bridge: run_with_hooks lists ----
+
+
+def test_lens_hook_resid_pre_edit_listed_before_or_after_the_monitor():
+    tl = pytest.importorskip("transformer_lens")
+    model, tok = eh.zoo.load("gpt2-tiny")
+    bridge = tl.TransformerBridge.boot_transformers("gpt2", hf_model=model, tokenizer=tok, dtype=torch.float32)
+    ids = tok(["def f(x):\n    return x * 2"], return_tensors="pt")["input_ids"]
+    U = _target(bridge.cfg.d_model)
+    edit = ("blocks.1.hook_resid_pre", lambda act, hook: act * 3.0 + 1.0)
+    got = {}
+    own = ("blocks.1.ln1.hook_in", lambda act, hook: got.__setitem__("pre", act.detach().double()))
+    out = {}
+    for order in ("before", "after", "plain"):
+        mon = eh.monitor(bridge, targets=[("probe", U)], attach=False, null_draws=8, fnull_draws=0, eig_top=0)
+        ours = mon.fwd_hooks()
+        hooks = {"before": [edit, *ours], "after": [*ours, edit], "plain": ours}[order]
+        with torch.no_grad():
+            bridge.run_with_hooks(ids, fwd_hooks=[*hooks, own])  # our own reader listed last of all
+        a = torch.linalg.vector_norm(got["pre"] @ U, dim=-1) / torch.linalg.vector_norm(got["pre"], dim=-1)
+        out[order] = (mon.summary().set_index("layer"), float(a.mean()))
+    for order in ("before", "after", "plain"):
+        df, ref = out[order]
+        assert abs(df.loc[1, "gamma_pre"] - ref) < 1e-5 and abs(df.loc[0, "gamma_post"] - ref) < 1e-5, order
+    assert abs(out["before"][1] - out["plain"][1]) > 1e-3  # the edit is real
+    for c in COLS:
+        assert (out["before"][0][c] - out["after"][0][c]).abs().max() < 1e-6, c

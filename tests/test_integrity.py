@@ -416,3 +416,34 @@ def test_lens_run_with_hooks_attention_mask_counts_only_real_tokens(bridge, gpt2
         assert (mon.summary()["n_tokens"] == n).all()
     a, b = attached.summary(), hooked.summary()
     assert (a["gamma_pre"] - b["gamma_pre"]).abs().max() < 1e-6 and (a["rho"] - b["rho"]).abs().max() < 1e-9
+
+
+class _Skip(torch.nn.Module):
+    """An attention swapped in by another tool: returns zeros, carries none of our hooks."""
+
+    def forward(self, hidden_states, *args, **kwargs):
+        return torch.zeros_like(hidden_states), None
+
+
+@pytest.mark.parametrize("swap", ["attn", "ln_2"])
+def test_a_swapped_sublayer_warns_and_reads_nan_never_0(gpt2, swap):
+    import copy
+
+    model, tok = gpt2
+    batch = tok(TEXTS[:1], return_tensors="pt")
+    blk = model.transformer.h[1]
+    old = getattr(blk, swap)
+    with pytest.warns(eh.MeasurementWarning, match=r"in layers \[1\] the attention or the next sublayer was not seen"):
+        with eh.monitor(model, targets=[("ov", "modulus")]) as mon:
+            new = _Skip() if swap == "attn" else copy.deepcopy(old)
+            new._forward_pre_hooks.clear()  # a fresh module, as a swapped HookPoint is
+            new._forward_hooks.clear()
+            setattr(blk, swap, new)
+            try:
+                with torch.no_grad():
+                    model(**batch)
+            finally:
+                setattr(blk, swap, old)
+    df = mon.summary().set_index("layer")
+    assert df.loc[1, ["gamma_mid", "rho", "p_null"]].isna().all(), "no attention step seen: NaN, not 0"
+    assert df.drop(index=1)["rho"].notna().all() and (df["n_tokens"] == int(batch["attention_mask"].sum())).all()
