@@ -321,3 +321,29 @@ def test_lens_hook_resid_pre_edit_listed_before_or_after_the_monitor():
     assert abs(out["before"][1] - out["plain"][1]) > 1e-3  # the edit is real
     for c in COLS:
         assert (out["before"][0][c] - out["after"][0][c]).abs().max() < 1e-6, c
+
+
+# ---- accelerate ----
+
+
+@pytest.mark.parametrize("monitor_first", [True, False], ids=["edit-after", "edit-before"])
+def test_accelerate_pre_forward_replacing_a_block_input(tiny, monitor_first):
+    hooks = pytest.importorskip("accelerate.hooks")
+
+    class Scale(hooks.ModelHook):
+        """accelerate's own hook mechanism (it wraps module.forward, no torch hook)."""
+
+        def pre_forward(self, module, *args, **kwargs):
+            if args:
+                return (args[0] * 3.0 + 1.0, *args[1:]), kwargs
+            return args, {**kwargs, "hidden_states": kwargs["hidden_states"] * 3.0 + 1.0}
+
+    block = _parts(tiny)[0][1][0]
+
+    def edit():
+        hooks.add_hook_to_module(block, Scale())
+        return type("H", (), {"remove": lambda self: hooks.remove_hook_from_module(block)})()
+
+    mon, ref, plain = _run(tiny, edit, monitor_first)
+    _agree(mon, ref)
+    assert abs(ref[1]["gamma_pre"] - plain[1]["gamma_pre"]) > 1e-3
