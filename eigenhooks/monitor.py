@@ -9,7 +9,9 @@ Values are read where the model consumes them (the reading-point contract, DESIG
 post-attention norm's output in post-norm models), ``post`` at the next block's input. An
 edit by any other tool or hook upstream of those points, registered before or after the
 monitor, is therefore measured as the model computed it. The limit: a hook registered
-after the monitor on the very module a value is read from is not seen.
+after the monitor on the very module a value is read from is not seen. A with-block that
+ends while the model's forward is still running (entered inside nnsight's ``model.trace``)
+keeps its hooks until that forward returns, so the forward counts whole.
 
 A forward counts whole or not at all: a layer's sums are held until the model's forward
 returns, so a forward that raises or is interrupted adds nothing. Where hooks vanish or
@@ -593,8 +595,9 @@ class Monitor:
     def fwd_hooks(self) -> list[tuple[str, object]]:
         """[(hook_name, fn)] for TransformerLens ``run_with_hooks`` (create the monitor with attach=False).
 
-        run_with_hooks hides the call's ``attention_mask`` and string input from hooks: pass
-        token ids and give the mask to ``eh.monitor(..., attention_mask=)`` when there is padding.
+        run_with_hooks hides the call's ``attention_mask`` and string input from hooks, so the
+        first hook reads them from the bridge's running forward; ``eh.monitor(..., attention_mask=)``
+        overrides that.
         """
         if self.adapter.backend != "lens":
             raise TypeError("fwd_hooks() is for TransformerLens models; HF models are hooked by the with-block")
