@@ -447,3 +447,22 @@ def test_a_swapped_sublayer_warns_and_reads_nan_never_0(gpt2, swap):
     df = mon.summary().set_index("layer")
     assert df.loc[1, ["gamma_mid", "rho", "p_null"]].isna().all(), "no attention step seen: NaN, not 0"
     assert df.drop(index=1)["rho"].notna().all() and (df["n_tokens"] == int(batch["attention_mask"].sum())).all()
+
+
+def test_lens_forward_raising_mid_way_counts_nothing(bridge, gpt2):
+    ids = gpt2[1](UNEQUAL[:1], return_tensors="pt")["input_ids"]
+
+    def boom(act, hook):
+        raise RuntimeError("boom in block 2")
+
+    hooked = eh.monitor(bridge, targets=[("ov", "modulus")], null_draws=8, attach=False)
+    with pytest.raises(RuntimeError, match="boom in block 2"), torch.no_grad():
+        bridge.run_with_hooks(ids, fwd_hooks=[*hooked.fwd_hooks(), ("blocks.2.hook_resid_pre", boom)])
+    with eh.monitor(bridge, targets=[("ov", "modulus")], null_draws=8) as attached:
+        with pytest.raises(RuntimeError, match="boom in block 2"), torch.no_grad():
+            bridge.run_with_hooks(ids, fwd_hooks=[("blocks.2.hook_resid_pre", boom)])
+    for mon in (hooked, attached):
+        assert (mon.summary()["n_tokens"] == 0).all()
+    with torch.no_grad():
+        bridge.run_with_hooks(ids, fwd_hooks=hooked.fwd_hooks())
+    assert (hooked.summary()["n_tokens"] == ids.shape[1]).all(), "the next whole forward counts, alone"
