@@ -288,19 +288,26 @@ def steer(
 
         from . import direction as _direction
         from . import steer as _steer
-        from .models.loading import load_model
+        from .models.loading import UNTRAINED_HEAD, load_model
         from .steering import check_strength
 
         alpha, gap_ratio = check_strength(alpha, gap_ratio)  # before loading: a bad strength is no weight error
         m, tok = load_model(model)
-        vocab = int(m.get_output_embeddings().weight.shape[0]) if m.get_output_embeddings() is not None else 0
+        head = m.get_output_embeddings() if hasattr(m, "get_output_embeddings") else None
+        if head is None:
+            raise ValueError(
+                f"{model} loaded as {type(m).__name__}, which has no LM head: steer shows next-token tables; "
+                "give a checkpoint saved with its head (e.g. *ForCausalLM / *ForMaskedLM)"
+            )
+        vocab = int(head.weight.shape[0])
         if not 1 <= top_k <= vocab:
             raise ValueError(f"--top-k must be in [1, {vocab}] (the vocabulary size), got {top_k}")
         if toward.endswith(".npy"):
             u, target = torch.from_numpy(np.load(toward)).double(), None
         else:
             u, target = _direction.token(m, tok, toward), _direction.token_id(tok, toward)
-        random_head = _direction.lm_head_looks_random(m)
+        untrained = getattr(m, UNTRAINED_HEAD, False)  # load_model found no head in the checkpoint
+        random_head = untrained or _direction.lm_head_looks_random(m)
         prompts = prompt or ["def f(x):\n    y = x + 1\n   "]
         batch = tok(prompts[:1], return_tensors="pt")
         with torch.no_grad():
@@ -326,9 +333,12 @@ def steer(
         for i in range(top_k)
     ]
     if random_head:
-        typer.echo(
-            f"note: {model}'s LM head looks randomly initialised (isotropic spectrum): token probabilities mean nothing"
+        why = (
+            "is not in the checkpoint and was initialised randomly when loading"
+            if untrained
+            else "looks randomly initialised (isotropic spectrum)"
         )
+        typer.echo(f"no token table: {model}'s LM head {why}, so its token probabilities mean nothing")
     else:
         _emit(f"{model}: next token for {prompts[0]!r}", ["#", "before", "p", "after", "p"], rows, False, [])
     typer.echo(

@@ -9,7 +9,9 @@ Values are read where the model consumes them (the reading-point contract, DESIG
 post-attention norm's output in post-norm models), ``post`` at the next block's input. An
 edit by any other tool or hook upstream of those points, registered before or after the
 monitor, is therefore measured as the model computed it. The limit: a hook registered
-after the monitor on the very module a value is read from is not seen.
+after the monitor on the very module a value is read from is not seen. A with-block that
+ends while the model's forward is still running (entered inside nnsight's ``model.trace``)
+keeps its hooks until that forward returns, so the forward counts whole.
 
 A forward counts whole or not at all: a layer's sums are held until the model's forward
 returns, so a forward that raises or is interrupted adds nothing. Where hooks vanish or
@@ -107,6 +109,10 @@ class Monitor:
         self._buf: dict[int, list] = {}
         self._stack: ExitStack | None = None
         self._handles: list = []
+        self._raw: list = []  # (module, handle) of every hook registered
+        self._inert: list = []  # model-level handles left to remove at the model's next call
+        self._started = 0  # forwards whose start the monitor saw (whole or not)
+        self._closing = False  # closed while a forward was running: detach when it returns
         self._warned: set[str] = set()
         self._active = False
         self._orphans = 0  # tap calls that came outside any forward of the model
@@ -147,7 +153,7 @@ class Monitor:
                 self._register()
             except BaseException:
                 self._stack.close()  # all-or-nothing: drop what was registered
-                self._stack, self._handles = None, []
+                self._stack, self._handles, self._raw = None, [], []
                 raise
         self._active = True
         return self
@@ -156,14 +162,22 @@ class Monitor:
         self.close(_raised=exc_type is not None)
 
     def close(self, _raised: bool = False) -> None:
-        """Remove the monitor's own hooks (only those), after checking they were still there."""
-        if not self._active:
+        """Remove the monitor's own hooks (only those), after checking they were still there.
+
+        Closed while a forward of the model is still running (the with-block was entered inside
+        nnsight's ``model.trace(...)``, whose body runs within the model's forward), the hooks
+        stay until that forward returns, so it counts whole; then they come off.
+        """
+        if not self._active or self._closing:
+            return
+        if self._open and self._stack is not None and not _raised and not self._gone() and self._in_forward():
+            self._closing = True  # _on_model_end finishes the close
             return
         self._active = False
         try:
             if self._stack is not None:
-                self._check_handles()
-                if self.n_forwards == 0 and not self._orphans and not _raised:
+                gone = self._check_handles()
+                if not self._started and not self._orphans and not _raised and not gone:
                     self._warn(
                         "no-forward",
                         "no forward pass reached the monitor's hooks inside its with-block. If the model was "
@@ -174,7 +188,44 @@ class Monitor:
         finally:
             if self._stack is not None:
                 self._stack.close()
-                self._stack, self._handles = None, []
+                self._stack, self._handles, self._raw = None, [], []
+
+    def _in_forward(self) -> bool:
+        """Whether the model's forward is running below us (not merely opened by a forward that
+        was interrupted, e.g. by a KeyboardInterrupt caught since). nnsight runs a trace's body
+        in a greenlet whose parent is suspended inside the forward: its stack counts too."""
+        import sys
+
+        frames = [sys._getframe(1)]
+        gl = sys.modules.get("greenlet")
+        g = gl.getcurrent().parent if gl is not None else None
+        while g is not None:
+            frames.append(g.gr_frame)
+            g = g.parent
+        for f in frames:
+            while f is not None:
+                if f.f_code.co_name == "_call_impl" and f.f_locals.get("self") is self.model:
+                    return True
+                f = f.f_back
+        return False
+
+    def _finish_deferred_close(self, raised: bool) -> None:
+        """The forward a close waited for ended: detach now (see ``close``)."""
+        self._closing = False
+        if not raised or self.adapter.backend == "lens":
+            self.close()
+            return
+        # torch is iterating the model's forward hooks to call the always_call hooks of a raising
+        # forward: removing one of those now would break its loop, so the two model-level hooks
+        # come off at the model's next call (inert until then); all the others come off now.
+        self._stack.pop_all()
+        for module, handle in self._raw:
+            if module is self.model:
+                self._inert.append(handle)
+            else:
+                handle.remove()
+        self._stack, self._handles, self._raw, self._active = None, [], [], False
+        self._flush()
 
     def _prepare(self) -> None:
         """Spectra (cached), bases, nulls and reducers for every layer."""
@@ -224,6 +275,7 @@ class Monitor:
         reg = {"pre": module.register_forward_pre_hook, "fwd": module.register_forward_hook}[kind]
         handle = reg(fn, **kw)
         self._stack.callback(handle.remove)
+        self._raw.append((module, handle))
         self._handles.append((module, "_forward_pre_hooks" if kind == "pre" else "_forward_hooks", handle.id))
 
     def _register(self) -> None:
@@ -335,6 +387,12 @@ class Monitor:
         self._mask: torch.Tensor | None = None
 
     def _on_model_start(self, module, args, kwargs):
+        if self._inert:  # left by a close that waited for a forward which raised
+            for handle in self._inert:
+                handle.remove()
+            self._inert = []
+            return
+        self._started += 1
         cont = _continues(kwargs)
         if not cont:
             self._end_sequences()
@@ -349,10 +407,12 @@ class Monitor:
             return
         if output is None:  # the forward raised: nothing of it counts
             self._reset_forward(open_=False)
-            return
-        self._check_forward()
-        self._commit()
-        self._reset_forward(open_=False)
+        else:
+            self._check_forward()
+            self._commit()
+            self._reset_forward(open_=False)
+        if self._closing:
+            self._finish_deferred_close(raised=output is None)
 
     def _on_tap(self, key, x) -> None:
         if not isinstance(x, torch.Tensor):
@@ -383,19 +443,37 @@ class Monitor:
 
     def _check_forward(self) -> None:
         missing = [i for i in self._layers if i not in self._pending and i not in self._pending_raw]
-        if not missing:
+        partial = [i for i in self._layers if i not in missing and self._unread(i)]
+        if not (missing or partial) or self._check_handles():
             return
-        gone = self._check_handles()
-        if gone:
+        if partial:
+            self._warn(
+                "partial-layers",
+                f"in layers {partial} the attention or the next sublayer was not seen (its module skipped, "
+                "replaced or swapped by another tool, e.g. a swapped HookPoint): gamma_mid and rho stay NaN there",
+            )
+        if not missing:
             return
         self._warn(
             "missing-layers",
             f"layers {missing} were not measured in a forward (their hooks did not fire: a block skipped, "
-            "a module replaced or swapped by another tool, or hooks bypassed); their statistics stay NaN",
+            "a module replaced or swapped by another tool, or hooks bypassed); their statistics stay NaN. "
+            "A model compiled (torch.compile) before the monitor ignores hooks added later: enter eh.monitor "
+            "before compiling, or call torch._dynamo.reset() after entering it.",
         )
 
+    def _unread(self, layer: int) -> bool:
+        """Whether a measured layer lacks its attention output or its mid reading this forward."""
+        cap, rp = self._cap.get(layer, {}), self._layers[layer]["rp"]
+        need_mid = "mid" in self.points and rp.mid is not None
+        return "attn" not in cap or (need_mid and "mid" not in cap)
+
+    def _gone(self) -> list:
+        """Modules from which one of the monitor's hooks was removed by something else."""
+        return [m for m, attr, hid in self._handles if hid not in getattr(m, attr, {})]
+
     def _check_handles(self) -> bool:
-        gone = [m for m, attr, hid in self._handles if hid not in getattr(m, attr, {})]
+        gone = self._gone()
         if gone:
             self._warn(
                 "handles",
@@ -523,8 +601,9 @@ class Monitor:
     def fwd_hooks(self) -> list[tuple[str, object]]:
         """[(hook_name, fn)] for TransformerLens ``run_with_hooks`` (create the monitor with attach=False).
 
-        run_with_hooks hides the call's ``attention_mask`` and string input from hooks: pass
-        token ids and give the mask to ``eh.monitor(..., attention_mask=)`` when there is padding.
+        run_with_hooks hides the call's ``attention_mask`` and string input from hooks, so the
+        first hook reads them from the bridge's running forward; ``eh.monitor(..., attention_mask=)``
+        overrides that.
         """
         if self.adapter.backend != "lens":
             raise TypeError("fwd_hooks() is for TransformerLens models; HF models are hooked by the with-block")
@@ -550,7 +629,7 @@ class Monitor:
                 if name == first:
                     self._end_sequences()
                     self._reset_forward(open_=True)
-                    self._mask = self.explicit_mask
+                    self._mask = self.explicit_mask if self.explicit_mask is not None else _lens_call_mask(self.model)
                 self._on_tap(key, act)
                 if name == last_name and self._open:
                     self._check_forward()
@@ -713,6 +792,25 @@ def _continues(kwargs) -> bool:
         return bool(past)
 
 
+def _lens_call_mask(model):
+    """The padding mask of the TransformerLens forward now running (for ``fwd_hooks``, whose
+    hooks see only activations): the ``attention_mask`` run_with_hooks passed on, else the
+    mask of a batch of strings. Read from the bridge's forward frame; None if not found."""
+    import sys
+
+    f = sys._getframe(2)
+    while f is not None:
+        loc = f.f_locals
+        if f.f_code.co_name == "forward" and loc.get("self") is model and "input" in loc:
+            mask = loc.get("attention_mask")
+            if isinstance(mask, torch.Tensor):
+                return mask
+            kw = {"prepend_bos": loc.get("prepend_bos"), "padding_side": loc.get("padding_side")}
+            return _lens_string_mask(model, (loc["input"],), kw)
+        f = f.f_back
+    return None
+
+
 def _lens_string_mask(model, args, kwargs):
     """The padding mask TransformerLens builds for a batch of strings (it pads, and tells no hook)."""
     inp = kwargs.get("input", args[0] if args else None)
@@ -721,13 +819,16 @@ def _lens_string_mask(model, args, kwargs):
     tok = getattr(model, "tokenizer", None)
     if tok is None or tok.pad_token_id is None:
         return None
-    from transformer_lens import utils
+    try:  # TransformerLens 4 moved utils to utilities (same names)
+        from transformer_lens.utilities import get_attention_mask
+    except ImportError:
+        from transformer_lens.utils import get_attention_mask
 
     side = kwargs.get("padding_side") or getattr(tok, "padding_side", "right")
     prepend = kwargs.get("prepend_bos")
     ids = model.to_tokens(inp, prepend_bos=prepend, padding_side=side)
     bos = getattr(model.cfg, "default_prepend_bos", True) if prepend is None else prepend
-    return utils.get_attention_mask(tok, ids, prepend_bos=bos, padding_side=side)
+    return get_attention_mask(tok, ids, prepend_bos=bos, padding_side=side)
 
 
 def monitor(

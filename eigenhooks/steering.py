@@ -432,7 +432,13 @@ class Steer:
     def report(self, target_token: int | None = None) -> SteerReport:
         """The steered layer's new spectrum and, for the last run inside the block, the final
         residuals' mean |cos| with u and (given a token id) its next-token probability, before and after.
+
+        Raises:
+            ValueError: a target token on a model whose LM head was initialised randomly when
+                it was loaded (``load_model`` marks it): its token probabilities mean nothing.
         """
+        if target_token is not None:
+            refuse_untrained_head(self.adapter.model)
         rep = SteerReport(
             self.layer,
             self.alpha,
@@ -456,6 +462,17 @@ class Steer:
             rep.prob_before = next_token_prob(before_out, target_token)
             rep.prob_after = next_token_prob(after_out, target_token)
         return rep
+
+
+def refuse_untrained_head(model) -> None:
+    """Raise ValueError (one line) if ``load_model`` marked the model's LM head as untrained."""
+    from .models.loading import UNTRAINED_HEAD
+
+    if getattr(model, UNTRAINED_HEAD, False):
+        raise ValueError(
+            f"no token probabilities: {type(model).__name__}'s LM head is not in its checkpoint and was "
+            "initialised randomly when loading; load a checkpoint saved with its head, or report without a token"
+        )
 
 
 def mean_abs_cos(X: torch.Tensor, u: torch.Tensor) -> float:
