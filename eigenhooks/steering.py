@@ -192,6 +192,8 @@ def value_activations(adapter: Adapter, o_proj, calibration=None) -> torch.Tenso
     if "z" not in got:
         raise UnsupportedModelError(f"{adapter.family}: the calibration forward never reached the output projection")
     z = got["z"].to("cpu", torch.float64)  # (batch, seq, H*d_head)
+    if any(ly.o_proj is o_proj and ly.stack == "decoder" for ly in adapter.layers):
+        mask = kwargs.get("decoder_attention_mask")  # an encoder-decoder's decoder layer: the decoder's own mask
     if mask is not None:
         return z[mask.to("cpu").bool()]
     return z.reshape(-1, z.shape[-1])
