@@ -193,3 +193,23 @@ def test_notes_say_what_cross_alignment_means(models):
     for name in NAMES:
         notes = " ".join(eh.get_adapter(models[name]).notes)
         assert "cross-attention rows" in notes and "no power-step reading" in notes
+
+
+@pytest.mark.parametrize(
+    "name, layer, match",
+    [
+        ("t5", 3, r"layer 3 \(decoder.block.0.layer.1.EncDecAttention\) is a cross-attention"),
+        ("bart (post-norm)", 2, r"in the 'decoder' stack of an encoder-decoder"),
+        ("whisper", 0, r"WhisperForConditionalGeneration's encoder takes 'input_features'"),
+    ],
+)
+def test_iterate_refuses_what_it_cannot_run(name, layer, match, models):
+    model = models[name]
+    with pytest.raises(UnsupportedModelError, match=match):
+        eh.iterate(model, text_inputs(model, False)["input_ids"], layer=layer, steps=2)
+
+
+def test_iterate_runs_an_encoder_layer(models):
+    model = models["t5"]
+    traj = eh.iterate(model, text_inputs(model, False)["input_ids"], layer=1, steps=3)
+    assert traj.layer == 1
