@@ -1,4 +1,4 @@
-"""Encoder-decoder cases (eigenhooks/models/seq2seq.py): T5, BART, mBART, Whisper.
+"""Encoder-decoder cases (eigenhooks/models/seq2seq.py): the T5 line, the BART line (post- and pre-norm), Whisper.
 
 Rows run encoder self-attention first, then per decoder layer its self- and cross-attention.
 The ``mid`` reference is the model's own add, read with the test's own hooks: the sublayer's
@@ -160,34 +160,45 @@ T5CFG = dict(
 )
 TEXT = _extra(text_generate, text_inputs, TOKENS)
 
-CASES = {
-    "t5": Case(
-        seeded(lambda: T.T5ForConditionalGeneration(T.T5Config(**T5CFG))),
-        "t5",
+
+def t5_case(model_cls, cfg_cls, family: str) -> Case:
+    return Case(
+        seeded(lambda: model_cls(cfg_cls(**T5CFG))),
+        family,
         adds(_t5_rows),
         text_inputs,
         generate=True,
         stacks=("encoder", "decoder"),
-        extra=TEXT,
-    ),
-    "bart (post-norm)": Case(
-        seeded(lambda: T.BartForConditionalGeneration(T.BartConfig(**BART))),
-        "bart",
-        adds(_bart_rows(post_norm=True)),
+        extra={**TEXT, "layout": "t5"},
+    )
+
+
+def bart_case(model_cls, cfg_cls, family: str, post_norm: bool) -> Case:
+    return Case(
+        seeded(lambda: model_cls(cfg_cls(**BART))),
+        family,
+        adds(_bart_rows(post_norm=post_norm)),
         text_inputs,
         generate=True,
         stacks=("encoder", "decoder"),
-        extra=TEXT,
+        extra={**TEXT, "layout": "post" if post_norm else "pre"},
+    )
+
+
+CASES = {
+    "t5": t5_case(T.T5ForConditionalGeneration, T.T5Config, "t5"),
+    "mt5": t5_case(T.MT5ForConditionalGeneration, T.MT5Config, "mt5"),
+    "umt5": t5_case(T.UMT5ForConditionalGeneration, T.UMT5Config, "umt5"),
+    "bart (post-norm)": bart_case(T.BartForConditionalGeneration, T.BartConfig, "bart", True),
+    "marian (post-norm)": bart_case(T.MarianMTModel, T.MarianConfig, "marian", True),
+    "plbart (post-norm)": bart_case(T.PLBartForConditionalGeneration, T.PLBartConfig, "plbart", True),
+    "blenderbot-small (post-norm)": bart_case(
+        T.BlenderbotSmallForConditionalGeneration, T.BlenderbotSmallConfig, "blenderbot-small", True
     ),
-    "mbart": Case(
-        seeded(lambda: T.MBartForConditionalGeneration(T.MBartConfig(**BART))),
-        "mbart",
-        adds(_bart_rows(post_norm=False)),
-        text_inputs,
-        generate=True,
-        stacks=("encoder", "decoder"),
-        extra=TEXT,
-    ),
+    "mbart": bart_case(T.MBartForConditionalGeneration, T.MBartConfig, "mbart", False),
+    "pegasus": bart_case(T.PegasusForConditionalGeneration, T.PegasusConfig, "pegasus", False),
+    "m2m_100": bart_case(T.M2M100ForConditionalGeneration, T.M2M100Config, "m2m_100", False),
+    "blenderbot": bart_case(T.BlenderbotForConditionalGeneration, T.BlenderbotConfig, "blenderbot", False),
     "whisper": Case(
         seeded(lambda: T.WhisperForConditionalGeneration(T.WhisperConfig(**WHISPER))),
         "whisper",
@@ -195,10 +206,13 @@ CASES = {
         whisper_inputs,
         generate=True,
         stacks=("encoder", "decoder"),
-        extra=_extra(
-            whisper_generate,
-            whisper_inputs,
-            {"encoder": B * WHISPER["max_source_positions"], "decoder": TOKENS["decoder"]},
-        ),
+        extra={
+            **_extra(
+                whisper_generate,
+                whisper_inputs,
+                {"encoder": B * WHISPER["max_source_positions"], "decoder": TOKENS["decoder"]},
+            ),
+            "layout": "pre",
+        },
     ),
 }

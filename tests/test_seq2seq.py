@@ -30,7 +30,7 @@ def models():
 
 def _raw_rows(name: str, cfg) -> list[tuple[str, str, str]]:
     """(stack, kind, key prefix of the attention) per row, in forward order, from the modeling files' names."""
-    if name == "t5":
+    if CASES[name].extra["layout"] == "t5":
         enc = [("encoder", "self", f"encoder.block.{k}.layer.0.SelfAttention") for k in range(cfg.num_layers)]
         dec = []
         for k in range(cfg.num_decoder_layers):
@@ -57,7 +57,7 @@ def test_F_equals_numpy_from_state_dict(name, models):
     sd = {k: v.detach().double().numpy() for k, v in model.state_dict().items()}
     rows = _raw_rows(name, model.config)
     assert [(ly.stack, ly.kind) for ly in ad.layers] == [r[:2] for r in rows]
-    v, o = ("v", "o") if name == "t5" else ("v_proj", "out_proj")
+    v, o = ("v", "o") if CASES[name].extra["layout"] == "t5" else ("v_proj", "out_proj")
     for i, (_, _, key) in enumerate(rows):
         V, O = sd[f"{key}.{v}.weight"], sd[f"{key}.{o}.weight"]  # (H d_head, d), (d, H d_head)
         F = O @ V
@@ -71,13 +71,13 @@ def _reference(name: str, model, inputs: dict) -> dict[str, dict[int, torch.Tens
 
     post: the output of the row's layer (both rows of a decoder layer read it after the whole layer).
     """
-    base = model.base_model
-    if name == "t5":
+    base, layout = model.base_model, CASES[name].extra["layout"]
+    if layout == "t5":
         enc, dec = list(base.encoder.block), list(base.decoder.block)
         first = lambda b, j: b.layer[j]  # noqa: E731  (a T5 sublayer's input is the residual)
     else:
         enc, dec = list(base.encoder.layers), list(base.decoder.layers)
-        post_norm = name.startswith("bart")
+        post_norm = layout == "post"
         names = ("self_attn", "encoder_attn") if post_norm else ("self_attn_layer_norm", "encoder_attn_layer_norm")
         first = lambda b, j: getattr(b, names[j])  # noqa: E731
     owners = enc + [b for b in dec for _ in (0, 1)]

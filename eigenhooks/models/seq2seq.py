@@ -1,4 +1,7 @@
-"""Encoder-decoders: T5, BART, mBART, Whisper (encoder self-attention, decoder self- and cross-attention).
+"""Encoder-decoders (encoder self-attention, decoder self- and cross-attention).
+
+T5, mT5, UMT5; BART, Marian, PLBart, BlenderbotSmall (post-norm); mBART, Pegasus, M2M100,
+Blenderbot (pre-norm); Whisper (speech encoder on ``input_features``).
 
 One row per attention application, in forward order: every encoder layer's self-attention
 (``stack='encoder'``), then per decoder layer its self-attention and its cross-attention
@@ -66,7 +69,7 @@ def _t5_attn(sub, n_heads: int, **extra) -> dict:
     return dict(attn=a, norm=sub.layer_norm, factors=linear(a.v, a.o, n_heads, n_heads), o_proj=a.o, **extra)
 
 
-def _t5_stack(stack, name: str, cfg):
+def _t5_stack(stack, name: str, cfg, probe_arg: str):
     H = cfg.num_heads
     blocks = list(stack.block)
     posts = _stack_posts(blocks, lambda b: b.layer[0].layer_norm, stack.final_layer_norm)
@@ -78,16 +81,19 @@ def _t5_stack(stack, name: str, cfg):
         s = _t5_attn(blk.layer[0], H)
         c = _t5_attn(blk.layer[1], H)
         yield _row(blk, s, mid_in=blk.layer[1].layer_norm, stack=name, **post)
-        yield _row(
-            blk, c, mid_in=blk.layer[2].layer_norm, stack=name, kind="cross", probe_arg="key_value_states", **post
-        )
+        yield _row(blk, c, mid_in=blk.layer[2].layer_norm, stack=name, kind="cross", probe_arg=probe_arg, **post)
 
 
-def _t5(base, cfg):
-    for name in ("encoder", "decoder"):
-        stack = getattr(base, name, None)
-        if stack is not None:
-            yield from _t5_stack(stack, name, cfg)
+def _t5_like(probe_arg: str):
+    """T5 / mT5 (cross-attention values in ``key_value_states``), UMT5 (in ``encoder_hidden_states``)."""
+
+    def rows(base, cfg):
+        for name in ("encoder", "decoder"):
+            stack = getattr(base, name, None)
+            if stack is not None:
+                yield from _t5_stack(stack, name, cfg, probe_arg)
+
+    return rows
 
 
 def _row(blk, a: dict, **extra) -> dict:
@@ -212,34 +218,47 @@ WHISPER_NOTE = (
     "the probe feeds zero input_features"
 )
 
-FAMILIES = {
-    "t5": Family(
-        _t5,
+T5_NOTE = "t5: relative position bias enters the scores only; F = o.weight @ v.weight (no attention scaling)"
+
+
+def _t5_family(probe_arg: str) -> Family:
+    return Family(
+        _t5_like(probe_arg),
         "pre",
         attr("decoder", "final_layer_norm"),
         lambda c: (c.d_model, c.num_heads, c.num_heads),
-        notes=_notes(["t5: relative position bias enters the scores only; F = o.weight @ v.weight (no scaling)"]),
+        notes=_notes([T5_NOTE]),
         inputs=seq2seq_inputs,
         stacks=TEXT_STACKS,
-    ),
-    "bart": Family(
-        _bart_like(pre_norm=False),
-        "post",
+    )
+
+
+def _bart_family(pre_norm: bool) -> Family:
+    """BART-style text encoder-decoders: post-norm (BART, Marian, PLBart, BlenderbotSmall) or pre-norm with
+    a final ``layer_norm`` per stack (mBART, Pegasus, M2M100, Blenderbot)."""
+    return Family(
+        _bart_like(pre_norm=pre_norm),
+        "pre" if pre_norm else "post",
         attr("decoder", "layer_norm"),
         _dims,
         notes=_notes([]),
         inputs=seq2seq_inputs,
         stacks=TEXT_STACKS,
-    ),
-    "mbart": Family(
-        _bart_like(pre_norm=True),
-        "pre",
-        attr("decoder", "layer_norm"),
-        _dims,
-        notes=_notes([]),
-        inputs=seq2seq_inputs,
-        stacks=TEXT_STACKS,
-    ),
+    )
+
+
+FAMILIES = {
+    "t5": _t5_family("key_value_states"),
+    "mt5": _t5_family("key_value_states"),
+    "umt5": _t5_family("encoder_hidden_states"),
+    "bart": _bart_family(pre_norm=False),
+    "marian": _bart_family(pre_norm=False),
+    "plbart": _bart_family(pre_norm=False),
+    "blenderbot-small": _bart_family(pre_norm=False),
+    "mbart": _bart_family(pre_norm=True),
+    "pegasus": _bart_family(pre_norm=True),
+    "m2m_100": _bart_family(pre_norm=True),
+    "blenderbot": _bart_family(pre_norm=True),
     "whisper": Family(
         _bart_like(pre_norm=True),
         "pre",
