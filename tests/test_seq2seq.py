@@ -213,3 +213,35 @@ def test_iterate_runs_an_encoder_layer(models):
     model = models["t5"]
     traj = eh.iterate(model, text_inputs(model, False)["input_ids"], layer=1, steps=3)
     assert traj.layer == 1
+
+
+@pytest.mark.parametrize(
+    "build",
+    [
+        lambda: T.LongT5ForConditionalGeneration(
+            T.LongT5Config(vocab_size=64, d_model=16, d_kv=4, d_ff=32, num_layers=1, num_heads=2)
+        ),
+        lambda: T.SwitchTransformersForConditionalGeneration(
+            T.SwitchTransformersConfig(
+                vocab_size=64, d_model=16, d_kv=4, d_ff=32, num_layers=2, num_heads=2, num_experts=2
+            )
+        ),
+    ],
+    ids=["longt5", "switch_transformers"],
+)
+def test_other_t5_variants_get_a_clear_error(build):
+    """T5 relatives without a rule (LongT5's local/transient-global attention, Switch's MoE) say so."""
+    model = seeded(build)()
+    with pytest.raises(UnsupportedModelError, match=f"cannot find the attention layers of {type(model).__name__}"):
+        eh.get_adapter(model)
+
+
+@pytest.mark.parametrize("name", ["t5", "bart (post-norm)", "whisper"])
+def test_float64_weights_equal_probe(name):
+    """In float64 the weight rule and the model's forward agree to rounding (1e-8 relative)."""
+    model = CASES[name].build().double()
+    ad = eh.get_adapter(model)
+    probed = probe_matrices(ad)
+    for i in range(ad.n_layers):
+        F = ad.factors(i).matrix()
+        assert float((F - probed[i]).abs().max() / F.abs().max()) < 1e-8, i
