@@ -109,7 +109,10 @@ def test_padded_batch_counts_real_tokens(name, built):
         if expected is not None:
             assert n == expected, (i, n, expected)
     assert df["rho"].notna().all()
-    RESULTS[(name, "padded")] = "exact" if mask is not None else "no mask (all tokens)"
+    per_stack = "tokens" in case.extra
+    RESULTS[(name, "padded")] = (
+        "exact (per stack)" if per_stack else "exact" if mask is not None else "no mask (all tokens)"
+    )
 
 
 @pytest.mark.parametrize("name", NAMES)
