@@ -245,3 +245,25 @@ def test_float64_weights_equal_probe(name):
     for i in range(ad.n_layers):
         F = ad.factors(i).matrix()
         assert float((F - probed[i]).abs().max() / F.abs().max()) < 1e-8, i
+
+
+@pytest.mark.parametrize("name", ["t5", "bart (post-norm)"])
+def test_generate_padded_batch_counts_per_stack(name, models):
+    """generate on a left-padded batch of 2: the encoder counts its mask once, the decoder every fed token."""
+    model = models[name]
+    inputs = text_inputs(model, True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", eh.MeasurementWarning)
+        with eh.monitor(model, **KW) as mon, torch.no_grad():
+            seq = model.generate(
+                input_ids=inputs["input_ids"],
+                attention_mask=inputs["attention_mask"],
+                max_new_tokens=3,
+                min_new_tokens=3,
+                do_sample=False,
+            )
+    df = mon.summary()
+    want = {"encoder": int(inputs["attention_mask"].sum()), "decoder": 2 * (seq.shape[1] - 1)}
+    stack = {ly.index: ly.stack for ly in mon.adapter.layers}
+    assert {int(i): int(n) for i, n in zip(df["layer"], df["n_tokens"])} == {i: want[s] for i, s in stack.items()}
+    assert (df["n_sequences"] == 2).all()
