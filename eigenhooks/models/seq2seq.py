@@ -63,22 +63,25 @@ def _stack_posts(layers: list[nn.Module], first_in, final: nn.Module | None) -> 
 # ---- T5 ----
 
 
-def _t5_attn(sub, n_heads: int, **extra) -> dict:
-    """One T5 sublayer (T5LayerSelfAttention / T5LayerCrossAttention): pre-norm ``layer_norm``, then q/k/v/o."""
+def _t5_attn(sub, n_heads: int) -> dict:
+    """One T5 sublayer (T5LayerSelfAttention / T5LayerCrossAttention): pre-norm ``layer_norm``, then q/k/v/o.
+
+    F = o.weight (d, H d_kv) @ v.weight (H d_kv, d); H d_kv need not equal d.
+    """
     a = getattr(sub, "SelfAttention", None) or getattr(sub, "EncDecAttention", None)
-    return dict(attn=a, norm=sub.layer_norm, factors=linear(a.v, a.o, n_heads, n_heads), o_proj=a.o, **extra)
+    return dict(attn=a, norm=sub.layer_norm, factors=linear(a.v, a.o, n_heads, n_heads), o_proj=a.o)
 
 
 def _t5_stack(stack, name: str, cfg, probe_arg: str):
+    """Rows of one T5Stack: block.layer = [self-attention, (cross-attention,) FF], each with its own norm."""
     H = cfg.num_heads
     blocks = list(stack.block)
     posts = _stack_posts(blocks, lambda b: b.layer[0].layer_norm, stack.final_layer_norm)
     for blk, post in zip(blocks, posts):
+        s = _t5_attn(blk.layer[0], H)
         if not getattr(blk, "is_decoder", False):
-            s = _t5_attn(blk.layer[0], H)
             yield _row(blk, s, mid_in=blk.layer[-1].layer_norm, stack=name, **post)
             continue
-        s = _t5_attn(blk.layer[0], H)
         c = _t5_attn(blk.layer[1], H)
         yield _row(blk, s, mid_in=blk.layer[1].layer_norm, stack=name, **post)
         yield _row(blk, c, mid_in=blk.layer[2].layer_norm, stack=name, kind="cross", probe_arg=probe_arg, **post)
@@ -110,6 +113,7 @@ def _bart_attn(a, n_heads: int, norm) -> dict:
 
 
 def _bart_stack(stack, name: str, H: int, pre_norm: bool):
+    """Rows of one BART-style stack (``layers``; self_attn, encoder_attn in decoder layers, v_proj/out_proj)."""
     layers = list(stack.layers)
     final = getattr(stack, "layer_norm", None) if pre_norm else None
     first = (lambda b: b.self_attn_layer_norm) if pre_norm else (lambda b: b.self_attn)
