@@ -27,7 +27,7 @@ import torch
 from .api import spectra
 from .metrics import alignment
 from .models import get_adapter
-from .models.base import StopForward
+from .models.base import StopForward, UnsupportedModelError
 from .models.family import token_inputs
 from .spectrum import LayerSpectrum
 
@@ -121,6 +121,26 @@ def _call(module, x, args, kwargs):
     return out[0] if isinstance(out, tuple) else out
 
 
+def _check_iterable(ad, layer: int) -> None:
+    """Only a self-attention layer fed token ids can be iterated (encoder-decoders: the encoder's)."""
+    ly = ad.layers[layer]
+    if ly.kind == "cross":
+        raise UnsupportedModelError(
+            f"layer {layer} ({ly.name}) is a cross-attention: its F acts on the encoder's states, not on the "
+            "residual it updates, so iterating it has no power-method reading; pick a self-attention layer"
+        )
+    if ad.stacks and ly.stack != "encoder":
+        raise UnsupportedModelError(
+            f"layer {layer} ({ly.name}) is in the {ly.stack!r} stack of an encoder-decoder; iterate runs the "
+            "encoder's self-attention layers only (its inputs carry no decoder states)"
+        )
+    main = getattr(ad.model, "main_input_name", "input_ids")
+    if ad.stacks and main != "input_ids":
+        raise UnsupportedModelError(
+            f"{type(ad.model).__name__}'s encoder takes {main!r}, not token ids: iterate cannot run it"
+        )
+
+
 def iterate(
     model, inputs, layer: int = 0, steps: int = 200, mode: str = "model", record_every: int = 1, rank: str = "residual"
 ) -> Trajectory:
@@ -150,6 +170,7 @@ def iterate(
         raise IndexError(f"layer {layer} is out of range for a model with {n_layers} attention layers")
     layer %= n_layers
     ly = ad.layers[layer]
+    _check_iterable(ad, layer)
     dev = next(ad.model.parameters()).device
     ids, mask, x0, forward = _parse_inputs(inputs, ad.width(layer))
     if ids is None and forward is None:  # start from given hidden states; inputs of that length give the kwargs

@@ -2,7 +2,9 @@
 
 ``with eh.monitor(model) as mon: model(**batch)`` measures every forward pass inside the
 block, including ``generate`` with a KV cache (only newly computed positions are seen, so
-each position counts once, and a sequence stays one cluster across its forwards).
+each position counts once, and a sequence stays one cluster across its forwards). For
+encoder-decoders (``Adapter.stacks``) a forward expects only the stacks that ran in it: ``generate``
+runs the encoder once, on its own (it counts as a forward), then the decoder once per step.
 
 Values are read where the model consumes them (the reading-point contract, DESIGN.md §1):
 ``pre`` at the input of the attention's norm, ``mid`` at the input of the MLP's norm (the
@@ -285,6 +287,9 @@ class Monitor:
         else:
             self._hook(self.model, self._on_model_start, "pre", with_kwargs=True)
             self._hook(self.model, self._on_model_end, "fwd", always_call=True)
+            for name, (root, mask_kw) in ad.stacks.items():
+                self._hook(root, self._stack_start(name, mask_kw), "pre", with_kwargs=True)
+                self._hook(root, self._stack_end, "fwd", always_call=True)
         self._slots = self._build_slots()
         for key, (module, where, _) in self._slots.items():
             if where == "input":
@@ -346,6 +351,10 @@ class Monitor:
             key = (id(module), where)
             if key not in slots:
                 uses = [i for i, s in enumerate(mods) if id(module) in s] if ad.backend != "lens" else []
+                if len({ad.layers[j].group for j in uses}) > 1:
+                    # layers with different attention weights meet at this module (a decoder layer's block, or
+                    # the norm between its self- and cross-attention): it runs once for all of them
+                    uses = uses[:1]
                 slots[key] = (module, where, {"uses": uses or [owner], "roles": {}})
             entry = slots[key][2]
             idx = entry["uses"].index(owner) if owner in entry["uses"] else 0
@@ -385,6 +394,27 @@ class Monitor:
         self._pending: dict[int, tuple] = {}
         self._pending_raw: dict[int, tuple] = {}
         self._mask: torch.Tensor | None = None
+        self._ran: set[str] = set()  # stacks (Adapter.stacks) whose root ran in this forward
+        self._stack_masks: dict[str, torch.Tensor | None] = {}
+        self._root = None  # the stack root that opened this forward, when it ran outside the model's
+
+    def _stack_start(self, name: str, mask_kw: str | None):
+        """A stack's root starts: it runs in this forward, with its own mask (or opens a forward of its own,
+        as ``generate`` runs an encoder-decoder's encoder once, outside the model's forward)."""
+
+        def fn(module, args, kwargs):
+            if not self._open:
+                self._on_model_start(module, args, kwargs)
+                self._root = module
+            self._ran.add(name)
+            m = kwargs.get(mask_kw) if mask_kw else None
+            self._stack_masks[name] = m if isinstance(m, torch.Tensor) and m.dim() == 2 else None
+
+        return fn
+
+    def _stack_end(self, module, args, output):
+        if self._root is module:
+            self._on_model_end(module, args, output)
 
     def _on_model_start(self, module, args, kwargs):
         if self._inert:  # left by a close that waited for a forward which raised
@@ -442,8 +472,14 @@ class Monitor:
         return "mid" if "mid" in self.points and rp.mid is not None else "attn"
 
     def _check_forward(self) -> None:
-        missing = [i for i in self._layers if i not in self._pending and i not in self._pending_raw]
-        partial = [i for i in self._layers if i not in missing and self._unread(i)]
+        stacks = self.adapter.stacks
+        expected = [
+            i
+            for i in self._layers
+            if self.adapter.layers[i].stack not in stacks or self.adapter.layers[i].stack in self._ran
+        ]
+        missing = [i for i in expected if i not in self._pending and i not in self._pending_raw]
+        partial = [i for i in expected if i not in missing and self._unread(i)]
         if not (missing or partial) or self._check_handles():
             return
         if partial:
@@ -489,9 +525,10 @@ class Monitor:
             warnings.warn(msg, MeasurementWarning, stacklevel=3)
 
     # ---- reduction ----
-    def _valid_mask(self, x: torch.Tensor) -> torch.Tensor:
+    def _valid_mask(self, x: torch.Tensor, layer: int) -> torch.Tensor:
         b, n = x.shape[:2]
-        m = self._mask
+        stack = self.adapter.layers[layer].stack
+        m = self._stack_masks[stack] if stack in self._stack_masks else self._mask
         if m is None:
             return torch.ones(b, n, dtype=torch.bool, device=x.device)
         if m.shape[0] != b or m.shape[1] < n:
@@ -518,7 +555,7 @@ class Monitor:
             with torch.no_grad():
                 base = rp.post_norm.forward(pre)  # LN_t(pre), without running anyone's hooks
         if getattr(self.adapter.layers[layer], "masked", True):
-            mask = self._valid_mask(pre)
+            mask = self._valid_mask(pre, layer)
         else:  # a tower the forward's attention_mask does not describe: all its tokens count
             mask = torch.ones(pre.shape[:2], dtype=torch.bool, device=pre.device)
         if pre.shape[1] == 1 and self.sink_path is None and not self.keep_tokens:
@@ -687,7 +724,7 @@ class Monitor:
                 )
                 row.update(
                     M.summarize(
-                        st, ti, red.k_index[ti], t.k, post_norm=post_norm, tie_seed=self._seed(layer, 1000 + ti)
+                        st, ti, red.k_index[ti], t.k, post_norm=post_norm, tie_seed=self._seed(layer, 1000)
                     )
                 )
                 row["null_seed"] = self.null_seed
@@ -855,7 +892,9 @@ def monitor(
             dict {layer: tensor}. Rows are labelled 'ov/modulus', 'ov/residual' or the name.
         reading_points: which of 'pre', 'mid', 'post' to read ('pre' is required).
         tokens: also keep per-token alignments (``mon.token_records``), for plots.
-        attention_mask: (batch, seq) mask overriding the one passed to the model call.
+        attention_mask: (batch, seq) mask overriding the one passed to the model call. Encoder-decoders:
+            each stack's layers use the mask passed to that stack (the encoder's ``attention_mask``, the
+            decoder's ``decoder_attention_mask``; none: every position counts), not this one.
         null_seed: seed of all null draws (recorded in the summary).
         null_draws: K, Haar-random subspaces per layer (p_null resolution 1/(K+1)).
         fnull_draws: directions orth(F g) per layer (0: none).

@@ -203,6 +203,8 @@ def value_activations(adapter: Adapter, o_proj, calibration=None) -> torch.Tenso
     ly = next((ly for ly in adapter.layers if ly.o_proj is o_proj), None)
     if ly is not None and not getattr(ly, "masked", True):
         mask = None  # the attention_mask is another tower's (CLIP's text mask, a vision layer steered)
+    elif any(ly.o_proj is o_proj and ly.stack == "decoder" for ly in adapter.layers):
+        mask = kwargs.get("decoder_attention_mask")  # an encoder-decoder's decoder layer: the decoder's own mask
     if mask is not None:
         return z[mask.to("cpu").bool()]
     return z.reshape(-1, z.shape[-1])

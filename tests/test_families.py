@@ -7,6 +7,7 @@ conftest writes docs/coverage.md from them when every case has run.
 from __future__ import annotations
 
 import math
+import warnings
 
 import pytest
 import torch
@@ -108,7 +109,10 @@ def test_padded_batch_counts_real_tokens(name, built):
         if expected is not None:
             assert n == expected, (i, n, expected)
     assert df["rho"].notna().all()
-    RESULTS[(name, "padded")] = "exact" if mask is not None else "no mask (all tokens)"
+    per_stack = "tokens" in case.extra
+    RESULTS[(name, "padded")] = (
+        "exact (per stack)" if per_stack else "exact" if mask is not None else "no mask (all tokens)"
+    )
 
 
 @pytest.mark.parametrize("name", NAMES)
@@ -117,6 +121,8 @@ def test_generate_counts_fed_tokens(name, built):
     if not case.generate:
         RESULTS[(name, "generate")] = "n/a (no LM head)"
         pytest.skip("not a generating model")
+    if case.extra.get("generate") is not None:
+        return _generate_per_stack(name, case, model)
     ids = _inputs(case, model)["input_ids"][:1]
     with eh.monitor(model, targets=[("ov", "modulus")], null_draws=16, fnull_draws=0, eig_top=0) as mon:
         with torch.no_grad():
@@ -154,6 +160,26 @@ def test_steer_restores_weights(name, built):
     first = lambda o: o[0] if isinstance(o, tuple) else next(iter(o.values()))  # noqa: E731
     assert torch.equal(first(plain), first(again))
     RESULTS[(name, "steer")] = "bit-exact restore"
+
+
+def _generate_per_stack(name, case, model):
+    """``Case.extra["generate"]``: model -> (generate kwargs, seq -> {stack: tokens each layer counts}).
+
+    For encoder-decoders: the encoder runs once (outside the model's forward, in ``generate``), the
+    decoder once per step; no MeasurementWarning may be raised, and every layer is one sequence.
+    """
+    kwargs, expect = case.extra["generate"](model)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", eh.MeasurementWarning)
+        with eh.monitor(model, targets=[("ov", "modulus")], null_draws=16, fnull_draws=0, eig_top=0) as mon:
+            with torch.no_grad():
+                seq = model.generate(**kwargs, do_sample=False)
+    df = mon.summary()
+    want, stack_of = expect(seq), {ly.index: ly.stack for ly in mon.adapter.layers}
+    got = {int(i): (int(n), int(s)) for i, n, s in zip(df["layer"], df["n_tokens"], df["n_sequences"])}
+    assert got == {i: (want[stack_of[i]], 1) for i in got}, (got, want)
+    assert sorted(got) == list(range(mon.adapter.n_layers))
+    RESULTS[(name, "generate")] = "exact (per stack)"
 
 
 def _calibration(case, model):

@@ -102,6 +102,8 @@ class Layer:
             as input (post-norm blocks: default ``norm``).
         post_in: the module whose first input is the 'post' residual, overriding the default
             (the next layer of the same stack, or the final norm).
+        post_out: the module whose output is the 'post' residual, when no module receives it
+            as input (an encoder-decoder's last decoder layer without a final norm).
         stack: which tower the layer belongs to ('' for single-stack models; 'encoder',
             'decoder', 'text', 'vision' otherwise). ``post`` never crosses a stack.
         kind: 'self' (attention over the residual it is added to) or 'cross' (the values come
@@ -132,6 +134,7 @@ class Layer:
     pre_in: nn.Module | None = None
     mid_out: nn.Module | None = None
     post_in: nn.Module | None = None
+    post_out: nn.Module | None = None
     stack: str = ""
     kind: Literal["self", "cross"] = "self"
     probe_arg: str | None = None
@@ -170,6 +173,9 @@ class Adapter:
     final_in: bool = True  # the final norm's input is the last block's output (False: something sits between)
     probe_inputs: Callable | None = None  # (model, b, n, device) -> forward kwargs for the probe
     probe_separately: bool = False  # probe one layer per forward: the layers' probes interact
+    # stack name -> (its root module, the kwarg of that module carrying the stack's padding mask, or None).
+    # A stack's layers count only in forwards where its root ran, with that mask (encoder-decoders).
+    stacks: dict = field(default_factory=dict)
 
     @property
     def n_layers(self) -> int:
@@ -220,6 +226,8 @@ class Adapter:
         nxt = next((n for n in self.layers[layer + 1 :] if n.stack == ly.stack), None)
         if ly.post_in is not None:
             post = Tap(ly.post_in, "input")
+        elif ly.post_out is not None:
+            post = Tap(ly.post_out, "output")
         elif nxt is not None:
             post = self._pre_tap(nxt)
         elif ly.stack:

@@ -26,7 +26,7 @@ Inputs = Callable[[nn.Module, int, int, torch.device], dict]
 def row(block, attn_in, attn_out, norm, factors, o_proj, **extra) -> dict:
     """One attention application: the ``Layer`` fields a family knows (index/group/name are filled in).
 
-    ``extra`` may set any other ``Layer`` field: ``mid_in``, ``pre_in``, ``mid_out``, ``post_in``,
+    ``extra`` may set any other ``Layer`` field: ``mid_in``, ``pre_in``, ``mid_out``, ``post_in``, ``post_out``,
     ``parallel``, ``stack``, ``kind``, ``probe_arg``, ``linear``.
     """
     return dict(block=block, attn_in=attn_in, attn_out=attn_out, norm=norm, factors=factors, o_proj=o_proj, **extra)
@@ -55,6 +55,7 @@ class Family:
         inputs: (model, batch, length, device) -> forward kwargs for the probe (token ids by default).
         probe_separately: probe one layer per forward (the layers' probes would interact).
         final_in: the final norm receives the last block's output unchanged.
+        stacks: base -> {stack: (root module, mask kwarg or None)} (``Adapter.stacks``); {} for one stack.
     """
 
     rows: Rows
@@ -66,6 +67,7 @@ class Family:
     inputs: Inputs = token_inputs
     probe_separately: bool = False
     final_in: bool = True
+    stacks: Callable[[nn.Module], dict] = lambda base: {}
     extra: dict = field(default_factory=dict)
 
 

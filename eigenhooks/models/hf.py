@@ -85,6 +85,7 @@ def hf_adapter(model: nn.Module) -> Adapter:
         probe_inputs=fam.inputs,
         probe_separately=fam.probe_separately,
         final_in=fam.final_in,
+        stacks=fam.stacks(base),
     )
 
 
