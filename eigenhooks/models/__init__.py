@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from .base import Adapter, Layer, ReadingPoints, Tap, UnsupportedModelError
+from .base import Adapter, Layer, ReadingPoints, Tap, UnsupportedConfigError, UnsupportedModelError
 from .hf import generic_adapter, hf_adapter, is_hf_model, supported_families
 from .lens import is_lens_model, lens_adapter
 from .offload import empty_meta_parameters
@@ -14,6 +14,7 @@ __all__ = [
     "Layer",
     "ReadingPoints",
     "Tap",
+    "UnsupportedConfigError",
     "UnsupportedModelError",
     "get_adapter",
     "supported_families",
@@ -56,6 +57,8 @@ def get_adapter(model) -> Adapter:
     if is_hf_model(model):
         try:
             return hf_adapter(model)
+        except UnsupportedConfigError:
+            raise  # the family knows this config and says why; the generic probe would be wrong
         except UnsupportedModelError:
             pass
         try:

@@ -27,6 +27,12 @@ class UnsupportedModelError(TypeError):
     """Raised when no adapter fits a model (and the probe fallback cannot find attention)."""
 
 
+class UnsupportedConfigError(UnsupportedModelError):
+    """A known family refuses this configuration of it (a layout it cannot read, or one the model
+    itself cannot run). ``get_adapter`` raises it instead of falling back to the generic probe,
+    which would read the same layout wrongly and silently."""
+
+
 @dataclass(frozen=True)
 class Tap:
     """Where to read a tensor: a module's input or output (HF), or a hook name (TransformerLens)."""
