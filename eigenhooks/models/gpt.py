@@ -18,7 +18,7 @@ from __future__ import annotations
 import torch
 
 from ..spectrum import Factors
-from .base import UnsupportedModelError
+from .base import UnsupportedConfigError
 from .family import Family, attr, gqa_dims, linear, mha_dims, row
 
 
@@ -26,7 +26,7 @@ def _no_cross_attention(cfg) -> None:
     """GPT-2 and GPTBigCode blocks with ``add_cross_attention`` put a second attention between the
     self-attention and the MLP: neither its F nor the mid state it changes is read here."""
     if getattr(cfg, "add_cross_attention", False):
-        raise UnsupportedModelError(
+        raise UnsupportedConfigError(
             f"{cfg.model_type} with add_cross_attention=True: the cross-attention blocks (and the 'mid' state "
             "they change) are not covered; load the model with add_cross_attention=False to monitor its "
             "self-attention alone"
@@ -171,7 +171,7 @@ def _falcon_norm(blk, cfg, i: int):
     norm = getattr(blk, name, None)
     if norm is None:
         found = [n for n in ("ln_attn", "ln_mlp", "input_layernorm", "post_attention_layernorm") if hasattr(blk, n)]
-        raise UnsupportedModelError(
+        raise UnsupportedConfigError(
             f"falcon layer {i}: its forward applies {name!r}, but the block has only {found} "
             f"(new_decoder_architecture={cfg.new_decoder_architecture}, parallel_attn={cfg.parallel_attn}, "
             f"num_ln_in_parallel_attn={cfg.num_ln_in_parallel_attn}); this config cannot run in transformers "
@@ -214,7 +214,7 @@ def _bloom(base, cfg):
     update is the output of ``dense``; the probe reads that (layers then cannot interact)."""
     H = cfg.num_attention_heads
     if cfg.pretraining_tp > 1 and cfg.slow_but_exact:
-        raise UnsupportedModelError(
+        raise UnsupportedConfigError(
             f"bloom with pretraining_tp={cfg.pretraining_tp} and slow_but_exact=True applies its output "
             "projection slice by slice outside the `dense` module (and without its bias), so no module's "
             "output is the attention update; set config.slow_but_exact=False (same weights)"
@@ -248,7 +248,7 @@ def _codegen(base, cfg):
         mp = getattr(a, "mp_num", None)
         d = a.qkv_proj.weight.shape[1]
         if not isinstance(mp, int) or mp < 1 or d % mp:
-            raise UnsupportedModelError(
+            raise UnsupportedConfigError(
                 f"codegen layer {i}: qkv_proj is split into mp_num={mp!r} shards, which does not divide "
                 f"hidden_size={d}; transformers cannot run it either: use a hidden_size divisible by it"
             )
