@@ -115,8 +115,21 @@ def codegen(sd, c, i):
     return _F(O, V, c.n_head, lambda h: h)
 
 
+def separate(prefix: str, v: str, o: str, heads: str):
+    """Separate (out, in) value and output projections, one kv group per head."""
+
+    def read(sd, c, i):
+        p = prefix.format(i=i)
+        return _F(_np(sd, p + o), _np(sd, p + v), getattr(c, heads), lambda h: h)
+
+    return read
+
+
 READERS = {
     "gpt2": gpt2,
+    "gpt_neo": separate("transformer.h.{i}.attn.attention.", "v_proj.weight", "out_proj.weight", "num_heads"),
+    "gptj": separate("transformer.h.{i}.attn.", "v_proj.weight", "out_proj.weight", "n_head"),
+    "opt": separate("model.decoder.layers.{i}.self_attn.", "v_proj.weight", "out_proj.weight", "num_attention_heads"),
     "gpt_neox": gpt_neox,
     "phi": phi,
     "falcon": falcon,
