@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from .base import Adapter, Layer, LayoutError, ReadingPoints, Tap, UnsupportedModelError
-from .hf import generic_adapter, hf_adapter, is_hf_model, supported_families
+from .base import Adapter, Layer, LayoutError, ReadingPoints, Tap, UnsupportedConfigError, UnsupportedModelError
+from .hf import FAMILIES, generic_adapter, hf_adapter, is_hf_model, supported_families
 from .lens import is_lens_model, lens_adapter
 from .offload import empty_meta_parameters
 
@@ -15,6 +15,7 @@ __all__ = [
     "LayoutError",
     "ReadingPoints",
     "Tap",
+    "UnsupportedConfigError",
     "UnsupportedModelError",
     "get_adapter",
     "supported_families",
@@ -57,10 +58,9 @@ def get_adapter(model) -> Adapter:
     if is_hf_model(model):
         try:
             return hf_adapter(model)
-        except LayoutError:
-            raise
         except UnsupportedModelError:
-            pass
+            if getattr(model.config, "model_type", None) in FAMILIES:
+                raise  # the family knows this model and says why; the generic probe would guess wrong
         try:
             return generic_adapter(model)
         except UnsupportedModelError as e:

@@ -29,8 +29,11 @@ class UnsupportedModelError(TypeError):
 
 class LayoutError(UnsupportedModelError):
     """A model of a known family that the family's rule cannot read (another layout, a variant not
-    supported). ``get_adapter`` re-raises it instead of falling back to the generic probe, whose
-    guess (pre-norm, the largest block list) would be silently wrong there."""
+    supported, a configuration the model itself cannot run). ``get_adapter`` re-raises it instead
+    of falling back to the generic probe, whose guess would be silently wrong there."""
+
+
+UnsupportedConfigError = LayoutError  # the name the GPT-lineage rules use
 
 
 @dataclass(frozen=True)
