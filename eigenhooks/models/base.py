@@ -105,6 +105,8 @@ class Layer:
         linear: the value path is linear in x, so the probe is F exactly. False where it is
             not (attention sinks, a norm inside the value path): ``factors`` then gives the
             linear F of the weights and the probe is only a local linearisation.
+        norm_offset: added to ``norm.weight`` to give the norm's real scale (Gemma's RMSNorm
+            computes x_hat * (1 + w): offset 1.0). Overrides the norm's ``eigenhooks_offset``.
     """
 
     index: int
@@ -125,6 +127,7 @@ class Layer:
     kind: Literal["self", "cross"] = "self"
     probe_arg: str | None = None
     linear: bool = True
+    norm_offset: float = 0.0
 
 
 @dataclass
@@ -173,12 +176,14 @@ class Adapter:
 
     def norm_weight(self, layer: int) -> torch.Tensor | None:
         """The elementwise scale of the norm feeding (pre-norm) or following (post-norm) attention."""
-        norm = self.layers[layer].norm
+        ly = self.layers[layer]
+        norm = ly.norm
         w = getattr(norm, "weight", None) if norm is not None else None
         if w is None:
             return None
-        if getattr(norm, "eigenhooks_offset", 0.0):
-            w = w + norm.eigenhooks_offset
+        offset = ly.norm_offset or getattr(norm, "eigenhooks_offset", 0.0)
+        if offset:
+            w = w + offset
         return w.detach()
 
     def shared_groups(self) -> list[list[int]]:
