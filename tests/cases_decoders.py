@@ -1,31 +1,107 @@
-"""Llama-style decoder cases (eigenhooks/models/decoders.py)."""
+"""Llama-style decoder cases (eigenhooks/models/decoders.py).
+
+Each ``mid`` reference is built from the block's input plus the output of the module the
+model itself adds to the residual (the attention, or the norm after it in sandwich and
+post-only blocks), times the residual multiplier where the model has one.
+"""
 
 import transformers as T
 from harness import Case, seeded, sum_mid, token_inputs
 
 TOK = token_inputs()
 
+BASE = dict(
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    hidden_size=16,
+    intermediate_size=32,
+    vocab_size=64,
+    max_position_embeddings=32,
+)
+
 
 def small(cls, cfg_cls, **kw):
     """A 2-layer, d=16, 4-query/2-kv-head decoder of one Llama-style family."""
-    base = dict(
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        hidden_size=16,
-        intermediate_size=32,
-        vocab_size=64,
-        max_position_embeddings=32,
-    )
-    base.update(kw)
-    return seeded(lambda: cls(cfg_cls(**base)))
+    cfg = {**BASE, **kw}
+    return seeded(lambda: cls(cfg_cls(**cfg)))
 
 
-LLAMA_MID = sum_mid(lambda m: m.base_model.layers, lambda b: b.self_attn)
+def _layers(m):
+    return m.base_model.layers
+
+
+def added(name: str, scale=None):
+    """mid = block input + (output of the block's module ``name``), as the block adds them."""
+    return sum_mid(_layers, lambda b: getattr(b, name), scale=scale)
+
+
+LLAMA_MID = added("self_attn")
+SANDWICH_MID = added("post_attention_layernorm")  # Gemma 2/3, OLMo 2/3, EXAONE 4: x + N(attn)
+GEMMA = dict(head_dim=4)
+GEMMA2 = dict(head_dim=4, query_pre_attn_scalar=4, sliding_window=4)
+MOE = dict(num_experts_per_tok=2)
+
+
+def case(cls, cfg_cls, family, mid=LLAMA_MID, **kw):
+    return Case(small(cls, cfg_cls, **kw), family, mid, TOK, generate=True)
+
 
 CASES = {
-    "llama": Case(small(T.LlamaForCausalLM, T.LlamaConfig), "llama", LLAMA_MID, TOK, generate=True),
-    "mistral": Case(small(T.MistralForCausalLM, T.MistralConfig), "mistral", LLAMA_MID, TOK, generate=True),
-    "qwen2": Case(small(T.Qwen2ForCausalLM, T.Qwen2Config), "qwen2", LLAMA_MID, TOK, generate=True),
-    "qwen3": Case(small(T.Qwen3ForCausalLM, T.Qwen3Config, head_dim=4), "qwen3", LLAMA_MID, TOK, generate=True),
+    "llama": case(T.LlamaForCausalLM, T.LlamaConfig, "llama"),
+    "mistral": case(T.MistralForCausalLM, T.MistralConfig, "mistral"),
+    "qwen2": case(T.Qwen2ForCausalLM, T.Qwen2Config, "qwen2"),
+    "qwen3": case(T.Qwen3ForCausalLM, T.Qwen3Config, "qwen3", head_dim=4),
+    "mixtral": case(T.MixtralForCausalLM, T.MixtralConfig, "mixtral", num_local_experts=4, **MOE),
+    "qwen2_moe": case(
+        T.Qwen2MoeForCausalLM,
+        T.Qwen2MoeConfig,
+        "qwen2_moe",
+        num_experts=4,
+        moe_intermediate_size=16,
+        shared_expert_intermediate_size=16,
+        **MOE,
+    ),
+    "qwen3_moe": case(
+        T.Qwen3MoeForCausalLM, T.Qwen3MoeConfig, "qwen3_moe", head_dim=4, num_experts=4, moe_intermediate_size=16, **MOE
+    ),
+    "gemma": case(T.GemmaForCausalLM, T.GemmaConfig, "gemma", **GEMMA),
+    "gemma2": case(T.Gemma2ForCausalLM, T.Gemma2Config, "gemma2", SANDWICH_MID, **GEMMA2),
+    "gemma3 (text)": case(T.Gemma3ForCausalLM, T.Gemma3TextConfig, "gemma3_text", SANDWICH_MID, **GEMMA2),
+    "phi3 (fused qkv)": case(T.Phi3ForCausalLM, T.Phi3Config, "phi3", pad_token_id=0),
+    "cohere (parallel)": case(T.CohereForCausalLM, T.CohereConfig, "cohere", None, use_qk_norm=True),
+    "cohere2 (parallel)": case(T.Cohere2ForCausalLM, T.Cohere2Config, "cohere2", None, sliding_window=4),
+    "stablelm (parallel)": case(
+        T.StableLmForCausalLM, T.StableLmConfig, "stablelm", None, use_parallel_residual=True, qk_layernorm=True
+    ),
+    "stablelm (sequential)": case(T.StableLmForCausalLM, T.StableLmConfig, "stablelm", use_qkv_bias=True),
+    "starcoder2": case(T.Starcoder2ForCausalLM, T.Starcoder2Config, "starcoder2"),
+    "granite (residual x0.5)": case(
+        T.GraniteForCausalLM,
+        T.GraniteConfig,
+        "granite",
+        added("self_attn", scale=lambda b: b.residual_multiplier),
+        residual_multiplier=0.5,
+        attention_multiplier=0.3,
+        embedding_multiplier=2.0,
+    ),
+    "smollm3": case(T.SmolLM3ForCausalLM, T.SmolLM3Config, "smollm3", no_rope_layer_interval=2, pad_token_id=0),
+    "olmo": case(T.OlmoForCausalLM, T.OlmoConfig, "olmo"),
+    "olmo (clip_qkv)": Case(
+        small(T.OlmoForCausalLM, T.OlmoConfig, clip_qkv=0.02), "olmo", LLAMA_MID, TOK, generate=True, nonlinear=True
+    ),
+    "olmo2": case(T.Olmo2ForCausalLM, T.Olmo2Config, "olmo2", SANDWICH_MID),
+    "olmo3": case(T.Olmo3ForCausalLM, T.Olmo3Config, "olmo3", SANDWICH_MID, sliding_window=4),
+    "exaone4": case(T.Exaone4ForCausalLM, T.Exaone4Config, "exaone4", SANDWICH_MID, sliding_window=4),
+    "glm": case(T.GlmForCausalLM, T.GlmConfig, "glm", head_dim=4, pad_token_id=0),
+    "glm4 (sandwich)": case(
+        T.Glm4ForCausalLM, T.Glm4Config, "glm4", added("post_self_attn_layernorm"), head_dim=4, pad_token_id=0
+    ),
+    "helium": case(T.HeliumForCausalLM, T.HeliumConfig, "helium", head_dim=4),
+    "nemotron": case(T.NemotronForCausalLM, T.NemotronConfig, "nemotron", head_dim=4),
+    "apertus": case(T.ApertusForCausalLM, T.ApertusConfig, "apertus"),
+    "ernie4_5": case(T.Ernie4_5ForCausalLM, T.Ernie4_5Config, "ernie4_5", head_dim=4),
+    "seed_oss": case(T.SeedOssForCausalLM, T.SeedOssConfig, "seed_oss", head_dim=4),
+    "arcee": case(T.ArceeForCausalLM, T.ArceeConfig, "arcee"),
+    "ministral": case(T.MinistralForCausalLM, T.MinistralConfig, "ministral", head_dim=4, sliding_window=4),
 }
