@@ -180,6 +180,7 @@ GEMMA2 = Family(
     attr("norm"),
     notes=lambda c: _gemma_note(c) + _sandwich_note(c),
 )
+GRANITE = Family(LLAMA_ROWS, "pre", attr("norm"), notes=_granite_notes)
 POST_ONLY = Family(_post_only, "pre", attr("norm"), notes=_post_only_note)
 PARALLEL = Family(_parallel("input_layernorm"), "pre", attr("norm"), notes=_parallel_note)
 
@@ -199,7 +200,34 @@ FAMILIES = {
     "seed_oss": LLAMA,
     "arcee": LLAMA,
     "ministral": LLAMA,
-    "granite": Family(LLAMA_ROWS, "pre", attr("norm"), notes=_granite_notes),
+    "olmoe": LLAMA,
+    "hunyuan_v1_dense": LLAMA,
+    "hunyuan_v1_moe": LLAMA,
+    "ernie4_5_moe": LLAMA,
+    "glm4_moe": LLAMA,
+    "phimoe": LLAMA,
+    "exaone_moe": LLAMA,
+    "ministral3": LLAMA,
+    "jais2": LLAMA,
+    "nanochat": Family(
+        LLAMA_ROWS,
+        "pre",
+        attr("norm"),
+        final_in=False,  # base.norm is also applied to the embeddings, before the first block
+        notes=lambda c: ["the final norm is also applied to the embeddings: the last 'post' is the block output"],
+    ),
+    "mellum": LLAMA,
+    "cwm": LLAMA,
+    "solar_open": LLAMA,
+    "granite": GRANITE,
+    "granitemoe": GRANITE,
+    "granitemoeshared": GRANITE,
+    "hyperclovax": Family(
+        LLAMA_ROWS,
+        "pre",
+        attr("norm"),
+        notes=lambda c: _granite_notes(c) + (_sandwich_note(c) if c.use_post_norm else []),
+    ),
     "olmo": Family(
         _pre_norm("input_layernorm", "post_attention_layernorm", nonlinear=_olmo_clipped),
         "pre",
