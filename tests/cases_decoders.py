@@ -111,6 +111,17 @@ CASES = {
         added("post_norm1", scale=lambda b: b.residual_multiplier),
         residual_multiplier=0.5,
     ),
+    "granite_swa (sinks, nonlinear)": Case(
+        small(T.GraniteSWAForCausalLM, T.GraniteSWAConfig, residual_multiplier=0.5, sliding_window=4),
+        "granite_swa",
+        added("self_attn", scale=lambda b: b.residual_multiplier),
+        TOK,
+        generate=True,
+        nonlinear=True,
+    ),
+    "bitnet (sub-norm, nonlinear)": Case(
+        small(T.BitNetForCausalLM, T.BitNetConfig), "bitnet", LLAMA_MID, TOK, generate=True, nonlinear=True
+    ),
     "smollm3": case(T.SmolLM3ForCausalLM, T.SmolLM3Config, "smollm3", no_rope_layer_interval=2, pad_token_id=0),
     "olmo": case(T.OlmoForCausalLM, T.OlmoConfig, "olmo"),
     "olmo (clip_qkv)": Case(

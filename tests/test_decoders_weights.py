@@ -42,6 +42,8 @@ def numpy_F(model, i: int) -> np.ndarray:
         V = sd[p + "qkv_proj.weight"][(H + G) * dh :]
     else:
         V = sd[p + "v_proj.weight"]  # (G dh, d)
+    if p + "attn_sub_norm.weight" in sd:  # BitNet: RMSNorm(heads) then o_proj; its scale multiplies O's columns
+        O = O * sd[p + "attn_sub_norm.weight"][None, :]
     assert V.shape == (G * dh, cfg.hidden_size) and O.shape == (cfg.hidden_size, H * dh)
     rep = H // G
     return sum(O[:, h * dh : (h + 1) * dh] @ V[(h // rep) * dh : (h // rep + 1) * dh] for h in range(H))
@@ -59,9 +61,19 @@ def built():
     return get
 
 
+def _randomise_norms(model, seed: int = 4) -> None:
+    """Seeded models start with norm scales at 0 or 1, which would hide a missing or extra scale."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for n, p in model.named_parameters():
+            if "norm" in n and p.dim() == 1:
+                p.copy_(torch.randn(p.shape, generator=g))
+
+
 @pytest.mark.parametrize("name", NAMES)
-def test_F_equals_numpy_from_state_dict(name, built):
-    model = built(name)
+def test_F_equals_numpy_from_state_dict(name):
+    model = CASES[name].build()
+    _randomise_norms(model)
     ad = eh.get_adapter(model)
     assert ad.n_layers == model.config.num_hidden_layers
     for i in range(ad.n_layers):
@@ -81,11 +93,7 @@ def _zero_mean_input(d: int) -> torch.Tensor:
 def test_norm_weight_is_the_scale_the_norm_applies(name):
     """norm(x) - norm(0) = x_hat * scale for zero-mean x, whether RMSNorm or LayerNorm."""
     model = CASES[name].build()
-    g = torch.Generator().manual_seed(4)
-    with torch.no_grad():
-        for n, p in model.named_parameters():
-            if "norm" in n and p.dim() == 1:
-                p.copy_(torch.randn(p.shape, generator=g))  # seeded models start at 0 or 1
+    _randomise_norms(model)
     ad = eh.get_adapter(model)
     x = _zero_mean_input(ad.d_model)
     x_hat = x / x.pow(2).mean(-1, keepdim=True).sqrt()
@@ -100,18 +108,36 @@ def test_norm_weight_is_the_scale_the_norm_applies(name):
         torch.testing.assert_close(got, x_hat * w, rtol=1e-5, atol=1e-4)
 
 
-def test_clip_qkv_is_flagged_and_spectra_come_from_the_weights(built):
-    clipped, plain = built("olmo (clip_qkv)"), built("olmo")
-    rows = eh.verify(clipped)
+NONLINEAR = {n: c for n, c in CASES.items() if c.nonlinear}
+
+
+@pytest.mark.parametrize(
+    "name, word",
+    [
+        ("olmo (clip_qkv)", "clip_qkv"),
+        ("granite_swa (sinks, nonlinear)", "sink"),
+        ("bitnet (sub-norm, nonlinear)", "attn_sub_norm"),
+    ],
+)
+def test_nonlinear_paths_are_flagged_and_spectra_come_from_the_weights(name, word, built):
+    model = built(name)
+    rows = eh.verify(model)
     assert all(not r.linear for r in rows)
-    assert min(r.linearity for r in rows) > 1e-2  # the clamp really bites on the probe
-    assert max(r.linearity for r in eh.verify(plain)) < 1e-5
-    ad = eh.get_adapter(clipped)
-    assert any("clip_qkv" in n and "nonlinear" in n for n in ad.notes)
-    for s in eh.spectra(clipped, cache=False):
-        lam = np.linalg.eigvals(numpy_F(clipped, s.layer))
+    assert min(r.linearity for r in rows) > 1e-2, [r.linearity for r in rows]  # the probe really is nonlinear
+    ad = eh.get_adapter(model)
+    assert any(word in n and "nonlinear" in n for n in ad.notes)
+    for s in eh.spectra(model, cache=False):
+        lam = np.linalg.eigvals(numpy_F(model, s.layer))
         top = lam[np.argmax(np.abs(lam))]
         assert abs(abs(complex(s.eigenvalues[0])) - abs(top)) < 1e-9 * abs(top)
+
+
+def test_every_nonlinear_case_is_tested_above():
+    assert sorted(NONLINEAR) == ["bitnet (sub-norm, nonlinear)", "granite_swa (sinks, nonlinear)", "olmo (clip_qkv)"]
+
+
+def test_linear_relatives_pass_the_probes_linearity(built):
+    assert max(r.linearity for r in eh.verify(built("olmo"))) < 1e-5
 
 
 @pytest.mark.parametrize(

@@ -127,6 +127,45 @@ def _phi3(base, cfg):
         yield row(blk, a, a, blk.input_layernorm, f, a.o_proj, mid_in=blk.post_attention_layernorm)
 
 
+def _bitnet_factors(a, H: int, G: int):
+    """(O diag(w_sub), V) of BitNet: ``attn_sub_norm`` (scale w_sub, (H dh,)) sits between the heads and O.
+
+    The attention output is o_proj(RMSNorm(sum_j A_ij V x_j)); the linear map of the
+    weights is F = O diag(w_sub) V, which leaves out the RMS division (a scalar per token
+    that depends on x): the value path is nonlinear and the probe only a local linearisation.
+    """
+
+    def f():
+        w = a.attn_sub_norm.weight.detach().double()
+        O = a.o_proj.weight.detach().double() * w[None, :]  # (d, H dh): column c scaled by w_sub[c], no rounding
+        return Factors.from_stacked(O, a.v_proj.weight, H, G)
+
+    return f
+
+
+def _bitnet(base, cfg):
+    _, H, G = gqa_dims(cfg)
+    for blk in base.layers:
+        a = _attn(blk, cfg, "v_proj", "o_proj", "attn_sub_norm")
+        f = _bitnet_factors(a, H, G)
+        yield row(blk, a, a, blk.input_layernorm, f, a.o_proj, mid_in=blk.post_attention_layernorm, linear=False)
+
+
+def _bitnet_notes(cfg) -> list[str]:
+    return [
+        "attn_sub_norm (RMSNorm) sits between the attention heads and o_proj: F = O diag(w_sub) V is the linear "
+        "map of the weights without the per-token RMS division; the value path is nonlinear"
+    ]
+
+
+def _sink_notes(cfg) -> list[str]:
+    return [
+        "attention sinks: each head's output is scaled by sigmoid(logsumexp(scores) - sink), a factor in (0, 1) "
+        "that depends on x, so the value path is nonlinear; F = O V is the linear map of the weights (the output "
+        "with the sink scale at 1), the probe only a local linearisation"
+    ]
+
+
 def _olmo_clipped(cfg) -> bool:
     return getattr(cfg, "clip_qkv", None) is not None
 
@@ -221,6 +260,13 @@ FAMILIES = {
     "solar_open": LLAMA,
     "granite": GRANITE,
     "granitemoe": GRANITE,
+    "granite_swa": Family(
+        _pre_norm("input_layernorm", "post_attention_layernorm", nonlinear=lambda c: True),
+        "pre",
+        attr("norm"),
+        notes=lambda c: _granite_notes(c) + _sink_notes(c),
+    ),
+    "bitnet": Family(_bitnet, "pre", attr("norm"), notes=_bitnet_notes),
     "granitemoeshared": GRANITE,
     "hyperclovax": Family(
         LLAMA_ROWS,
