@@ -47,6 +47,23 @@ def case(cls, cfg_cls, family, mid=LLAMA_MID, **kw):
     return Case(small(cls, cfg_cls, **kw), family, mid, TOK, generate=True)
 
 
+def gemma3_multimodal():
+    """Gemma3ForConditionalGeneration with a 1-layer SigLIP tower (16x16 images, 4 image tokens)."""
+    text = T.Gemma3TextConfig(**{**BASE, **GEMMA2})
+    vision = T.SiglipVisionConfig(
+        hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2, image_size=16, patch_size=8
+    )
+    cfg = T.Gemma3Config(
+        text_config=text.to_dict(),
+        vision_config=vision.to_dict(),
+        mm_tokens_per_image=4,
+        image_token_index=5,
+        boi_token_index=6,
+        eoi_token_index=7,
+    )
+    return T.Gemma3ForConditionalGeneration(cfg)
+
+
 CASES = {
     "llama": case(T.LlamaForCausalLM, T.LlamaConfig, "llama"),
     "mistral": case(T.MistralForCausalLM, T.MistralConfig, "mistral"),
@@ -68,6 +85,14 @@ CASES = {
     "gemma": case(T.GemmaForCausalLM, T.GemmaConfig, "gemma", **GEMMA),
     "gemma2": case(T.Gemma2ForCausalLM, T.Gemma2Config, "gemma2", SANDWICH_MID, **GEMMA2),
     "gemma3 (text)": case(T.Gemma3ForCausalLM, T.Gemma3TextConfig, "gemma3_text", SANDWICH_MID, **GEMMA2),
+    "gemma3 (multimodal, text stack)": Case(
+        seeded(gemma3_multimodal),
+        "gemma3",
+        sum_mid(lambda m: m.model.language_model.layers, lambda b: b.post_attention_layernorm),
+        token_inputs(n=7, seed=1),
+        generate=True,
+        stacks=("text",),
+    ),
     "phi3 (fused qkv)": case(T.Phi3ForCausalLM, T.Phi3Config, "phi3", pad_token_id=0),
     "cohere (parallel)": case(T.CohereForCausalLM, T.CohereConfig, "cohere", None, use_qk_norm=True),
     "cohere2 (parallel)": case(T.Cohere2ForCausalLM, T.Cohere2Config, "cohere2", None, sliding_window=4),

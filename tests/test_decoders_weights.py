@@ -31,12 +31,12 @@ def _head_dim(cfg) -> int:
 
 def numpy_F(model, i: int) -> np.ndarray:
     """F (d, d) of layer i from the state dict: sum_h O_h V_{g(h)}, float64."""
-    cfg = model.config
+    cfg = model.config.get_text_config()
     H = cfg.num_attention_heads
     G = getattr(cfg, "num_key_value_heads", None) or H
     dh = _head_dim(cfg)
     sd = {k: v.detach().double().numpy() for k, v in model.state_dict().items()}
-    p = f"model.layers.{i}.self_attn."
+    p = next(k for k in sd if k.endswith(f"layers.{i}.self_attn.o_proj.weight"))[: -len("o_proj.weight")]
     O = sd[p + "o_proj.weight"]  # (d, H dh)
     if p + "qkv_proj.weight" in sd:  # Phi-3: out features [q (H dh) | k (G dh) | v (G dh)]
         V = sd[p + "qkv_proj.weight"][(H + G) * dh :]
@@ -75,7 +75,7 @@ def test_F_equals_numpy_from_state_dict(name):
     model = CASES[name].build()
     _randomise_norms(model)
     ad = eh.get_adapter(model)
-    assert ad.n_layers == model.config.num_hidden_layers
+    assert ad.n_layers == model.config.get_text_config().num_hidden_layers
     for i in range(ad.n_layers):
         ref = numpy_F(model, i)
         got = ad.factors(i).matrix().numpy()

@@ -220,6 +220,27 @@ GEMMA2 = Family(
     notes=lambda c: _gemma_note(c) + _sandwich_note(c),
 )
 GRANITE = Family(LLAMA_ROWS, "pre", attr("norm"), notes=_granite_notes)
+
+
+def _gemma3_text_tower(base, cfg):
+    """Gemma3ForConditionalGeneration: the language model's layers, as the ``text`` stack.
+
+    The SigLIP vision tower's attention layers are not rows here (no weight rule yet);
+    its image tokens enter the text stack as ordinary residual positions.
+    """
+    for r in GEMMA2.rows(base.language_model, cfg.text_config):
+        yield dict(r, stack="text")
+
+
+def _gemma3_notes(cfg) -> list[str]:
+    t = cfg.text_config
+    return (
+        _gemma_note(t)
+        + _sandwich_note(t)
+        + ["Gemma 3 multimodal: only the language model's attention layers are measured, not the vision tower's"]
+    )
+
+
 POST_ONLY = Family(_post_only, "pre", attr("norm"), notes=_post_only_note)
 PARALLEL = Family(_parallel("input_layernorm"), "pre", attr("norm"), notes=_parallel_note)
 
@@ -290,6 +311,13 @@ FAMILIES = {
     "gemma": GEMMA,
     "gemma2": GEMMA2,
     "gemma3_text": GEMMA2,
+    "gemma3": Family(
+        _gemma3_text_tower,
+        "pre",
+        attr("language_model", "norm"),
+        lambda c: gqa_dims(c.text_config),
+        notes=_gemma3_notes,
+    ),
     "glm4": Family(_pre_norm("input_layernorm", "post_attention_layernorm"), "pre", attr("norm"), notes=_sandwich_note),
     "olmo2": POST_ONLY,
     "olmo3": POST_ONLY,
