@@ -21,6 +21,7 @@ from torch import nn
 import eigenhooks as eh
 from eigenhooks.models.base import UnsupportedModelError
 from eigenhooks.models.hf import hf_adapter
+from eigenhooks.models.probe import probe_matrices
 
 NAMES = sorted(CASES)
 
@@ -160,3 +161,32 @@ def test_notes_say_what_the_step_is():
     assert any("x + 0.5·F x" in s for s in notes["granite (residual x0.5)"])
     assert any("(1 + weight)" in s for s in notes["gemma2"]) and any("sandwich" in s for s in notes["gemma2"])
     assert any("parallel" in s for s in notes["cohere (parallel)"])
+
+
+QK_NORM = [
+    "qwen3",
+    "qwen3_moe",
+    "olmo2",
+    "gemma3 (text)",
+    "cohere (parallel)",
+    "stablelm (parallel)",
+    "hunyuan_v1_dense",
+]
+
+
+@pytest.mark.parametrize("name", QK_NORM)
+def test_qk_norms_leave_F_alone(name):
+    """With every norm scale randomised (q/k norms included), the forward's F is still O V."""
+    model = CASES[name].build()
+    _randomise_norms(model, seed=5)
+    qk = [
+        n
+        for n, _ in model.named_parameters()
+        if any(k in n for k in ("q_norm", "k_norm", "q_layernorm", "query_layernorm"))
+    ]
+    assert qk, "no q/k norm found: the case does not test what it says"
+    ad = eh.get_adapter(model)
+    probed = probe_matrices(ad)
+    for i in range(ad.n_layers):
+        F = ad.factors(i).matrix()
+        assert float((F - probed[i]).abs().max()) <= 1e-5 * float(F.abs().max()), i
