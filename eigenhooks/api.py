@@ -246,7 +246,7 @@ def _memo_key(adapter: Adapter, i: int, options: dict) -> tuple | None:
         parts.append(
             (id(p), p._version, p.data_ptr(), tuple(p.shape), p.stride(), str(p.dtype), str(p.device), tuple(sample))
         )
-    offset = float(getattr(ly.norm, "eigenhooks_offset", 0.0) or 0.0)
+    offset = float(ly.norm_offset or getattr(ly.norm, "eigenhooks_offset", 0.0) or 0.0)
     opts = tuple(sorted(options.items()))
     return (adapter.family, adapter.n_heads, adapter.n_kv_heads, i, offset, opts, tuple(parts)), [
         weakref.ref(p) for p in params

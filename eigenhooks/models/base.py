@@ -121,6 +121,8 @@ class Layer:
             tokens count.
         d_model: this layer's residual width, where it differs from the adapter's (CLIP's text
             and vision towers); None: ``Adapter.d_model``. See ``Adapter.width``.
+        norm_offset: added to ``norm.weight`` to give the norm's real scale (Gemma's RMSNorm
+            computes x_hat * (1 + w): offset 1.0). Overrides the norm's ``eigenhooks_offset``.
     """
 
     index: int
@@ -144,6 +146,7 @@ class Layer:
     linear: bool = True
     masked: bool = True
     d_model: int | None = None
+    norm_offset: float = 0.0
 
 
 @dataclass
@@ -199,12 +202,14 @@ class Adapter:
 
     def norm_weight(self, layer: int) -> torch.Tensor | None:
         """The elementwise scale of the norm feeding (pre-norm) or following (post-norm) attention."""
-        norm = self.layers[layer].norm
+        ly = self.layers[layer]
+        norm = ly.norm
         w = getattr(norm, "weight", None) if norm is not None else None
         if w is None:
             return None
-        if getattr(norm, "eigenhooks_offset", 0.0):
-            w = w + norm.eigenhooks_offset
+        offset = ly.norm_offset or getattr(norm, "eigenhooks_offset", 0.0)
+        if offset:
+            w = w + offset
         return w.detach()
 
     def shared_groups(self) -> list[list[int]]:

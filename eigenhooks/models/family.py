@@ -27,7 +27,7 @@ def row(block, attn_in, attn_out, norm, factors, o_proj, **extra) -> dict:
     """One attention application: the ``Layer`` fields a family knows (index/group/name are filled in).
 
     ``extra`` may set any other ``Layer`` field: ``mid_in``, ``pre_in``, ``mid_out``, ``post_in``, ``post_out``,
-    ``parallel``, ``stack``, ``kind``, ``probe_arg``, ``linear``.
+    ``parallel``, ``stack``, ``kind``, ``probe_arg``, ``linear``, ``masked``, ``d_model``, ``norm_offset``.
     """
     return dict(block=block, attn_in=attn_in, attn_out=attn_out, norm=norm, factors=factors, o_proj=o_proj, **extra)
 
