@@ -113,7 +113,7 @@ def test_generic_fallback_uses_probe():
     import transformers as T
 
     torch.manual_seed(0)
-    cfg = T.OlmoConfig(
+    cfg = T.DogeConfig(
         num_hidden_layers=2,
         num_attention_heads=2,
         hidden_size=16,
@@ -121,7 +121,7 @@ def test_generic_fallback_uses_probe():
         vocab_size=64,
         max_position_embeddings=32,
     )
-    model = T.OlmoForCausalLM(cfg).double().eval()
+    model = T.DogeForCausalLM(cfg).double().eval()
     with torch.no_grad():
         for p in model.parameters():
             p.normal_(0, 0.3)
