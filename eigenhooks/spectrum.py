@@ -230,6 +230,22 @@ def _full_eig_vectors(F: torch.Tensor, wanted: list[complex]) -> torch.Tensor:
     return torch.stack(cols, 1)
 
 
+class NonFiniteError(ValueError):
+    """The attention weights (O or V) hold inf or NaN entries."""
+
+
+def _finite(M: torch.Tensor) -> torch.Tensor:
+    """M itself, after checking it is finite.
+
+    An inf or NaN entry of O or V always reaches V O (inf times anything is inf or NaN), so
+    checking the r x r product replaces two checks of the d x r factors (~8x fewer entries
+    on a Llama-8B layer).
+    """
+    if not torch.isfinite(M).all():
+        raise NonFiniteError("non-finite entries in the attention weights (O or V)")
+    return M
+
+
 def _leading(eigenvalues: torch.Tensor, top: int, ranks: tuple[str, ...], extra: int = 0) -> list[int]:
     """Indices of the ``top + extra`` leading eigenvalues under each ranking rule (their union)."""
     idx: set[int] = set()
@@ -248,7 +264,7 @@ def _small_side(O: torch.Tensor, V: torch.Tensor, top: int, ranks: tuple[str, ..
     among the leading ones takes its vectors from null(V) (F null(V) = 0).
     """
     d, r = O.shape
-    M = V @ O  # (r, r)
+    M = _finite(V @ O)  # (r, r)
     mu = torch.linalg.eigvals(M)  # (r,) complex128
     eigenvalues = torch.cat([mu, torch.zeros(d - r, dtype=mu.dtype)])  # (d,)
     zero_tol = 1e-12 * max(float(mu.abs().max()), 1e-300) if r else 0.0
@@ -292,7 +308,7 @@ def eig_factored(
     d, r = O.shape
     if r < d:
         return _small_side(O, V, top, ranks)
-    F = O @ V
+    F = _finite(O @ V)
     eigenvalues = torch.linalg.eigvals(F)
     cand = _leading(eigenvalues, top, ranks, extra=1)
     vals = eigenvalues[cand]
@@ -408,9 +424,10 @@ def layer_spectrum(
     """
     rank_scores(torch.zeros(1), rank)  # validates rank
     O, V = factors.stacked(torch.float64)
-    if not (torch.isfinite(O).all() and torch.isfinite(V).all()):
-        raise ValueError(f"layer {layer}: non-finite entries in the attention weights (O or V)")
-    eigenvalues, vecs, vals = eig_factored(O, V, top=top, ranks=(rank,))
+    try:
+        eigenvalues, vecs, vals = eig_factored(O, V, top=top, ranks=(rank,))
+    except NonFiniteError as e:
+        raise ValueError(f"layer {layer}: {e}") from None
     spec = principal(eigenvalues, vecs, vals, layer=layer, variant=variant, rank=rank, top=top, threshold=threshold)
     if heads:
         spec.heads = head_spectra(factors)

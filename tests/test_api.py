@@ -100,3 +100,36 @@ def test_bad_variant_rank_and_layer():
 def test_unknown_zoo_name():
     with pytest.raises(KeyError, match="no zoo model named 'gpt5-tiny'"):
         eh.zoo.load("gpt5-tiny")
+
+
+@pytest.mark.parametrize("layers, inline", [([1], True), (None, False)])
+def test_one_layer_runs_inline(monkeypatch, layers, inline):
+    # LAPACK's eigvals is slower in a worker thread: a single job must run in the caller's.
+    import threading
+
+    model = build("gpt2")
+    seen = []
+    real = eh.api.layer_spectrum
+
+    def spy(*a, **k):
+        seen.append(threading.current_thread() is threading.main_thread())
+        return real(*a, **k)
+
+    monkeypatch.setattr(eh.api, "layer_spectrum", spy)
+    monkeypatch.setattr(eh.api.os, "cpu_count", lambda: 2)
+    specs = eh.spectra(model, layers=layers, cache=False)
+    assert seen and all(s == inline for s in seen), seen
+    ref = [eh.layer_spectrum(eh.api.layer_factors(eh.get_adapter(model), s.layer)[0]) for s in specs]
+    for a, b in zip(specs, ref):
+        assert torch.equal(a.eigenvalues, b.eigenvalues)
+
+
+def test_inline_job_error_propagates(monkeypatch):
+    model = build("gpt2")
+
+    def boom(*a, **k):
+        raise RuntimeError("eig failed")
+
+    monkeypatch.setattr(eh.api, "layer_spectrum", boom)
+    with pytest.raises(RuntimeError, match="eig failed"):
+        eh.spectra(model, layers=[0], cache=False)

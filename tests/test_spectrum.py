@@ -113,7 +113,21 @@ def test_bad_rank_and_non_finite():
     with pytest.raises(ValueError, match="rank must be one of"):
         layer_spectrum(f, rank="spectral")
     f.O_heads[0, 0, 0] = float("nan")
-    with pytest.raises(ValueError, match="non-finite"):
+    with pytest.raises(ValueError, match="layer 3: non-finite"):
+        layer_spectrum(f, layer=3)
+
+
+@pytest.mark.parametrize("where", ["O", "V"])
+@pytest.mark.parametrize("bad", [float("inf"), float("-inf"), float("nan")])
+@pytest.mark.parametrize("small", [True, False])
+def test_non_finite_reaches_the_checked_product(where, bad, small):
+    # The finiteness check runs on V O (or O V): one bad entry anywhere must still be caught,
+    # also next to zeros (inf * 0 = nan) and on the dense path.
+    f = _random_factors(G=2) if small else _random_factors()  # r = 12 < d = 24, or r = d
+    t = f.O_heads if where == "O" else f.V_groups
+    t.zero_()
+    t[tuple(n // 2 for n in t.shape)] = bad
+    with pytest.raises(ValueError, match="non-finite entries in the attention weights"):
         layer_spectrum(f)
 
 
