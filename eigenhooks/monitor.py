@@ -723,9 +723,7 @@ class Monitor:
                     gap_ratio=s.gap_ratio if s else float("nan"),
                 )
                 row.update(
-                    M.summarize(
-                        st, ti, red.k_index[ti], t.k, post_norm=post_norm, tie_seed=self._seed(layer, 1000)
-                    )
+                    M.summarize(st, ti, red.k_index[ti], t.k, post_norm=post_norm, tie_seed=self._seed(layer, 1000))
                 )
                 row["null_seed"] = self.null_seed
                 rows.append(row)

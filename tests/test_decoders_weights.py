@@ -150,8 +150,8 @@ def test_missing_projection_is_a_clear_error(name, where):
     setattr(model.model.layers[1].self_attn, where, nn.Identity())
     with pytest.raises(UnsupportedModelError, match=rf"expected self_attn\..*{where}.*found .*Attention with children"):
         hf_adapter(model)
-    ad = eh.get_adapter(model)  # the public entry falls back to the probe-only adapter, and says so
-    assert ad.family.startswith("generic:") and any("generic adapter" in n for n in ad.notes)
+    with pytest.raises(UnsupportedModelError, match=rf"expected self_attn\..*{where}"):
+        eh.get_adapter(model)  # a known family says why; no silent guess by the generic probe
 
 
 def test_notes_say_what_the_step_is():
