@@ -294,7 +294,12 @@ class LayerReducer:
         """Target alignments on every token and null alignments on the subsample, per reading point."""
         Bt, Bn, _ = self._on(m.device)
         A, Z = {}, {}
-        flat_m = m.reshape(-1) if idx is None else m.reshape(-1)[idx]
+
+        def sub(t: torch.Tensor) -> torch.Tensor:  # (b, n, ...) -> (N, ...): the null's tokens
+            flat = t.reshape(-1, *t.shape[2:])
+            return flat if idx is None else flat[idx]
+
+        flat_m = sub(m)
         for p, X in readings.items():
             inv = torch.where(m, 1.0 / norms[p].clamp_min(1e-30), 0.0)
             Pt = torch.where(m[..., None], F.linear(X, Bt), 0.0)  # where() drops NaN rows; a product would not
@@ -302,11 +307,9 @@ class LayerReducer:
             A[p] = {"tgt": tgt * inv[..., None], "P": Pt, "inv": inv}  # (b, n, T)
             if p == "post":
                 continue
-            Xs = X.reshape(-1, X.shape[-1]) if idx is None else X.reshape(-1, X.shape[-1])[idx]
-            Ps = torch.where(flat_m[:, None], F.linear(Xs, Bn), 0.0)
-            invs = inv.reshape(-1) if idx is None else inv.reshape(-1)[idx]
-            Z[p] = self._null_align(Ps, invs)
-            Z[p]["tgt"] = A[p]["tgt"].reshape(-1, self.T) if idx is None else A[p]["tgt"].reshape(-1, self.T)[idx]
+            Ps = torch.where(flat_m[:, None], F.linear(sub(X), Bn), 0.0)
+            Z[p] = self._null_align(Ps, sub(inv))
+            Z[p]["tgt"] = sub(A[p]["tgt"])
         return A, Z, flat_m
 
     def __call__(

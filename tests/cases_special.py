@@ -2,23 +2,17 @@
 
 gpt_oss (sinks), deepseek_v3 (MLA) and qwen3_next (gated output) have nonlinear value
 paths: F from the weights is the linear map stated in special.py, and the probe is not
-compared to it here (tests/test_special.py checks the exact nonlinear law instead).
+compared to it here (tests/test_special.py checks gpt_oss's F with the sinks switched off;
+MLA's and qwen3_next's stated F have no independent check yet).
 """
 
 import transformers as T
+from cases_decoders import BASE as DECODER_BASE
 from harness import Case, seeded, sum_mid, token_inputs
 
 TOK = token_inputs()
 
-BASE = dict(
-    num_hidden_layers=2,
-    num_attention_heads=4,
-    num_key_value_heads=2,
-    hidden_size=16,
-    intermediate_size=32,
-    vocab_size=64,
-    max_position_embeddings=32,
-)
+BASE = DECODER_BASE  # the same tiny Llama-shaped config as the decoders
 
 
 def cfg(**kw) -> dict:
