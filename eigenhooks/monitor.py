@@ -34,6 +34,7 @@ from . import metrics as M
 from .api import layer_stacked, spectra
 from .models import Adapter, get_adapter
 from .models.base import as_tokens
+from .reducer import LayerReducer, pad_to_stack, reduce_many
 from .spectrum import RANKS
 
 log = logging.getLogger(__name__)
@@ -265,9 +266,10 @@ class Monitor:
                 fnull[fkey] = M.power_step_frames(
                     lambda G, O=O, V=V: O @ (V @ G), ad.width(i), k_max, self.Kf, self._seed(i, 1 + len(fnull))
                 )
-            red = M.LayerReducer(tgts, haar, fnull, self.null_tokens)
+            red = LayerReducer(tgts, haar, fnull, self.null_tokens)
             self._layers[i] = {"targets": tgts, "meta": meta, "reducer": red, "rp": ad.reading_points(i)}
             self._state[i] = M.zero_state(len(tgts), len(red.ks), self.K, max(red.m, 0), red.Kf)
+        pad_to_stack([info["reducer"] for info in self._layers.values()])  # layers of one kind reduce together
 
     def _seed(self, layer: int, which: int) -> int:
         return (self.null_seed * 1_000_003 + layer * 101 + which) % (2**63)
@@ -561,12 +563,14 @@ class Monitor:
         if pre.shape[1] == 1 and self.sink_path is None and not self.keep_tokens:
             self._pending_raw[layer] = (points, mask, base)  # reduced in batches once the forward ends
             return
-        self._pending[layer] = info["reducer"](points, mask, base)
+        self._pending[layer] = info["reducer"].project(points, mask, base)  # reduced when the forward ends
         if self.keep_tokens:
             self._record_tokens(layer, points, mask)
 
     def _commit(self) -> None:
-        """The forward ended: its sums count, all at once."""
+        """The forward ended: its layers are reduced together, and their sums count, all at once."""
+        layers = list(self._pending)
+        self._pending = dict(zip(layers, reduce_many([(self._layers[i]["reducer"], self._pending[i]) for i in layers])))
         for layer, (sums, rows) in self._pending.items():
             self._add(layer, sums, rows)
         for layer, item in self._pending_raw.items():
@@ -614,15 +618,17 @@ class Monitor:
 
     def _flush(self, layer: int | None = None) -> None:
         """Reduce buffered single-position forwards (all layers when layer is None)."""
+        cat = lambda xs: None if any(x is None for x in xs) else torch.cat(xs, 1)  # noqa: E731 (rows stay rows)
+        items = []
         for i in [layer] if layer is not None else list(self._buf):
             buf = self._buf.pop(i, [])
-            if not buf:
-                continue
-            cat = lambda xs: None if any(x is None for x in xs) else torch.cat(xs, 1)  # rows stay rows
-            points = {p: cat([b[0][p] for b in buf]) for p in buf[0][0]}
-            sums, rows = self._layers[i]["reducer"](
-                points, torch.cat([b[1] for b in buf], 1), cat([b[2] for b in buf]), consensus=False
-            )
+            if buf:
+                points = {p: cat([b[0][p] for b in buf]) for p in buf[0][0]}
+                red = self._layers[i]["reducer"]
+                items.append(
+                    (i, red, red.project(points, torch.cat([b[1] for b in buf], 1), cat([b[2] for b in buf]), False))
+                )
+        for (i, _, _), (sums, rows) in zip(items, reduce_many([(r, pr) for _, r, pr in items])):
             self._add(i, sums, rows)
 
     def _record_tokens(self, layer: int, points: dict, mask: torch.Tensor) -> None:

@@ -1,0 +1,372 @@
+"""The streaming reduction: one forward's readings to sums, in two stages.
+
+1. ``LayerReducer.project`` runs in a layer's hook, while its activations are hot: the
+   norms, one matmul per reading point onto the targets (every token) and one onto the
+   nulls (a shape-only subsample), and each sequence's sum of unit vectors. What it keeps
+   is small: (b, n, targets) and (N, null columns) per point, a few (b, n) vectors.
+2. ``reduce_many`` runs once the forward ends, on every layer at once: layers of the same
+   layout and shapes are stacked and reduced together (alignments, up-counts, null draws,
+   per-row counters), so the many small element-wise steps cost one op per forward instead
+   of one per layer. Its output is per layer, the state ``metrics.zero_state`` describes.
+
+No host synchronisation and no data-dependent branches: it adds no graph breaks under
+torch.compile. Definitions are in ``metrics`` (DESIGN.md §1).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from .metrics import _ROW, GROWTH_EPS, TGT_FIELDS, TargetSpec
+
+
+class LayerReducer:
+    """One layer's bases (targets, F's eigen-subspaces, Haar and F-null frames) and its projection.
+
+    The targets are projected on every token. The nulls are projected on a subsample of at
+    most ``null_tokens`` tokens per call, every s-th token of the batch's flat token grid
+    (s from shapes only); the targets' own alignments on the same tokens are kept beside
+    them, so p_null, the percentiles and eig_rank compare like with like (a target and a
+    draw are exchangeable under the null). Float32 on the activations' device.
+
+    Args:
+        targets: the layer's targets.
+        haar: (K, d, k_max) Haar frames. fnull: {key: (Kf, d, k_max)} F-null frames.
+        null_tokens: the subsample's size per call (None: every token).
+    """
+
+    def __init__(
+        self,
+        targets: list[TargetSpec],
+        haar: torch.Tensor,
+        fnull: dict[str, torch.Tensor],
+        null_tokens: int | None = None,
+    ):
+        self.targets = targets
+        self.T = len(targets)
+        self.K, self.d, self.k_max = haar.shape
+        self.null_tokens = null_tokens
+        self.ks = sorted({t.k for t in targets})  # every k <= k_max: the frames are k_max wide
+        self.k_index = [self.ks.index(t.k) for t in targets]
+        self.m = max([len(t.eig) for t in targets] + [0])
+        self.fkeys = sorted(fnull)
+        self.Kf = next(iter(fnull.values())).shape[0] if fnull else 0
+        self.t_slices, at = [], 0
+        for t in targets:
+            self.t_slices.append(slice(at, at + t.k))
+            at += t.k
+        self.Bt64 = torch.cat([t.U for t in targets], 1)  # (d, target columns)
+        eig_cols, seg = self._eig_columns(targets)
+        self._haar, self._fnull = haar, fnull
+        self._build_null(eig_cols, seg, sum(E.shape[1] for E in eig_cols))
+        self.eig_valid = torch.zeros(self.T, max(self.m, 1), dtype=torch.bool)
+        for ti, t in enumerate(targets):
+            self.eig_valid[ti, : len(t.eig)] = True
+        self.cos_targets = [ti for ti, t in enumerate(targets) if t.v1 is not None]
+        self.fnull_targets = [(ti, t.fnull, t.k) for ti, t in enumerate(targets) if t.fnull is not None]
+
+    def _eig_columns(self, targets) -> tuple[list[torch.Tensor], list[list[int]]]:
+        """F's eigen-subspaces over all targets, each projected once; seg: the (target, j) slots it fills."""
+        cols: list[torch.Tensor] = []
+        seg: list[list[int]] = []
+        for ti, t in enumerate(targets):
+            for j, E in enumerate(t.eig):
+                hit = next((c for c, C in enumerate(cols) if C.shape == E.shape and torch.equal(C, E)), None)
+                if hit is None:
+                    cols.append(E)
+                    seg.append([])
+                    hit = len(cols) - 1
+                seg[hit].append(ti * self.m + j)
+        return cols, seg
+
+    def _build_null(self, eig_cols, seg, width: int) -> None:
+        """Bn64 (d, null columns) = [eig columns, zero padding to ``width`` | Haar | F-null]; S_eig."""
+        S = torch.zeros(width, max(self.T * self.m, 1), dtype=torch.float64)
+        at = 0
+        for E, owners in zip(eig_cols, seg):
+            S[at : at + E.shape[1], owners] = 1.0
+            at += E.shape[1]
+        self.S_eig = S
+        cols = list(eig_cols) + [torch.zeros(self.d, width - at, dtype=torch.float64)]
+        self.haar_start = width
+        cols.append(self._haar.permute(1, 0, 2).reshape(self.d, self.K * self.k_max))  # column j*k_max + i
+        self.f_start = {}
+        for key in self.fkeys:
+            self.f_start[key] = sum(c.shape[1] for c in cols)
+            cols.append(self._fnull[key].permute(1, 0, 2).reshape(self.d, self.Kf * self.k_max))
+        self.Bn64 = torch.cat(cols, 1)
+        self._eig_cols, self._seg = eig_cols, seg
+        self._dev: dict = {}
+
+    def pad_eig(self, width: int) -> None:
+        """Pad the eigen-columns with zero columns to ``width``, so layers of one layout stack."""
+        if self.m and width > self.haar_start:
+            self._build_null(self._eig_cols, self._seg, width)
+
+    @property
+    def kind(self) -> tuple:
+        """The layout up to the eigen-columns' width: reducers of one kind stack once padded."""
+        return (
+            self.T, tuple(t.k for t in self.targets), self.d, self.K, self.k_max, self.Kf, tuple(self.fkeys),
+            self.m, tuple(self.cos_targets), tuple(self.fnull_targets),
+        )  # fmt: skip
+
+    @property
+    def layout(self) -> tuple:
+        """Everything the stacked reduction needs to be the same across layers."""
+        return self.kind + (self.haar_start, self.Bn64.shape[1])
+
+    def _on(self, device: torch.device):
+        if device not in self._dev:
+            f = lambda t: t.to(device, torch.float32)  # noqa: E731
+            # (C, d) row-major for F.linear: X @ B with a skinny B is ~6x slower in MKL's GEMM
+            self._dev[device] = (f(self.Bt64.T).contiguous(), f(self.Bn64.T).contiguous())
+        return self._dev[device]
+
+    def stride(self, b: int, n: int) -> int:
+        """The subsample's stride over the flat (b*n) tokens: every s-th, s = ceil(b n / null_tokens)."""
+        if self.null_tokens is None or b * n <= self.null_tokens:
+            return 1
+        return -(-b * n // self.null_tokens)
+
+    def sub_index(self, b: int, n: int, device) -> torch.Tensor | None:
+        """Flat (b*n) positions of the null subsample; None: every token."""
+        s = self.stride(b, n)
+        return None if s == 1 else torch.arange(0, b * n, s, device=device)
+
+    def project(self, points: dict, mask: torch.Tensor, base: torch.Tensor | None = None, consensus: bool = True):
+        """Stage 1, in the hook: per reading point the projections, norms and consensus sums.
+
+        Args:
+            points: {'pre': (b, n, d), 'mid': (b, n, d) or None, 'post': ... or None}.
+            mask: (b, n) bool, the valid (non-padding) tokens.
+            base: post-norm only: LN_t(pre) (b, n, d), the baseline delta is measured from.
+            consensus: sum the within-sequence consensus (off for buffered single steps).
+
+        Returns:
+            a dict for ``reduce_many``: 'mask' and 'finite' (b, n), 'inv' (P, b, n) 1/||x|| (0 off
+            the valid, finite tokens), 'Pn' (P_null * N, null columns: the null points' subsamples,
+            in order) and per point 'Pt' (b, n, target columns) and 'sv' (b, d), the sum of unit
+            vectors (consensus).
+        """
+        pre = points["pre"]
+        Bt, Bn = self._dev.get(pre.device) or self._on(pre.device)
+        b, n = pre.shape[:2]
+        names = [p for p in ("pre", "mid", "post") if points.get(p) is not None]
+        Xs = [points[p].float() for p in names]
+        if base is not None:
+            names.append("base")
+            Xs.append(base.float())
+        norms = torch.stack([torch.linalg.vector_norm(X, dim=-1) for X in Xs])  # (P, b, n)
+        finite = (norms * 0 == 0).all(0)  # a norm is non-finite iff some entry is; x * 0 is NaN iff x is
+        m = mask.bool() & finite
+        inv = torch.where(m, norms.clamp_min(1e-30), float("inf")).reciprocal()
+        s = self.stride(b, n)
+        nulls = [X.reshape(b * n, -1)[::s] for p, X in zip(names, Xs) if p != "post"]  # strided views
+        out = {"mask": mask, "finite": finite, "inv": inv, "names": tuple(names), "shape": (b, n, s)}
+        out["Pn"] = F.linear(torch.cat(nulls) if len(nulls) > 1 else nulls[0], Bn)  # one GEMM for all points
+        out["consensus"] = consensus
+        for j, (p, X) in enumerate(zip(names, Xs)):
+            o = {"Pt": F.linear(X, Bt)}
+            if consensus and p != "base":
+                o["sv"] = torch.bmm(inv[j, :, None, :], X)[:, 0]  # (b, d): sum of unit vectors (inv 0 off m)
+            out[p] = o
+        return out
+
+    def __call__(self, points, mask, base=None, consensus: bool = True):
+        """Both stages for this layer alone: (state sums like ``zero_state``, rows (b, 5, T))."""
+        return reduce_many([(self, self.project(points, mask, base, consensus))])[0]
+
+
+def pad_to_stack(reducers: list[LayerReducer]) -> None:
+    """Pad the eigen-columns of reducers of one kind to one width, so their layers stack."""
+    kinds: dict[tuple, list[LayerReducer]] = {}
+    for r in reducers:
+        kinds.setdefault(r.kind, []).append(r)
+    for rs in kinds.values():
+        width = max(r.haar_start for r in rs)
+        for r in rs:
+            r.pad_eig(width)
+
+
+def reduce_many(items: list[tuple[LayerReducer, dict]]) -> list[tuple[dict, torch.Tensor]]:
+    """Stage 2: ``(reducer, projection)`` pairs to ``(sums, rows)``, in the same order.
+
+    Pairs of the same layout, shapes, points and device are stacked and reduced together.
+    """
+    groups: dict[tuple, list[int]] = {}
+    for i, (red, pr) in enumerate(items):
+        pts = tuple((p, "sv" in pr[p]) for p in pr["names"])
+        key = (red.layout, pr["shape"], pts, pr["consensus"], pr["mask"].device)
+        groups.setdefault(key, []).append(i)
+    out: list = [None] * len(items)
+    for idx in groups.values():
+        for i, res in zip(idx, _Stacked([items[i] for i in idx]).run()):
+            out[i] = res
+    return out
+
+
+def _cum_sq(H: torch.Tensor) -> torch.Tensor:
+    """Cumulative squared norm over the last axis (a frame's first k columns, every k)."""
+    return H * H if H.shape[-1] == 1 else (H * H).cumsum(-1)
+
+
+class _Stacked:
+    """The stacked reduction of L layers of one layout: every tensor has a leading L."""
+
+    def __init__(self, items: list[tuple[LayerReducer, dict]]):
+        self.red = items[0][0]  # the layout's representative (shared fields only)
+        self.reds = [r for r, _ in items]
+        prs = [p for _, p in items]
+        self.L = len(items)
+        self.b, self.n, self.s = prs[0]["shape"]
+        self.consensus = prs[0]["consensus"]
+        stack = lambda key, p=None: torch.stack([pr[key] if p is None else pr[p][key] for pr in prs])  # noqa: E731
+        self.finite = stack("finite")  # (L, b, n)
+        self.mask = stack("mask").bool()
+        self.m = self.mask & self.finite
+        self.dev = self.m.device
+        self.pts = list(prs[0]["names"])
+        self.inv = stack("inv")  # (L, P, b, n)
+        self.Pn = stack("Pn")  # (L, P_null * N, C)
+        self.raw = {p: {k: stack(k, p) for k in prs[0][p]} for p in self.pts}
+        if self.red.m:  # (L, eig columns, T*m): which eigen-columns make each (target, j)
+            self.S = torch.stack([r.S_eig for r in self.reds]).to(self.dev, torch.float32)
+
+    def sub(self, t: torch.Tensor) -> torch.Tensor:
+        """(L, b, n, ...) -> (L, N, ...): the null's tokens (a strided view)."""
+        return t.reshape(self.L, self.b * self.n, *t.shape[3:])[:, :: self.s]
+
+    def run(self) -> list[tuple[dict, torch.Tensor]]:
+        A, Z = self._align()
+        ms = self.sub(self.m)
+        L, T = self.L, self.red.T
+        cols = {"n": self.m.float().sum((1, 2))[:, None].expand(L, T)}
+        cols["n_nonfinite"] = (self.mask & ~self.finite).float().sum((1, 2))[:, None].expand(L, T)
+        cols["n_pre_sub"] = ms.float().sum(1)[:, None].expand(L, T)
+        cols["sum_pre_sub"] = Z["pre"]["tgt"].sum(1)
+        for p in ("pre", "mid", "post"):
+            if p in A:
+                cols[f"sum_{p}"] = A[p]["tgt"].sum((1, 2))
+                if p != "pre":
+                    cols[f"n_{p}"] = cols["n"]
+                cos = torch.zeros(L, T, device=self.dev)
+                for ti in self.red.cos_targets:
+                    c = A[p]["P"][..., self.red.t_slices[ti].start] * A[p]["inv"]
+                    cos[:, ti] = c.sum((1, 2))
+                cols[f"cos_sum_{p}"] = cos
+        st = {"null_pre": Z["pre"]["haar"].nansum(1)}  # NaN: a non-finite token, off m (see _align)
+        rows = torch.zeros(L, self.b, len(_ROW), T, dtype=torch.float64, device=self.dev)
+        if "mid" in A:
+            rows = self._mid_sums(A, Z, ms, cols, st)
+        else:
+            red = self.red
+            st["null_up"] = st["null_mid"] = torch.zeros(L, len(red.ks), red.K, device=self.dev)
+            st["eig_up"] = torch.zeros(L, T, red.m, device=self.dev)
+            st["fnull_up"] = torch.zeros(L, T, red.Kf, device=self.dev)
+        if self.consensus:
+            self._consensus(A, cols)
+        zero = torch.zeros(L, T, device=self.dev)
+        st["tgt"] = torch.stack([cols.get(f, zero) for f in TGT_FIELDS], -1)  # (L, T, F)
+        st = {k: v.double() for k, v in st.items()}
+        return [({k: v[i] for k, v in st.items()}, rows[i]) for i in range(L)]
+
+    def _align(self):
+        """Alignments: targets on every token (L, b, n, T); nulls on the subsample (L, N, ...)."""
+        red, L = self.red, self.L
+        m, ms = self.m, self.sub(self.m)
+        A = {}
+        for j, p in enumerate(self.pts):
+            Pt = torch.where(m[..., None], self.raw[p]["Pt"], 0.0)  # where() drops NaN rows; a product would not
+            tgt = torch.stack([torch.linalg.vector_norm(Pt[..., s], dim=-1) for s in red.t_slices], -1)
+            inv = self.inv[:, j]
+            A[p] = {"tgt": tgt * inv[..., None], "inv": inv, "P": Pt}
+        nulls = [j for j, p in enumerate(self.pts) if p != "post"]
+        N = ms.shape[1]
+        # The null alignments are 0 off m (inv is 0) except on non-finite tokens, where they are NaN:
+        # every use is an up-count masked by m or a nansum, so no where() over the big tensor is needed.
+        inv_s = self.inv[:, nulls].reshape(L, len(nulls), -1)[..., :: self.s]  # (L, P_null, N)
+        Zall = self._null_align(self.Pn, inv_s.reshape(L, -1))  # every null point at once
+        Z = {}
+        for i, j in enumerate(nulls):
+            p = self.pts[j]
+            Z[p] = {k: v[:, i * N : (i + 1) * N] for k, v in Zall.items()}
+            Z[p]["tgt"] = self.sub(A[p]["tgt"])
+        return A, Z
+
+    def _null_align(self, P: torch.Tensor, inv: torch.Tensor) -> dict[str, torch.Tensor]:
+        """Null alignments from the subsample's projections P (L, N, C) and 1/||x|| (L, N)."""
+        red = self.red
+        L, N = P.shape[:2]
+        out = {}
+        if red.m:
+            E = P[..., : red.haar_start]
+            out["eig"] = torch.sqrt(torch.bmm(E * E, self.S)) * inv[..., None]  # (L, N, T*m)
+        H = P[..., red.haar_start : red.haar_start + red.K * red.k_max].reshape(L, N, red.K, red.k_max)
+        cum = _cum_sq(H)  # squared norm of the first k columns
+        out["haar"] = torch.stack([cum[..., k - 1] for k in red.ks], 2).sqrt() * inv[..., None, None]  # (L,N,n_k,K)
+        for key in red.fkeys:
+            s = red.f_start[key]
+            Fp = P[..., s : s + red.Kf * red.k_max].reshape(L, N, red.Kf, red.k_max)
+            out["f:" + key] = _cum_sq(Fp).sqrt() * inv[..., None, None]  # (L, N, Kf, k_max)
+        return out
+
+    def _mid_sums(self, A, Z, ms, cols, st) -> torch.Tensor:
+        """Up-counts of mid against its baseline: targets on every token, nulls on the subsample; rows."""
+        red, L, dev = self.red, self.L, self.dev
+        up = lambda a, b, mk: ((a - b) > GROWTH_EPS) & mk.reshape(mk.shape + (1,) * (a.dim() - mk.dim()))  # noqa: E731
+        ref, zref = (A["base"], Z["base"]) if "base" in A else (A["pre"], Z["pre"])
+        mid, zmid = A["mid"], Z["mid"]
+        u_t = up(mid["tgt"], ref["tgt"], self.m)  # (L, b, n, T)
+        cols["n_up"] = u_t.sum((1, 2)).float()
+        cols["sum_delta"] = (mid["tgt"] - ref["tgt"]).sum((1, 2))
+        if "base" in A:
+            cols["n_norm_up"] = up(A["base"]["tgt"], A["pre"]["tgt"], self.m).sum((1, 2)).float()
+        msf = ms.float()
+        u_s = up(zmid["tgt"], zref["tgt"], ms)  # (L, N, T): the targets on the null's tokens
+        cols["n_sub"] = msf.sum(1)[:, None].expand(L, red.T)
+        cols["n_up_sub"] = u_s.sum(1).float()
+        cols["sum_mid_sub"] = zmid["tgt"].sum(1)
+        u_h = up(zmid["haar"], zref["haar"], ms)  # (L, N, n_k, K)
+        st["null_up"] = u_h.sum(1).float()
+        st["null_mid"] = zmid["haar"].nansum(1)
+        if red.m:
+            e = up(zmid["eig"], zref["eig"], ms).sum(1).float().reshape(L, red.T, red.m)
+            valid = torch.stack([r.eig_valid for r in self.reds]).to(dev)
+            st["eig_up"] = torch.where(valid, e, float("nan"))
+        else:
+            st["eig_up"] = torch.zeros(L, red.T, 0, device=dev)
+        st["fnull_up"] = torch.zeros(L, red.T, red.Kf, device=dev)
+        for ti, fkey, k in red.fnull_targets:
+            key = "f:" + fkey
+            st["fnull_up"][:, ti] = up(zmid[key][..., k - 1], zref[key][..., k - 1], ms).sum(1).float()
+        # per-row counters for the cluster-robust intervals
+        row_of = torch.arange(0, self.b * self.n, self.s, device=dev) // self.n  # (N,)
+        f64 = torch.float64
+        per_row = lambda v: torch.zeros(L, self.b, *v.shape[2:], dtype=f64, device=dev).index_add_(1, row_of, v.to(f64))  # noqa: E731
+        rows = torch.zeros(L, self.b, len(_ROW), red.T, dtype=f64, device=dev)
+        rows[:, :, 0, :] = self.m.sum(2).to(f64)[..., None]
+        rows[:, :, 1, :] = u_t.sum(2).to(f64)
+        rows[:, :, 2, :] = per_row(msf)[..., None]
+        rows[:, :, 3, :] = per_row(u_s)
+        rows[:, :, 4, :] = per_row(u_h.to(f64).mean(-1))[..., red.k_index]  # (L, b, T): mean over draws
+        return rows
+
+    def _consensus(self, A, cols) -> None:
+        """Within-sequence consensus: mean pairwise cosine of valid tokens, per reading point.
+
+        A sequence with a non-finite valid token is left out (its sum of unit vectors is NaN);
+        so is one with fewer than 2 valid tokens.
+        """
+        n_s = self.m.float().sum(2)  # (L, b)
+        for p in ("pre", "mid", "post"):
+            if p not in A:
+                continue
+            sv = self.raw[p]["sv"]  # (L, b, d)
+            q = (sv * sv).sum(-1)
+            defined = (n_s >= 2) & torch.isfinite(q)
+            c = torch.where(defined, (q - n_s) / (n_s * (n_s - 1)).clamp_min(1), 0.0)
+            cols[f"cons_sum_{p}"] = c.sum(1)[:, None].expand(self.L, self.red.T)
+            if p == "pre":
+                cols["n_seq"] = defined.float().sum(1)[:, None].expand(self.L, self.red.T)
