@@ -223,8 +223,9 @@ def reduce_check(backend: str = "nccl", world: int = 2, device="cuda:0") -> dict
 def split_device_map(model, devices: list) -> dict:
     """A device_map putting the first half of the decoder blocks on devices[0], the rest on devices[1].
 
-    The blocks are the model's largest ModuleList; every module outside it (embeddings, final
-    norm, a tied head) stays on devices[0], so activations cross devices twice per forward.
+    The blocks are the model's largest ModuleList; every module outside it holding parameters
+    or buffers (embeddings, rotary tables, final norm, a tied head) stays on devices[0], so
+    activations cross devices twice per forward.
     """
     lists = [(n, m) for n, m in model.named_modules() if isinstance(m, torch.nn.ModuleList)]
     if not lists:
@@ -232,9 +233,10 @@ def split_device_map(model, devices: list) -> dict:
     name, blocks = max(lists, key=lambda nm: len(nm[1]))
     half = len(blocks) // 2
     dmap = {f"{name}.{i}": devices[0] if i < half else devices[1] for i in range(len(blocks))}
-    for pname, _ in model.named_parameters(remove_duplicate=False):
+    held = [n for n, _ in model.named_parameters(remove_duplicate=False)] + [n for n, _ in model.named_buffers()]
+    for pname in held:  # buffers too: a rotary table left on the CPU would meet CUDA activations
         if not pname.startswith(name + "."):
-            dmap[pname.rsplit(".", 1)[0]] = devices[0]
+            dmap[pname.rsplit(".", 1)[0] if "." in pname else ""] = devices[0]
     return dmap
 
 
