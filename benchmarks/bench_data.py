@@ -111,8 +111,9 @@ def make_corpus(path: Path, n_tokens: int, tok) -> None:
     from eigenhooks.texts import _paragraphs, sample_text
 
     paras = [p.replace("\n", " ").strip() for p in _paragraphs(sample_text().splitlines(keepends=True))]
-    per_pass = sum(len(tok(p + "\n", add_special_tokens=False)["input_ids"]) for p in paras)
-    passes = n_tokens // per_pass + 2
+    end = "" if path.suffix == ".jsonl" else "\n"  # a text row keeps its line break
+    per_pass = sum(len(tok(p + end, add_special_tokens=False)["input_ids"]) for p in paras)
+    passes = int(n_tokens * 1.02) // per_pass + 2
     with open(path, "w", encoding="utf-8") as f:
         for _ in range(passes):
             for p in paras:
@@ -128,6 +129,7 @@ class StatsWatcher(threading.Thread):
         self.rss: dict[float, tuple[int, float]] = {}
         self.stop = threading.Event()
         self.tokens = 0
+        self.last: tuple[int, float] | None = None  # at the last forward seen
 
     def _stats_file(self) -> Path | None:
         found = list(self.out.parent.glob(f".{self.out.name}.tmp-*/stats.jsonl"))
@@ -149,6 +151,8 @@ class StatsWatcher(threading.Thread):
                     )
                 while self.marks and self.tokens >= self.marks[0] * self.n_tokens:
                     self.rss[self.marks.pop(0)] = (self.tokens, rss_mib())
+                if lines:
+                    self.last = (self.tokens, rss_mib())
             time.sleep(0.05)
         if fh is not None:
             fh.close()
@@ -173,6 +177,8 @@ def dataset_run(path: Path, n_tokens: int) -> dict:
     watch.join()
     meta = json.loads((res.out / "meta.json").read_text())
     rss = dict(watch.rss)
+    if 1.0 not in rss and watch.last is not None:  # the file ran out before max_tokens
+        rss[watch.last[0] / n_tokens] = watch.last
     return {
         "file": str(path),
         "file_mib": path.stat().st_size / 2**20,
@@ -227,6 +233,8 @@ def main() -> None:
             f"    n_tokens {r['n_tokens']:,} in {r['forwards']} forwards; run throughput "
             f"{r['run_tokens_per_s']:,.0f} tokens/s (forwards {r['forward_seconds']:.1f} s, wall {r['wall_s']:.1f} s)"
         )
+        if r["n_tokens"] < a.tokens:
+            print(f"    the file ran out: {r['n_tokens']:,} of {a.tokens:,} tokens")
     print_rss(r)
     print(f"load {os.getloadavg()[0]:.2f}")
     if a.json:
