@@ -73,6 +73,12 @@ def test_spectra_check_same_weights_agree_and_edited_weights_do_not(tiny):
         twin.transformer.h[2].attn.c_proj.weight.mul_(1.01)  # F of layer 2 scaled by 1.01
     d = gc.spectra_check(model, twin)
     assert not d["ok"] and abs(d["lambda1_rel"] - 0.01) < 1e-5, d
+    assert d["subspace_dist"] <= 1e-6, d  # a scaled F has the same eigenvectors (up to float32 rounding of w)
+    with torch.no_grad():
+        w = twin.transformer.h[1].attn.c_proj.weight
+        w.add_(1e-2 * w.abs().mean() * torch.randn(w.shape, generator=torch.Generator().manual_seed(0)))
+    d = gc.spectra_check(model, twin)
+    assert not d["ok"] and d["subspace_dist"] > 1e-4, d  # a perturbed F turns its eigenvectors
 
 
 def test_overhead_check_on_cpu(tiny):
