@@ -202,7 +202,10 @@ def run(
     model: ModelArg = "gpt2-tiny",
     text: Annotated[str | None, typer.Option(help="text to run on")] = None,
     file: Annotated[str | None, typer.Option(help="a text file (paragraphs separated by blank lines)")] = None,
-    dataset: Annotated[str | None, typer.Option(help="HF dataset NAME[:split] (needs `datasets` and the hub)")] = None,
+    dataset: Annotated[
+        str | None,
+        typer.Option(help="a local .txt/.jsonl/.csv/.parquet (streamed, offline), or a hub dataset NAME[:split]"),
+    ] = None,
     max_tokens: Annotated[int, typer.Option(help="tokens to monitor")] = 4096,
     batch_size: Annotated[int, typer.Option(help="sequences per forward")] = 8,
     device: Annotated[str | None, typer.Option(help="cpu, cuda, cuda:1 ...")] = None,

@@ -7,11 +7,17 @@ they come, so memory stays flat in the number of tokens.
 ``--dataset`` takes a local file or folder read offline by HF datasets' own builders
 (``data.txt`` -> ``text``, ``data.jsonl`` / ``.json`` -> ``json``, ``.csv``, ``.parquet``;
 or explicitly ``text:PATH``, ``json:PATH``, globs allowed), or a hub name ``NAME[:split]``.
+Files are read in HF datasets' chunks (10 MB), never whole, with one exception: a ``.json``
+file holding one JSON array is parsed whole (use JSON Lines for big corpora). A ``text``
+row is one line, its line break kept; blank rows are skipped. The column read is
+``text`` if the first row has it, else the first string column.
 """
 
 from __future__ import annotations
 
 import codecs
+import itertools
+import logging
 import warnings
 from collections.abc import Iterable, Iterator
 from importlib import resources
@@ -19,6 +25,7 @@ from pathlib import Path
 
 import torch
 
+logger = logging.getLogger(__name__)
 BUILDERS = {".txt": "text", ".text": "text", ".json": "json", ".jsonl": "json", ".csv": "csv", ".parquet": "parquet"}
 
 
@@ -105,11 +112,18 @@ def _file_texts(p: Path) -> Iterator[str]:
         yield from _paragraphs(f)
 
 
-def _dataset_source(spec: str) -> tuple[str, dict]:
-    """(builder or hub name, load_dataset kwargs) for a --dataset value."""
+def _dataset_source(spec: str) -> tuple[str, dict, Path | None]:
+    """(builder or hub name, load_dataset kwargs, the local path or None) for a --dataset value.
+
+    Raises:
+        DataLoadError: a local file that is missing, empty or of an unknown type.
+    """
     head, sep, rest = spec.partition(":")
     if sep and head in set(BUILDERS.values()) and rest:
-        return head, {"data_files": str(Path(rest).expanduser()), "split": "train"}
+        p = Path(rest).expanduser()
+        if not any(c in rest for c in "*?[") and not p.exists():
+            raise DataLoadError(f"--dataset {spec}: no such file or folder: {p}")
+        return head, _builder_kwargs(head, p), p
     p = Path(spec).expanduser()
     if p.is_file():
         if p.suffix.lower() not in BUILDERS:
@@ -117,11 +131,24 @@ def _dataset_source(spec: str) -> tuple[str, dict]:
                 f"--dataset {spec}: unknown file type {p.suffix!r}; use one of {', '.join(BUILDERS)} "
                 "or say the builder, e.g. text:PATH"
             )
-        return BUILDERS[p.suffix.lower()], {"data_files": str(p), "split": "train"}
+        if p.stat().st_size == 0:
+            raise DataLoadError(f"--dataset {spec}: the file is empty")
+        builder = BUILDERS[p.suffix.lower()]
+        return builder, _builder_kwargs(builder, p), p
     if p.is_dir():
-        return str(p), {"split": "train"}
+        return str(p), {"split": "train"}, p
+    if p.suffix.lower() in BUILDERS:  # looks like a file, is not one: not a hub name
+        raise DataLoadError(f"--dataset {spec}: no such file: {p}")
     name, _, split = spec.partition(":")
-    return name, {"split": split or "train"}
+    return name, {"split": split or "train"}, None
+
+
+def _builder_kwargs(builder: str, p: Path) -> dict:
+    """load_dataset kwargs for one local file (or glob); text keeps each line's line break."""
+    kwargs = {"data_files": str(p), "split": "train"}
+    if builder == "text":
+        kwargs["keep_linebreaks"] = True  # lines joined as in the file, not run together
+    return kwargs
 
 
 def _dataset_texts(spec: str) -> Iterator[str]:
@@ -129,23 +156,52 @@ def _dataset_texts(spec: str) -> Iterator[str]:
         import datasets
     except ImportError as e:
         raise DataLoadError("--dataset needs the 'datasets' package: pip install datasets") from e
-    name, kwargs = _dataset_source(spec)
+    name, kwargs, local = _dataset_source(spec)
     try:
-        ds = datasets.load_dataset(name, streaming=True, **kwargs)
-        first = next(iter(ds), None)
+        rows = iter(datasets.load_dataset(name, streaming=True, **kwargs))
+        first = next(rows, None)
     except Exception as e:  # offline, unknown name, bad split, unreadable file: one clear line
-        why = str(e).strip().splitlines()[0][:200] if str(e).strip() else type(e).__name__
-        raise DataLoadError(
-            f"could not load dataset {spec!r} ({type(e).__name__}: {why}); offline? "
-            "give a local file (--dataset data.txt / data.jsonl) or use --file"
-        ) from e
+        raise _load_error(spec, name, local, e) from e
     if first is None:
         raise DataLoadError(f"dataset {spec!r} has no rows")
+    col = _text_column(spec, first)
+    return _rows(spec, name, local, itertools.chain([first], rows), col)
+
+
+def _text_column(spec: str, first: dict) -> str:
+    """'text' if the first row has a string 'text', else its first string column."""
     cols = [c for c, v in first.items() if isinstance(v, str)]
     if not cols:
-        raise DataLoadError(f"dataset {spec!r} has no text column (columns: {', '.join(first)})")
+        kinds = ", ".join(f"{c}: {type(v).__name__}" for c, v in first.items())
+        raise DataLoadError(
+            f"dataset {spec!r} has no text column: its first row holds {kinds or 'nothing'}; "
+            'give rows with a string field, e.g. {"text": "..."} per line of a .jsonl'
+        )
     col = "text" if "text" in cols else cols[0]
-    return (row[col] for row in ds if isinstance(row.get(col), str) and row[col].strip())
+    logger.info("dataset %r: reading column %r (string columns: %s)", spec, col, ", ".join(cols))
+    return col
+
+
+def _rows(spec: str, name: str, local: Path | None, rows: Iterator[dict], col: str) -> Iterator[str]:
+    """The non-blank strings of column ``col``, row by row; a read error later in the file names it."""
+    try:
+        for row in rows:
+            v = row.get(col)
+            if isinstance(v, str) and v.strip():
+                yield v
+    except Exception as e:  # e.g. a malformed line 10 MB into a .jsonl: say which file
+        raise _load_error(spec, name, local, e) from e
+
+
+def _load_error(spec: str, name: str, local: Path | None, e: Exception) -> DataLoadError:
+    why = str(e).strip().splitlines()[0][:200] if str(e).strip() else type(e).__name__
+    if local is not None:
+        how = f"with the {name!r} builder" if name in BUILDERS.values() else "as a dataset folder"
+        return DataLoadError(f"could not read {local} {how} ({type(e).__name__}: {why})")
+    return DataLoadError(
+        f"could not load dataset {spec!r} ({type(e).__name__}: {why}); offline? "
+        "give a local file (--dataset data.txt / data.jsonl) or use --file"
+    )
 
 
 class TokenBatches:

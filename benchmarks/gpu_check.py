@@ -1,0 +1,350 @@
+"""The GPU check (issue 13, item 6): one short script to run when a CUDA device is lent.
+
+Checks, each printed with its figures and a PASS / FAIL / SKIP line:
+
+1. CUDA hooks on gpt2-tiny and SmolLM2-135M in float16 and bfloat16: the monitor's
+   statistics (gamma_pre/mid/post, rho; n_tokens exactly) vs the same model in float32 on
+   the CPU, on the same 4 x 128 tokens, within ``TOL`` (absolute; gamma and rho are in [0, 1]).
+2. Spectra from GPU weights vs CPU weights (float32 both, ``cache=False``): |lambda_1|
+   relative difference and the principal subspaces' distance ||(I - U U^T) W||_2 (the sine
+   of their largest principal angle, U from the CPU, W from the GPU).
+3. monitored / plain time on the GPU: SmolLM2 on 4 x 128 tokens, alternated, CUDA-synchronised.
+4. With >= 2 GPUs: ``Monitor.all_reduce`` over NCCL in 2 spawned processes equals one
+   process on the same batches; ``device_map`` across 2 GPUs equals the single-device
+   monitor. With 1 GPU both say "skipped: 1 GPU".
+
+Everything is offline (zoo models; SmolLM2 must be fetched already, else its checks are
+skipped and say so). Figures go to ``$OUT/gpu_check.json`` when OUT is set. Exit 1 if any
+check fails; without CUDA it prints "no CUDA device: nothing checked" and exits 0.
+
+The functions take a ``device`` so that ``tests/test_gpu_check.py`` runs them on the CPU.
+
+Usage: python benchmarks/gpu_check.py [--reps 10]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+STAT_COLS = ("gamma_pre", "gamma_mid", "gamma_post", "rho")
+# (gamma, rho) absolute tolerances vs float32 on the CPU (gamma and rho are in [0, 1]). Set
+# from CPU runs of the same check in tests/test_gpu_check.py, with a margin of 2-10x:
+#   gpt2-tiny 4x128  fp16: |d gamma| <= 5.7e-5, |d rho| 0.0020;  bf16: 1.4e-4, 0.0039
+#   SmolLM2   2x64   fp16: |d gamma| <= 1.1e-4, |d rho| 0.0078;  bf16: 1.3e-3, 0.0234
+#   SmolLM2   4x128  fp16: |d gamma| <= 1.1e-4, |d rho| 0.0039;  bf16: 1.3e-3, 0.0098
+# gamma (a mean of alignments) moves by about the precision of the residuals; rho (the share
+# of tokens with delta > 0) moves in steps of 1/n_tokens, by the tokens whose delta is that
+# close to 0. float32 (device_map, the same kernels on another GPU) must agree to 1e-5.
+TOL = {torch.float32: (1e-5, 1e-5), torch.float16: (1e-3, 0.02), torch.bfloat16: (1e-2, 0.05)}
+SPEC_TOL = 1e-6  # float64 spectra of the same float32 weights: only the eig routine differs
+REDUCE_TOL = 1e-5  # the issue's bound for sharded vs one process
+SMOLLM = "smollm2-135m"
+
+
+def check_line(name: str, ok: bool | None, figures: str) -> None:
+    """One line per check: PASS / FAIL / SKIP, its name, its figures."""
+    tag = "SKIP" if ok is None else "PASS" if ok else "FAIL"
+    print(f"{tag} {name}: {figures}", flush=True)
+
+
+def sync(device) -> None:
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def fixed_ids(tok, batch: int = 4, seq: int = 128) -> torch.Tensor:
+    """(batch, seq) real tokens from the bundled sample text (deterministic)."""
+    from eigenhooks.texts import sample_text
+
+    ids = tok(sample_text(), add_special_tokens=False)["input_ids"][: batch * seq]
+    return torch.tensor(ids).view(batch, seq)
+
+
+def load(name: str, device, dtype=None):
+    """(model, tok) of a zoo model on ``device`` in ``dtype`` (None: as saved), eval mode."""
+    import eigenhooks as eh
+
+    model, tok = eh.zoo.load(name, dtype=dtype)
+    return model.to(device).eval(), tok
+
+
+def monitored_summary(model, ids: torch.Tensor):
+    """The monitor's summary for one forward over ids (batch, seq), on the model's device."""
+    import eigenhooks as eh
+
+    dev = next(model.parameters()).device
+    ids = ids.to(dev)
+    with eh.monitor(model) as mon, torch.no_grad():
+        model(input_ids=ids, attention_mask=torch.ones_like(ids))
+    return mon.summary()
+
+
+def compare_summaries(a, b, cols=STAT_COLS) -> dict:
+    """Max |a - b| per column over (layer, target) rows, and whether n_tokens agree exactly."""
+    keys = ["layer", "target"]
+    a, b = a.sort_values(keys).reset_index(drop=True), b.sort_values(keys).reset_index(drop=True)
+    if len(a) != len(b) or (a[keys].to_numpy() != b[keys].to_numpy()).any():
+        raise ValueError(f"summaries have different rows: {len(a)} vs {len(b)}")
+    diff = {c: float((a[c] - b[c]).abs().max()) for c in cols}
+    diff["n_tokens_equal"] = bool((a["n_tokens"].to_numpy() == b["n_tokens"].to_numpy()).all())
+    diff["finite"] = bool(all(b[c].notna().all() for c in cols))
+    return diff
+
+
+def judge(d: dict, tol: tuple[float, float]) -> dict:
+    """Add worst_gamma, worst_rho, worst, the tolerance and ok (n_tokens exact, finite, within tol)."""
+    g = max(d[c] for c in STAT_COLS if c.startswith("gamma"))
+    d.update(worst_gamma=g, worst_rho=d["rho"], worst=max(g, d["rho"]), tol_gamma=tol[0], tol_rho=tol[1])
+    d["ok"] = d["n_tokens_equal"] and d["finite"] and g <= tol[0] and d["rho"] <= tol[1]
+    return d
+
+
+def stats_check(name: str, device, dtype, ids: torch.Tensor, reference) -> dict:
+    """Monitor statistics of ``name`` on device in dtype vs the float32 CPU reference summary."""
+    model, _ = load(name, device, dtype)
+    return judge(compare_summaries(reference, monitored_summary(model, ids)), TOL[dtype])
+
+
+def spectra_check(model_ref, model_dev) -> dict:
+    """eh.spectra (cache off) of the same weights on two devices: lambda_1 and subspace agreement."""
+    import eigenhooks as eh
+
+    ref = eh.spectra(model_ref, cache=False)
+    dev = eh.spectra(model_dev, cache=False)
+    rel, dist = 0.0, 0.0
+    for r, g in zip(ref, dev, strict=True):
+        rel = max(rel, abs(r.lambda_1 - g.lambda_1) / max(abs(r.lambda_1), 1e-30))
+        U, W = torch.as_tensor(r.basis).cpu(), torch.as_tensor(g.basis).cpu()  # (d, k) orthonormal
+        if U.shape != W.shape:
+            return {"layers": len(ref), "lambda1_rel": rel, "subspace_dist": 1.0, "ok": False, "why": "k differs"}
+        dist = max(dist, float(torch.linalg.matrix_norm(W - U @ (U.T @ W), ord=2)))  # sin of the largest angle
+    return {"layers": len(ref), "lambda1_rel": rel, "subspace_dist": dist, "ok": rel <= SPEC_TOL and dist <= SPEC_TOL}
+
+
+def overhead_check(model, ids: torch.Tensor, reps: int = 10) -> dict:
+    """Best-of-reps time of a plain and a monitored forward, alternated, synchronised on the device.
+
+    The plain side is a deep copy of the model (same weights, no hooks); the monitored side
+    keeps one monitor attached throughout, warmed up, so its one-off preparation is not timed.
+    """
+    import copy
+
+    import eigenhooks as eh
+
+    dev = next(model.parameters()).device
+    ids = ids.to(dev)
+    batch = {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
+    plain_model = copy.deepcopy(model)
+
+    def timed(m) -> float:
+        sync(dev)
+        t = time.perf_counter()
+        with torch.no_grad():
+            m(**batch)
+        sync(dev)
+        return time.perf_counter() - t
+
+    plain, mon = [], []
+    with eh.monitor(model):
+        timed(model), timed(plain_model)  # warm-up: bases, null draws, kernels
+        for _ in range(reps):
+            plain.append(timed(plain_model))
+            mon.append(timed(model))
+    p, m = min(plain), min(mon)
+    return {"plain_s": p, "monitored_s": m, "ratio": m / p, "reps": reps}
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _batches(tok, n: int = 6) -> list[torch.Tensor]:
+    ids = fixed_ids(tok, batch=2 * n, seq=64)  # (2n, 64)
+    return list(ids.split(2))  # n batches of (2, 64)
+
+
+def _reduce_worker(rank: int, world: int, backend: str, port: int, out: str) -> None:
+    """One rank: monitor its batches (i % world == rank), all_reduce, rank 0 saves the summary."""
+    import torch.distributed as dist
+
+    dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+    try:
+        device = "cpu"
+        if backend == "nccl":
+            torch.cuda.set_device(rank)
+            device = f"cuda:{rank}"
+        import eigenhooks as eh
+
+        model, tok = load("gpt2-tiny", device)
+        with eh.monitor(model) as mon, torch.no_grad():
+            for i, ids in enumerate(_batches(tok)):
+                if i % world == rank:
+                    ids = ids.to(device)
+                    model(input_ids=ids, attention_mask=torch.ones_like(ids))
+        mon.all_reduce()
+        if rank == 0:
+            mon.summary().to_json(out, orient="records")
+    finally:
+        dist.destroy_process_group()
+
+
+def reduce_check(backend: str = "nccl", world: int = 2, device="cuda:0") -> dict:
+    """all_reduce over ``world`` spawned ranks vs one process on the same batches (on ``device``)."""
+    import pandas as pd
+    import torch.multiprocessing as mp
+
+    out = os.path.join(tempfile.mkdtemp(prefix="eh-gpu-check-"), "summary.json")
+    here = str(Path(__file__).resolve().parent)
+    if here not in sys.path:  # spawned ranks unpickle _reduce_worker by module name
+        sys.path.insert(0, here)
+    mp.spawn(_reduce_worker, args=(world, backend, _free_port(), out), nprocs=world, join=True)
+    sharded = pd.read_json(out, orient="records")
+    import eigenhooks as eh
+
+    model, tok = load("gpt2-tiny", device)
+    with eh.monitor(model) as mon, torch.no_grad():
+        for ids in _batches(tok):
+            ids = ids.to(device)
+            model(input_ids=ids, attention_mask=torch.ones_like(ids))
+    d = judge(compare_summaries(mon.summary(), sharded), (REDUCE_TOL, REDUCE_TOL))
+    d.update(world=world, backend=backend)
+    return d
+
+
+def split_device_map(model, devices: list) -> dict:
+    """A device_map putting the first half of the decoder blocks on devices[0], the rest on devices[1].
+
+    The blocks are the model's largest ModuleList; every module outside it holding parameters
+    or buffers (embeddings, rotary tables, final norm, a tied head) stays on devices[0], so
+    activations cross devices twice per forward.
+    """
+    lists = [(n, m) for n, m in model.named_modules() if isinstance(m, torch.nn.ModuleList)]
+    if not lists:
+        raise ValueError(f"{type(model).__name__} has no ModuleList of blocks to split")
+    name, blocks = max(lists, key=lambda nm: len(nm[1]))
+    half = len(blocks) // 2
+    dmap = {f"{name}.{i}": devices[0] if i < half else devices[1] for i in range(len(blocks))}
+    held = [n for n, _ in model.named_parameters(remove_duplicate=False)] + [n for n, _ in model.named_buffers()]
+    for pname in held:  # buffers too: a rotary table left on the CPU would meet CUDA activations
+        if not pname.startswith(name + "."):
+            dmap[pname.rsplit(".", 1)[0] if "." in pname else ""] = devices[0]
+    return dmap
+
+
+def device_map_check(name: str, devices: list, ids: torch.Tensor) -> dict:
+    """The monitor on a model split across devices (accelerate dispatch_model) vs on devices[0] alone."""
+    from accelerate import dispatch_model
+
+    single, _ = load(name, devices[0])
+    ref = monitored_summary(single, ids)
+    del single
+    model, _ = load(name, "cpu")
+    dmap = split_device_map(model, devices)
+    model = dispatch_model(model, device_map=dmap)
+    placed = sorted({str(p.device) for p in model.parameters()})
+    d = judge(compare_summaries(ref, monitored_summary(model, ids)), TOL[torch.float32])
+    d["devices"] = placed
+    return d
+
+
+def _fmt(d: dict) -> str:
+    return ", ".join(f"{k}={v:.3g}" if isinstance(v, float) else f"{k}={v}" for k, v in d.items() if k != "ok")
+
+
+def _stats_checks(names: list[str], device, figures: dict) -> None:
+    for name in names:
+        ref_model, tok = load(name, "cpu", torch.float32)
+        ids = fixed_ids(tok)
+        ref = monitored_summary(ref_model, ids)
+        for dtype in (torch.float16, torch.bfloat16):
+            d = stats_check(name, device, dtype, ids, ref)
+            figures[f"stats/{name}/{str(dtype)[6:]}"] = d
+            check_line(f"hooks {name} {str(dtype)[6:]} on {device} vs float32 CPU", d["ok"], _fmt(d))
+        for dtype in (torch.float32, torch.float16):  # the same weights' values on both devices
+            d = spectra_check(load(name, "cpu", dtype)[0], load(name, device, dtype)[0])
+            figures[f"spectra/{name}/{str(dtype)[6:]}"] = d
+            check_line(f"spectra {name} from {device} {str(dtype)[6:]} weights vs CPU", d["ok"], _fmt(d))
+
+
+def default_models() -> list[str]:
+    """gpt2-tiny, and SmolLM2 if it is fetched on this machine."""
+    import eigenhooks as eh
+
+    return ["gpt2-tiny"] + ([SMOLLM] if eh.zoo.is_fetched(SMOLLM) else [])
+
+
+def run_checks(device="cuda:0", reps: int = 10, models: list[str] | None = None) -> dict:
+    """Every check on ``device`` for ``models`` (default: ``default_models()``); returns {check: figures}."""
+    cuda = torch.device(device).type == "cuda"
+    figures: dict = {"device": torch.cuda.get_device_name(device) if cuda else str(device)}
+    names = default_models() if models is None else list(models)
+    if SMOLLM not in names:
+        check_line(f"hooks/spectra/overhead {SMOLLM}", None, f"skipped: {SMOLLM} not fetched or not asked for")
+        figures[SMOLLM] = "skipped: not fetched or not asked for"
+    _stats_checks(names, device, figures)
+    model, tok = load(names[-1], device)
+    d = overhead_check(model, fixed_ids(tok), reps)
+    figures[f"overhead/{names[-1]}"] = d
+    check_line(f"monitored/plain {names[-1]} 4x128 on {device}", True, _fmt(d))
+    n_gpu = torch.cuda.device_count() if cuda else 0
+    if n_gpu < 2:
+        for what in ("NCCL all_reduce", "device_map across 2 GPUs"):
+            check_line(what, None, f"skipped: {n_gpu} GPU")
+            figures[what] = f"skipped: {n_gpu} GPU"
+        return figures
+    d = reduce_check("nccl", 2, "cuda:0")
+    figures["nccl_all_reduce"] = d
+    check_line("NCCL all_reduce, 2 processes vs 1", d["ok"], _fmt(d))
+    d = device_map_check(names[-1], ["cuda:0", "cuda:1"], fixed_ids(tok))
+    figures["device_map"] = d
+    check_line(f"device_map {names[-1]} across cuda:0, cuda:1 vs cuda:0", d["ok"], _fmt(d))
+    return figures
+
+
+def _failed(figures: dict) -> list[str]:
+    return [k for k, v in figures.items() if isinstance(v, dict) and v.get("ok") is False]
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--reps", type=int, default=10)
+    p.add_argument("--models", nargs="+", help="zoo models to check (default: gpt2-tiny, and SmolLM2 if fetched)")
+    p.add_argument("--cpu", action="store_true", help="dry run of the script's flow on the CPU (checks no GPU)")
+    a = p.parse_args(argv)
+    for k in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE", "TRANSFORMERS_OFFLINE"):
+        os.environ.setdefault(k, "1")
+    from eigenhooks.zoo import real
+
+    os.environ.setdefault("EIGENHOOKS_MODELS", str(real.models_dir()))  # fetched models stay found
+    os.environ.setdefault("EIGENHOOKS_CACHE", tempfile.mkdtemp(prefix="eh-gpu-check-cache-"))
+    out = os.environ.get("OUT")
+    if not a.cpu and not torch.cuda.is_available():
+        print("no CUDA device: nothing checked")
+        if out:
+            Path(out, "gpu_check.json").write_text(json.dumps({"status": "no CUDA device: nothing checked"}))
+        return 0
+    t0 = time.perf_counter()
+    n_gpu = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    print(f"torch {torch.__version__}, CUDA {torch.version.cuda}, {n_gpu} GPU(s)", flush=True)
+    figures = run_checks("cpu" if a.cpu else "cuda:0", a.reps, a.models)
+    figures["seconds"] = time.perf_counter() - t0
+    failed = _failed(figures)
+    print(f"{'FAIL' if failed else 'PASS'} gpu_check: {len(failed)} failed {failed} in {figures['seconds']:.0f} s")
+    if out:
+        Path(out, "gpu_check.json").write_text(json.dumps(figures, indent=1, default=str))
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
