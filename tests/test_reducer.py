@@ -1,0 +1,89 @@
+"""The stacked reduction (reducer.reduce_many) equals each layer reduced alone, whatever is stacked."""
+
+import copy
+
+import pytest
+import torch
+
+import eigenhooks as eh
+from eigenhooks.reducer import pad_to_stack, reduce_many
+
+
+@pytest.fixture(scope="module")
+def reducers():
+    model, _ = eh.zoo.load("gpt2-tiny")
+    mon = eh.monitor(model, targets=[("ov", "modulus"), ("ov", "residual")], null_tokens=16)
+    mon._prepare()
+    return [mon._layers[i]["reducer"] for i in sorted(mon._layers)]
+
+
+def points(red, b, n, seed, bad=True):
+    """Random readings (b, n, d) with a padded row start and, if bad, one non-finite token."""
+    g = torch.Generator().manual_seed(seed)
+    P = {p: torch.randn(b, n, red.d, generator=g) for p in ("pre", "mid", "post")}
+    mask = torch.ones(b, n, dtype=torch.bool)
+    mask[0, :3] = False
+    if bad:
+        P["mid"][1, 2, 5] = float("nan")
+        P["pre"][-1, -1, 0] = float("inf")
+    return P, mask
+
+
+def same(a, b):
+    sa, ra = a
+    sb, rb = b
+    assert sa.keys() == sb.keys()
+    for k in sa:
+        assert sa[k].shape == sb[k].shape, k
+        assert torch.equal(sa[k].nan_to_num(-7.0), sb[k].nan_to_num(-7.0)), k
+        assert torch.equal(torch.isnan(sa[k]), torch.isnan(sb[k])), k
+    assert torch.equal(ra, rb)
+
+
+def test_stacked_equals_each_layer_alone(reducers):
+    items = [(r, r.project(*points(r, 3, 20, seed=i))) for i, r in enumerate(reducers)]
+    together = reduce_many(items)
+    for (r, pr), res in zip(items, together):
+        same(reduce_many([(r, pr)])[0], res)
+    # and the layers really differ (a stacking bug that mixed them would not pass the above)
+    assert not torch.equal(together[0][0]["null_up"], together[1][0]["null_up"])
+
+
+def test_mixed_shapes_and_points_come_back_in_order(reducers):
+    r0, r1 = reducers[0], reducers[1]
+    a, ma = points(r0, 3, 20, seed=1)
+    b, mb = points(r1, 2, 7, seed=2)
+    c, mc = points(r1, 3, 20, seed=3, bad=False)
+    c["post"] = None
+    items = [(r0, r0.project(a, ma)), (r1, r1.project(b, mb)), (r1, r1.project(c, mc, consensus=False))]
+    got = reduce_many(items)
+    for item, res in zip(items, got):
+        same(reduce_many([item])[0], res)
+    assert got[1][1].shape[0] == 2 and got[0][1].shape[0] == 3
+
+
+def test_padding_the_eigen_columns_changes_nothing(reducers):
+    r = reducers[2]
+    wide = copy.deepcopy(r)
+    wide.pad_eig(r.haar_start + 5)
+    assert wide.Bn64.shape[1] == r.Bn64.shape[1] + 5
+    P, mask = points(r, 3, 20, seed=4)
+    same(r(P, mask), wide(P, mask))
+
+
+def test_pad_to_stack_gives_one_layout_per_kind(reducers):
+    rs = [copy.deepcopy(r) for r in reducers]
+    pad_to_stack(rs)
+    for kind in {r.kind for r in rs}:
+        assert len({r.layout for r in rs if r.kind == kind}) == 1
+
+
+def test_non_finite_tokens_are_counted_and_left_out(reducers):
+    r = reducers[0]
+    P, mask = points(r, 3, 20, seed=5)
+    st, rows = r(P, mask)
+    tg = dict(zip(eh.metrics.TGT_FIELDS, st["tgt"][0].tolist()))
+    assert tg["n_nonfinite"] == 2 and tg["n"] == mask.sum() - 2
+    for k in ("null_pre", "null_mid", "null_up", "fnull_up"):
+        assert torch.isfinite(st[k]).all(), k
+    assert torch.isfinite(st["tgt"]).all()
