@@ -40,7 +40,7 @@ DEFAULT_TARGETS = (("ov", "modulus"), ("ov", "residual"))
 NULL_DRAWS = 128
 FNULL_DRAWS = 64
 EIG_TOP = 16
-NULL_TOKENS = 128  # tokens per forward (or buffered batch) the nulls are measured on
+NULL_STRIDE = 4  # the nulls are measured on every 4th token of each forward (or buffered batch)
 
 
 class MeasurementWarning(UserWarning):
@@ -76,7 +76,7 @@ class Monitor(MonitorState, MonitorLens):
         null_draws: int = NULL_DRAWS,
         fnull_draws: int = FNULL_DRAWS,
         eig_top: int = EIG_TOP,
-        null_tokens: int | None = NULL_TOKENS,
+        null_stride: int | None = NULL_STRIDE,
     ):
         bad = set(reading_points) - set(M.POINTS)
         if bad or "pre" not in reading_points:
@@ -86,9 +86,9 @@ class Monitor(MonitorState, MonitorLens):
                 raise ValueError(
                     f"{name} must be a {'positive' if name == 'null_draws' else 'non-negative'} int, got {v!r}"
                 )
-        if null_tokens is not None and (not isinstance(null_tokens, int) or null_tokens < 1):
-            raise ValueError(f"null_tokens must be a positive int or None (every token), got {null_tokens!r}")
-        self.null_tokens = null_tokens
+        if null_stride is not None and (not isinstance(null_stride, int) or null_stride < 1):
+            raise ValueError(f"null_stride must be a positive int or None (every token), got {null_stride!r}")
+        self.null_stride = null_stride or 1
         self.adapter: Adapter = get_adapter(model)
         self.model = self.adapter.model
         self.target_defs = [self._parse_target(t) for t in targets]
@@ -464,7 +464,7 @@ def monitor(
     null_draws: int = NULL_DRAWS,
     fnull_draws: int = FNULL_DRAWS,
     eig_top: int = EIG_TOP,
-    null_tokens: int | None = NULL_TOKENS,
+    null_stride: int | None = NULL_STRIDE,
     sink=None,
     attach: bool = True,
 ) -> Monitor:
@@ -484,10 +484,10 @@ def monitor(
         null_draws: K, Haar-random subspaces per layer (p_null resolution 1/(K+1)).
         fnull_draws: directions orth(F g) per layer (0: none).
         eig_top: m, F's own top eigen-subspaces the target is ranked among (0: none).
-        null_tokens: the nulls (Haar, F-null, eigen-subspaces) are measured on at most this
-            many tokens per forward, a fixed stride over the token grid; p_null, the
-            percentiles, eig_rank and lift compare the target on the same tokens
-            (``rho_null_tokens``), so the test stays exact. None: every token.
+        null_stride: the nulls (Haar, F-null, eigen-subspaces) are measured on every s-th
+            token of each forward's flat token grid (a fixed rate, so each forward weighs by
+            its size); p_null, the percentiles, eig_rank and lift compare the target on the
+            same tokens (``rho_null_tokens``), so the test stays exact. 1 or None: every token.
         sink: a .jsonl path; one line (the forward's target sums) is appended per forward.
         attach: register hooks on enter (TransformerLens users may set False and pass
             ``mon.fwd_hooks()`` to ``run_with_hooks``).
@@ -510,5 +510,5 @@ def monitor(
         null_draws,
         fnull_draws,
         eig_top,
-        null_tokens,
+        null_stride,
     )

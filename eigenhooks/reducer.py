@@ -25,15 +25,15 @@ class LayerReducer:
     """One layer's bases (targets, F's eigen-subspaces, Haar and F-null frames) and its projection.
 
     The targets are projected on every token. The nulls are projected on a subsample of at
-    most ``null_tokens`` tokens per call, every s-th token of the batch's flat token grid
-    (s from shapes only); the targets' own alignments on the same tokens are kept beside
+    every ``null_stride``-th token of each call's flat (b*n) token grid, a fixed rate (so
+    every forward weighs by its size, and the nulls cost a fixed share of the model's work); the targets' own alignments on the same tokens are kept beside
     them, so p_null, the percentiles and eig_rank compare like with like (a target and a
     draw are exchangeable under the null). Float32 on the activations' device.
 
     Args:
         targets: the layer's targets.
         haar: (K, d, k_max) Haar frames. fnull: {key: (Kf, d, k_max)} F-null frames.
-        null_tokens: the subsample's size per call (None: every token).
+        null_stride: the subsample takes every s-th token (1 or None: every token).
     """
 
     def __init__(
@@ -41,12 +41,12 @@ class LayerReducer:
         targets: list[TargetSpec],
         haar: torch.Tensor,
         fnull: dict[str, torch.Tensor],
-        null_tokens: int | None = None,
+        null_stride: int | None = None,
     ):
         self.targets = targets
         self.T = len(targets)
         self.K, self.d, self.k_max = haar.shape
-        self.null_tokens = null_tokens
+        self.null_stride = null_stride or 1
         self.ks = sorted({t.k for t in targets})  # every k <= k_max: the frames are k_max wide
         self.k_index = [self.ks.index(t.k) for t in targets]
         self.m = max([len(t.eig) for t in targets] + [0])
@@ -125,10 +125,8 @@ class LayerReducer:
         return self._dev[device]
 
     def stride(self, b: int, n: int) -> int:
-        """The subsample's stride over the flat (b*n) tokens: every s-th, s = ceil(b n / null_tokens)."""
-        if self.null_tokens is None or b * n <= self.null_tokens:
-            return 1
-        return -(-b * n // self.null_tokens)
+        """The subsample's stride over the flat (b*n) tokens (the same for every shape)."""
+        return self.null_stride
 
     def sub_index(self, b: int, n: int, device) -> torch.Tensor | None:
         """Flat (b*n) positions of the null subsample; None: every token."""

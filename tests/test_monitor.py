@@ -130,11 +130,13 @@ def test_padding_left_and_right_equal_separate_runs(gpt2):
 def test_generate_counts_each_position_once(gpt2):
     model, tok = gpt2
     batch = tok(["def f(x):"], return_tensors="pt")
-    with eh.monitor(model) as mon, torch.no_grad():
+    # nulls on every token: the default stride samples each forward's grid, and one forward
+    # of the whole sequence has another grid than the prompt plus buffered single steps
+    with eh.monitor(model, null_stride=1) as mon, torch.no_grad():
         seq = model.generate(**batch, max_new_tokens=6, do_sample=False, pad_token_id=0)
     # the last generated token is never fed back, so the forwards saw seq[:, :-1]
     full = seq[:, :-1]
-    ref = _stats(model, {"input_ids": full, "attention_mask": torch.ones_like(full)})
+    ref = _stats(model, {"input_ids": full, "attention_mask": torch.ones_like(full)}, null_stride=1)
     for k, s in mon.stats.items():
         r = ref.stats[k]
         assert s["n"] == r["n"] == full.shape[1] and s["n_up"] == r["n_up"]
@@ -189,10 +191,11 @@ def test_failed_registration_removes_partial_hooks(gpt2, monkeypatch):
 
 def test_stats_merge_and_state_dict(gpt2):
     model, tok = gpt2
-    a = _stats(model, tok([TEXTS[0]], return_tensors="pt"))
-    b = _stats(model, tok([TEXTS[1]], return_tensors="pt"))
-    both = _stats(model, tok(TEXTS[:2], return_tensors="pt", padding=True))
-    merged = eh.Monitor(model)
+    # nulls on every token: a padded batch of two has another token grid than each alone
+    a = _stats(model, tok([TEXTS[0]], return_tensors="pt"), null_stride=1)
+    b = _stats(model, tok([TEXTS[1]], return_tensors="pt"), null_stride=1)
+    both = _stats(model, tok(TEXTS[:2], return_tensors="pt", padding=True), null_stride=1)
+    merged = eh.Monitor(model, null_stride=1)
     merged.load_state_dict(a.state_dict())
     merged.merge_state_dict(b.state_dict())
     for k, s in both.stats.items():
@@ -200,11 +203,11 @@ def test_stats_merge_and_state_dict(gpt2):
         assert m["n"] == s["n"] and m["n_up"] == s["n_up"] and m["n_clu"] == s["n_clu"] == 2
         assert abs(m["sum_mid"] - s["sum_mid"]) < 1e-4
     pd.testing.assert_frame_equal(merged.summary(), both.summary(), check_exact=False, atol=1e-5, rtol=0)
-    restored = eh.Monitor(model)
+    restored = eh.Monitor(model, null_stride=1)
     restored.load_state_dict(json.loads(json.dumps(a.state_dict())))
     pd.testing.assert_frame_equal(restored.summary(), a.summary())
     with pytest.raises(ValueError, match="layout"):
-        eh.Monitor(model, null_draws=7).load_state_dict(a.state_dict())
+        eh.Monitor(model, null_stride=1, null_draws=7).load_state_dict(a.state_dict())
 
 
 def test_sink_and_save(gpt2, tmp_path):

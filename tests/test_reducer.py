@@ -12,7 +12,7 @@ from eigenhooks.reducer import pad_to_stack, reduce_many
 @pytest.fixture(scope="module")
 def reducers():
     model, _ = eh.zoo.load("gpt2-tiny")
-    mon = eh.monitor(model, targets=[("ov", "modulus"), ("ov", "residual")], null_tokens=16)
+    mon = eh.monitor(model, targets=[("ov", "modulus"), ("ov", "residual")], null_stride=3)
     mon._prepare()
     return [mon._layers[i]["reducer"] for i in sorted(mon._layers)]
 

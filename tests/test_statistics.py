@@ -36,13 +36,12 @@ def test_null_subsample_compares_target_and_draws_on_the_same_tokens(gpt2):
     model, tok = gpt2
     batch = _batch(tok)
     b, n = batch["input_ids"].shape
-    layer, cap = 1, 48
-    with eh.monitor(model, targets=[("ov", "modulus")], null_tokens=cap) as mon, torch.no_grad():
+    layer, stride = 1, 3
+    with eh.monitor(model, targets=[("ov", "modulus")], null_stride=stride) as mon, torch.no_grad():
         model(**batch)
     row = mon.summary().set_index("layer").loc[layer]
     pre, mid = _readings(model, batch, layer)
-    stride = -(-b * n // cap)
-    assert stride > 1, "the test must exercise the subsample"
+    assert b * n > 2 * stride, "the test must exercise the subsample"
     sel = torch.zeros(b * n, dtype=torch.bool)
     sel[::stride] = True
     sel = sel.view(b, n) & batch["attention_mask"].bool()
@@ -88,18 +87,18 @@ def test_random_tie_breaking_gives_exact_size():
     assert hits[None] / n < alpha - 4 * se  # the conservative convention under-rejects
 
 
-def test_every_token_when_the_batch_is_small_or_null_tokens_is_none(gpt2):
+def test_every_token_when_null_stride_is_1_or_none(gpt2):
     model, tok = gpt2
     batch = _batch(tok)
-    for cap in (None, 10_000):
-        with eh.monitor(model, targets=[("ov", "modulus")], null_tokens=cap) as mon, torch.no_grad():
+    for stride in (None, 1):
+        with eh.monitor(model, targets=[("ov", "modulus")], null_stride=stride) as mon, torch.no_grad():
             model(**batch)
         df = mon.summary()
         assert (df["null_tokens"] == df["n_tokens"]).all()
         assert np.allclose(df["rho_null_tokens"], df["rho"])
 
 
-def test_null_tokens_must_be_positive(gpt2):
+def test_null_stride_must_be_positive(gpt2):
     model, _ = gpt2
-    with pytest.raises(ValueError, match="null_tokens must be a positive int or None"):
-        eh.monitor(model, null_tokens=0)
+    with pytest.raises(ValueError, match="null_stride must be a positive int or None"):
+        eh.monitor(model, null_stride=0)
