@@ -112,14 +112,16 @@ def main() -> None:
 
     sampler = RssSampler()
     sampler.start()
-    marks = sorted({max(1, a.layers * k // 8) for k in range(1, 9)})
+    # Layer 1, the middle, the last, and every eighth in between (1, 10, 20, 30, 40, ..., 80).
+    marks = sorted({1, max(1, a.layers // 2), a.layers} | {max(1, a.layers * k // 8) for k in range(1, 9)})
     seen: dict[int, float] = {}
 
     def watch():
         while not sampler.stop.is_set():
             n = len(weights.layers_read)
-            if n in marks and n not in seen:
-                seen[n] = proc.memory_info().rss
+            for m in marks:  # a mark passed between two polls (two layers in flight) still counts
+                if n >= m and m not in seen:
+                    seen[m] = proc.memory_info().rss
             time.sleep(0.05)
 
     watcher = threading.Thread(target=watch, daemon=True)

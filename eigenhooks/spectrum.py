@@ -348,7 +348,10 @@ def eig_factored(
     if r < d:
         return _small_side(O, V, top, ranks)
     F = _finite(O @ V)
-    eigenvalues = real_eigvals(F)
+    # The dense path keeps torch's eigvals: on GPT-2-small (12 dense 768 x 768 layers) it was
+    # faster inside eh.spectra (3.9-4.2 s against 4.9-5.5 s with scipy), while on its own
+    # a 768 x 768 eigvals takes the same time with either.
+    eigenvalues = torch.linalg.eigvals(F)
     cand = _leading(eigenvalues, top, ranks, extra=1)
     vals = eigenvalues[cand]
     vecs = _dense_top_vectors(F, vals, len(cand))
