@@ -16,7 +16,7 @@ import torch
 
 from . import io
 from .models import Adapter, get_adapter
-from .models.offload import onloaded
+from .models.offload import onloaded, source_modules
 from .models.probe import apply_attention_many, probe_matrices
 from .spectrum import DEFAULT_THRESHOLD, DEFAULT_TOP, RANKS, Factors, LayerSpectrum, NonFiniteError, layer_spectrum
 
@@ -182,8 +182,7 @@ def _read_layer(adapter: Adapter, i: int, options: dict, cache: bool):
     weight it was.
     """
     ly = adapter.layers[i]
-    mods = [ly.attn_in, ly.attn_out, ly.o_proj, ly.norm] if ly.factors is not None else []
-    with onloaded(adapter.model, mods) as loaded:
+    with onloaded(adapter.model, _weight_modules(adapter, i, options["variant"])) as loaded:
         factors, w = layer_factors(adapter, i, options["variant"])
         if factors.O_heads.device.type == "meta" or factors.V_groups.device.type == "meta":
             raise ValueError(
@@ -203,10 +202,31 @@ def _read_layer(adapter: Adapter, i: int, options: dict, cache: bool):
 
 def layer_stacked(adapter: Adapter, i: int, variant: str = "ov") -> tuple[torch.Tensor, torch.Tensor]:
     """(Ô, V) of layer i as float64 CPU copies (F = Ô V), offloaded weights brought in for it only."""
-    ly = adapter.layers[i]
-    mods = [ly.attn_in, ly.attn_out, ly.o_proj, ly.norm] if ly.factors is not None else []
-    with onloaded(adapter.model, mods):
+    with onloaded(adapter.model, _weight_modules(adapter, i, variant)):
         return layer_factors(adapter, i, variant)[0].stacked(torch.float64)
+
+
+def _weight_modules(adapter: Adapter, i: int, variant: str) -> list:
+    """The modules whose weights layer i's factors (and, for ov_ln, its norm) are read from.
+
+    For offloaded weights, the factors are first read on meta (free): when they are views
+    of parameters, only those parameters' modules are brought in (v_proj and o_proj, not
+    q_proj and k_proj); otherwise the whole attention and its norm, as before.
+    """
+    ly = adapter.layers[i]
+    if ly.factors is None:
+        return []
+    whole = [ly.attn_in, ly.attn_out, ly.o_proj, ly.norm]
+    if not any(p.device.type == "meta" for p in _layer_parameters(adapter, i)):
+        return whole
+    try:
+        f = adapter.factors(i)
+    except Exception:  # a rule that cannot run on meta: bring the whole attention in
+        return whole
+    mods = source_modules(adapter.model, [f.O_heads, f.V_groups])
+    if mods is None:
+        return whole
+    return mods + ([ly.norm] if variant == "ov_ln" else [])
 
 
 def _copy_out(factors: Factors, heads: bool) -> Factors:
