@@ -18,6 +18,8 @@ Usage: python benchmarks/bench_offload.py [--layers 80]
 from __future__ import annotations
 
 import argparse
+import ctypes
+import gc
 import resource
 import threading
 import time
@@ -28,6 +30,19 @@ import psutil
 import torch
 
 GiB = 2**30
+
+
+def trimmed_rss(proc) -> int:
+    """RSS after glibc's malloc_trim(0): freed heap pages the allocator kept are returned first.
+
+    Without it RSS also counts memory freed but held in glibc's arenas (two threads draw and
+    free ~0.3 GiB per layer), which is not live data; 0 where there is no glibc.
+    """
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        return 0
+    return proc.memory_info().rss
 
 
 class LazyWeights(Mapping):
@@ -112,14 +127,16 @@ def main() -> None:
 
     sampler = RssSampler()
     sampler.start()
-    marks = sorted({max(1, a.layers * k // 8) for k in range(1, 9)})
-    seen: dict[int, float] = {}
+    # Layer 1, the middle, the last, and every eighth in between (1, 10, 20, 30, 40, ..., 80).
+    marks = sorted({1, max(1, a.layers // 2), a.layers} | {max(1, a.layers * k // 8) for k in range(1, 9)})
+    seen: dict[int, tuple[int, int]] = {}
 
     def watch():
         while not sampler.stop.is_set():
             n = len(weights.layers_read)
-            if n in marks and n not in seen:
-                seen[n] = proc.memory_info().rss
+            for m in marks:  # a mark passed between two polls (two layers in flight) still counts
+                if n >= m and m not in seen:
+                    seen[m] = (proc.memory_info().rss, trimmed_rss(proc))
             time.sleep(0.05)
 
     watcher = threading.Thread(target=watch, daemon=True)
@@ -131,15 +148,22 @@ def main() -> None:
     sampler.join()
     watcher.join()
     after = proc.memory_info().rss
+    gc.collect()
+    after_trim = trimmed_rss(proc)
     for n in sorted(seen):
-        print(f"  after {n:3d} layers read: RSS {seen[n] / GiB:.2f} GiB (+{(seen[n] - base) / GiB:.2f})")
+        raw, trim = seen[n]
+        print(
+            f"  after {n:3d} layers read: RSS {raw / GiB:.2f} GiB (+{(raw - base) / GiB:.2f}); "
+            f"after malloc_trim {trim / GiB:.2f} GiB (+{(trim - base) / GiB:.2f})"
+        )
     print(f"spectra of {len(specs)} layers in {dt:.0f} s ({dt / len(specs):.1f} s per layer)")
     peak = sampler.peak - base
     kernel_peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux: KiB
     print(
         f"peak RSS {sampler.peak / GiB:.2f} GiB (kernel's peak {kernel_peak / GiB:.2f} GiB), +{peak / GiB:.2f} GiB over "
         f"the start = {peak / attn:.1f}x one layer's attention weights, {peak / layer:.2f}x one whole layer, "
-        f"{peak / total:.4f}x the whole model; RSS after {after / GiB:.2f} GiB"
+        f"{peak / total:.4f}x the whole model; RSS after {after / GiB:.2f} GiB, "
+        f"after malloc_trim {after_trim / GiB:.2f} GiB ({len(specs)} spectra kept)"
     )
     still_meta = sum(p.device.type == "meta" for p in model.parameters())
     print(f"parameters still on meta after spectra: {still_meta}/{len(shapes)}")

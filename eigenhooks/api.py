@@ -16,9 +16,9 @@ import torch
 
 from . import io
 from .models import Adapter, get_adapter
-from .models.offload import onloaded
+from .models.offload import onloaded, source_modules
 from .models.probe import apply_attention_many, probe_matrices
-from .spectrum import DEFAULT_THRESHOLD, DEFAULT_TOP, RANKS, Factors, LayerSpectrum, layer_spectrum
+from .spectrum import DEFAULT_THRESHOLD, DEFAULT_TOP, RANKS, Factors, LayerSpectrum, NonFiniteError, layer_spectrum
 
 log = logging.getLogger(__name__)
 VARIANTS = ("ov", "ov_ln")
@@ -147,7 +147,7 @@ def _compute_groups(adapter: Adapter, reps: dict[int, int], options: dict, cache
             if len(inflight) >= workers:
                 done, inflight = wait(inflight, return_when=FIRST_COMPLETED)
                 found.update(f.result() for f in done)
-            inflight.add(ex.submit(_compute_layer, g, i, job, options, cache))
+            inflight.add(ex.submit(_compute_layer, g, i, job, options, cache, _layer_name(adapter, i)))
         found.update(f.result() for f in inflight)
     for g, mkey in memo_keys.items():
         _memo_put(mkey, found[g])
@@ -173,15 +173,16 @@ class _Inline:
 
 
 def _read_layer(adapter: Adapter, i: int, options: dict, cache: bool):
-    """Layer i's factors (and disk-cache key), or its cached spectrum.
+    """Layer i's (factors, disk-cache key, folded norm scale), or its cached spectrum.
 
     Offloaded weights are brought in for this layer only; what the eig needs is copied out
     (as the stacked float64 Ô, V, or every head's factors when per-head spectra are asked)
-    before they go back to the offload map.
+    before they go back to the offload map. Finiteness is checked once, by the eig on V O
+    (a non-finite weight always reaches that product); only a failure looks at which
+    weight it was.
     """
     ly = adapter.layers[i]
-    mods = [ly.attn_in, ly.attn_out, ly.o_proj, ly.norm] if ly.factors is not None else []
-    with onloaded(adapter.model, mods) as loaded:
+    with onloaded(adapter.model, _weight_modules(adapter, i, options["variant"])) as loaded:
         factors, w = layer_factors(adapter, i, options["variant"])
         if factors.O_heads.device.type == "meta" or factors.V_groups.device.type == "meta":
             raise ValueError(
@@ -189,22 +190,43 @@ def _read_layer(adapter: Adapter, i: int, options: dict, cache: bool):
                 "after loading its offloaded modules; the adapter reads weights from a module that holds none. "
                 "Dispatch the model with its attention modules offloaded whole, or report the model class."
             )
-        _check_finite(adapter, i, factors, w)
         key = io.cache_key(factors, w, options) if cache else None
         spec = io.load_spectrum(key, i) if cache else None
         if spec is not None:
             return spec
         if loaded:
             factors = _copy_out(factors, options["heads"])
-    return factors, key
+            w = None if w is None else w.clone()
+    return factors, key, w
 
 
 def layer_stacked(adapter: Adapter, i: int, variant: str = "ov") -> tuple[torch.Tensor, torch.Tensor]:
     """(Ô, V) of layer i as float64 CPU copies (F = Ô V), offloaded weights brought in for it only."""
-    ly = adapter.layers[i]
-    mods = [ly.attn_in, ly.attn_out, ly.o_proj, ly.norm] if ly.factors is not None else []
-    with onloaded(adapter.model, mods):
+    with onloaded(adapter.model, _weight_modules(adapter, i, variant)):
         return layer_factors(adapter, i, variant)[0].stacked(torch.float64)
+
+
+def _weight_modules(adapter: Adapter, i: int, variant: str) -> list:
+    """The modules whose weights layer i's factors (and, for ov_ln, its norm) are read from.
+
+    For offloaded weights, the factors are first read on meta (free): when they are views
+    of parameters, only those parameters' modules are brought in (v_proj and o_proj, not
+    q_proj and k_proj); otherwise the whole attention and its norm, as before.
+    """
+    ly = adapter.layers[i]
+    if ly.factors is None:
+        return []
+    whole = [ly.attn_in, ly.attn_out, ly.o_proj, ly.norm]
+    if not any(p.device.type == "meta" for p in _layer_parameters(adapter, i)):
+        return whole
+    try:
+        f = adapter.factors(i)
+    except Exception:  # a rule that cannot run on meta: bring the whole attention in
+        return whole
+    mods = source_modules(adapter.model, [f.O_heads, f.V_groups])
+    if mods is None:
+        return whole
+    return mods + ([ly.norm] if variant == "ov_ln" else [])
 
 
 def _copy_out(factors: Factors, heads: bool) -> Factors:
@@ -221,12 +243,21 @@ def _copy_out(factors: Factors, heads: bool) -> Factors:
     return Factors.from_stacked(O, V, G, G)
 
 
-def _compute_layer(g: int, i: int, job, options: dict, cache: bool) -> tuple[int, LayerSpectrum]:
-    factors, key = job
+def _compute_layer(g: int, i: int, job, options: dict, cache: bool, name: str) -> tuple[int, LayerSpectrum]:
+    factors, key, w = job
     o = options
-    spec = layer_spectrum(
-        factors, layer=i, variant=o["variant"], rank=o["rank"], top=o["top"], threshold=o["threshold"], heads=o["heads"]
-    )
+    try:
+        spec = layer_spectrum(
+            factors,
+            layer=i,
+            variant=o["variant"],
+            rank=o["rank"],
+            top=o["top"],
+            threshold=o["threshold"],
+            heads=o["heads"],
+        )
+    except NonFiniteError:
+        raise ValueError(_non_finite_message(i, name, factors, w)) from None
     if cache:
         io.save_spectrum(spec, key)
     return g, spec
@@ -326,17 +357,21 @@ def _check_layer(adapter: Adapter, i: int) -> int:
     return i % n
 
 
-def _check_finite(adapter: Adapter, i: int, factors: Factors, w) -> None:
+def _layer_name(adapter: Adapter, i: int) -> str:
+    return adapter.layers[i].name or adapter.family
+
+
+def _non_finite_message(i: int, name: str, factors: Factors, w) -> str:
+    """Which of O, V and the folded norm scale hold inf or NaN (after the eig found V O non-finite)."""
     bad = [
-        name
-        for name, t in (("O", factors.O_heads), ("V", factors.V_groups), ("norm", w))
+        what
+        for what, t in (("O", factors.O_heads), ("V", factors.V_groups), ("norm", w))
         if t is not None and not torch.isfinite(t).all()
     ]
-    if bad:
-        raise ValueError(
-            f"layer {i} ({adapter.layers[i].name or adapter.family}): non-finite values in {', '.join(bad)} "
-            "weights; the spectrum is undefined. Check the checkpoint (an fp16 overflow?)."
-        )
+    return (
+        f"layer {i} ({name}): non-finite values in {', '.join(bad) or 'O or V'} weights; the spectrum is "
+        "undefined. Check the checkpoint (an fp16 overflow?)."
+    )
 
 
 @dataclass

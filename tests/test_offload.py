@@ -101,6 +101,44 @@ def test_offloaded_layers_are_read_one_at_a_time(monkeypatch):
     assert any("o_proj" in n for s in widest for n in s) and any("input_layernorm" in n for s in widest for n in s)
 
 
+def _onloaded_names(monkeypatch, model) -> set[str]:
+    names = {id(m): n for n, m in model.named_modules()}
+    seen: set[str] = set()
+    real = offload._onload_one
+
+    def spy(module, hook):
+        seen.add(names[id(module)])
+        return real(module, hook)
+
+    monkeypatch.setattr(offload, "_onload_one", spy)
+    return seen
+
+
+@pytest.mark.parametrize("variant", ["ov", "ov_ln"])
+def test_offloaded_spectra_bring_in_only_the_value_and_output_weights(monkeypatch, variant):
+    """F = O V needs v_proj and o_proj: q_proj and k_proj (as large as o_proj in a 70B
+    model) stay offloaded; the norm comes in only for ov_ln."""
+    model = _cpu_offloaded("llama")
+    seen = _onloaded_names(monkeypatch, model)
+    specs = eh.spectra(model, variant=variant, cache=False)
+    _assert_same_spectra(eh.spectra(build("llama", dtype=torch.float32), variant=variant, cache=False), specs)
+    kinds = {n.rsplit(".", 1)[-1] for n in seen}
+    want = {"v_proj", "o_proj"} | ({"input_layernorm"} if variant == "ov_ln" else set())
+    assert kinds == want, sorted(seen)
+
+
+def test_offloaded_factor_rule_that_is_not_a_view_brings_in_the_whole_attention(monkeypatch):
+    """A rule whose factors are computed (no view of a parameter) falls back to the whole attention."""
+    model = _cpu_offloaded("llama")
+    adapter = eh.get_adapter(model)
+    for ly in adapter.layers:
+        rule = ly.factors
+        ly.factors = lambda rule=rule: (lambda f: type(f)(f.O_heads * 1.0, f.V_groups, f.group_of_head))(rule())
+    seen = _onloaded_names(monkeypatch, model)
+    _assert_same_spectra(eh.spectra(build("llama", dtype=torch.float32), cache=False), eh.spectra(adapter, cache=False))
+    assert {"q_proj", "k_proj", "v_proj", "o_proj"} <= {n.rsplit(".", 1)[-1] for n in seen}, sorted(seen)
+
+
 def test_offloaded_disk_cache_round_trip(tmp_path):
     """The content-keyed disk cache serves an offloaded model (no in-process memo for it)."""
     model = _disk_offloaded("llama", tmp_path)

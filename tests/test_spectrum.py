@@ -338,3 +338,89 @@ def test_memo_never_serves_a_freed_model():
         _same(eh.spectra(model), eh.spectra(model, cache=False))
         del model
         gc.collect()
+
+
+# --- the cuts for speed: each must give the same numbers as the plain computation ---
+
+
+def test_real_eigvals_match_numpy_and_leave_the_input_alone():
+    g = torch.Generator().manual_seed(11)
+    M = torch.randn(30, 30, generator=g, dtype=torch.float64)
+    before = M.clone()
+    mu = eh.spectrum.real_eigvals(M)
+    assert mu.dtype == torch.complex128 and mu.shape == (30,)
+    _match(mu.numpy(), np.linalg.eigvals(M.numpy()), 1e-10)
+    assert torch.equal(M, before), "the eigvals overwrote its input (M is reused by inverse iteration)"
+    sym = M + M.T  # all eigenvalues real: still complex128 (numpy would return float64 here)
+    assert eh.spectrum.real_eigvals(sym).dtype == torch.complex128
+
+
+@pytest.mark.parametrize("groups", [None, [0, 1, 0, 1], [1, 1, 0, 0]])
+def test_o_hat_sums_the_heads_of_each_group(groups):
+    # None: HF's adjacent layout (a view of o_proj, summed); the others: the general index_add path.
+    f = _random_factors(d=12, H=4, G=2, dh=3, seed=4)
+    O_heads = f.O_heads.to(torch.float32)  # a float32 model: Ô is summed in float64
+    if groups is not None:
+        f = Factors(O_heads, f.V_groups, torch.tensor(groups))
+    else:
+        f = Factors(O_heads, f.V_groups, f.group_of_head)
+    O, V = f.stacked(torch.float64)
+    ref = np.zeros((2, 12, 3))
+    for h, grp in enumerate(f.group_of_head.tolist()):
+        ref[grp] += O_heads[h].double().numpy()
+    torch.testing.assert_close(O, torch.from_numpy(ref.transpose(1, 0, 2).reshape(12, 6)), atol=0, rtol=0)
+    O.add_(1.0)  # Ô is fresh: the model's weights are untouched
+    assert torch.equal(f.O_heads, O_heads)
+
+
+def test_cache_key_hashes_views_in_place_and_tells_layouts_apart():
+    from eigenhooks import io
+
+    f = _random_factors(d=12, H=4, G=2, dh=3, seed=5)  # O_heads: a permuted view of a (d, H*dh) matrix
+    assert not f.O_heads.is_contiguous()
+    opts = {"variant": "ov"}
+    key = io.cache_key(f, None, opts)
+    same = Factors(f.O_heads.contiguous(), f.V_groups.clone(), f.group_of_head.clone())
+    assert io.cache_key(same, None, opts) != key  # another layout: a miss, never a wrong hit
+    copy = Factors.from_stacked(f.O_heads.permute(1, 0, 2).reshape(12, 12).clone(), f.V_groups.reshape(6, 12), 4, 2)
+    assert io.cache_key(copy, None, opts) == key  # same values, same layout: the same key
+    for t in (f.O_heads, f.V_groups):  # one entry anywhere changes the key
+        t[-1, -1, -1] += 1e-12
+        assert io.cache_key(f, None, opts) != key
+        key = io.cache_key(f, None, opts)
+    strided = Factors(f.O_heads[:, ::2], f.V_groups[:, :, ::2], f.group_of_head)  # no permutation makes it dense
+    dense = Factors(f.O_heads[:, ::2].contiguous(), f.V_groups[:, :, ::2].contiguous(), f.group_of_head)
+    assert io.cache_key(strided, None, opts) == io.cache_key(dense, None, opts)
+    X = torch.randn(1, 6, 6, dtype=torch.float64)  # X and its transpose: the same bytes in memory
+    g = torch.zeros(1, dtype=torch.long)
+    assert io.cache_key(Factors(X, X, g), None, opts) != io.cache_key(Factors(X, X.transpose(1, 2), g), None, opts)
+
+
+def test_finiteness_is_checked_once_on_the_small_product(monkeypatch):
+    # The d x r factors are never scanned for inf/nan before the eig: only V O (r x r) is.
+    model = build("llama")  # d = 16, r = 2 kv heads x 4 = 8
+    shapes = []
+    real = torch.isfinite
+
+    def spy(t):
+        shapes.append(tuple(t.shape))
+        return real(t)
+
+    monkeypatch.setattr(torch, "isfinite", spy)
+    eh.spectra(model, cache=False)
+    assert shapes == [(8, 8), (8, 8)], shapes
+
+
+@pytest.mark.parametrize("where", ["V", "norm"])
+def test_non_finite_weight_is_named_after_the_eig_fails(where):
+    model = build("llama")
+    layer = model.model.layers[1]
+    with torch.no_grad():
+        if where == "V":
+            layer.self_attn.v_proj.weight[2, 3] = float("nan")
+        else:
+            layer.input_layernorm.weight[5] = float("inf")
+    if where == "norm":
+        assert len(eh.spectra(model, cache=False)) == 2  # ov does not read the norm
+    with pytest.raises(ValueError, match=rf"layer 1 .*non-finite values in .*{where} weights.*fp16 overflow"):
+        eh.spectra(model, variant="ov_ln", cache=False)

@@ -128,3 +128,26 @@ def onloaded(model: nn.Module, modules: list[nn.Module | None]) -> Iterator[bool
         for module, hook in todo:
             stack.enter_context(_onload_one(module, hook))
         yield bool(todo)
+
+
+def source_modules(model: nn.Module, tensors: list[torch.Tensor]) -> list[nn.Module] | None:
+    """The modules whose parameters ``tensors`` are views of, or None if one is not a view of a parameter.
+
+    Called with factors read from meta (offloaded) parameters: reading F's factors on meta
+    costs nothing, and the views tell which weights they come from (Llama's ``v_proj`` and
+    ``o_proj``, not ``q_proj`` and ``k_proj``, which are as large), so only those are
+    brought in.
+
+    Args:
+        model: the model the parameters belong to.
+        tensors: views (``reshape``, ``permute``, slices) of some of its parameters.
+    """
+    owner = {id(p): m for m in model.modules() for p in m.parameters(recurse=False)}
+    out: dict[int, nn.Module] = {}
+    for t in tensors:
+        base = t if t._base is None else t._base
+        m = owner.get(id(base))
+        if m is None:
+            return None
+        out[id(m)] = m
+    return list(out.values())
