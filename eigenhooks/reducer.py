@@ -124,15 +124,6 @@ class LayerReducer:
             self._dev[device] = (f(self.Bt64.T).contiguous(), f(self.Bn64.T).contiguous())
         return self._dev[device]
 
-    def stride(self, b: int, n: int) -> int:
-        """The subsample's stride over the flat (b*n) tokens (the same for every shape)."""
-        return self.null_stride
-
-    def sub_index(self, b: int, n: int, device) -> torch.Tensor | None:
-        """Flat (b*n) positions of the null subsample; None: every token."""
-        s = self.stride(b, n)
-        return None if s == 1 else torch.arange(0, b * n, s, device=device)
-
     def project(self, points: dict, mask: torch.Tensor, base: torch.Tensor | None = None, consensus: bool = True):
         """Stage 1, in the hook: per reading point the projections, norms and consensus sums.
 
@@ -149,7 +140,7 @@ class LayerReducer:
             vectors (consensus).
         """
         pre = points["pre"]
-        Bt, Bn = self._dev.get(pre.device) or self._on(pre.device)
+        Bt, Bn = self._on(pre.device)
         b, n = pre.shape[:2]
         names = [p for p in ("pre", "mid", "post") if points.get(p) is not None]
         Xs = [points[p].float() for p in names]
@@ -160,7 +151,7 @@ class LayerReducer:
         finite = (norms * 0 == 0).all(0)  # a norm is non-finite iff some entry is; x * 0 is NaN iff x is
         m = mask.bool() & finite
         inv = torch.where(m, norms.clamp_min(1e-30), float("inf")).reciprocal()
-        s = self.stride(b, n)
+        s = self.null_stride
         nulls = [X.reshape(b * n, -1)[::s] for p, X in zip(names, Xs) if p != "post"]  # strided views
         out = {"mask": mask, "finite": finite, "inv": inv, "names": tuple(names), "shape": (b, n, s)}
         out["Pn"] = F.linear(torch.cat(nulls) if len(nulls) > 1 else nulls[0], Bn)  # one GEMM for all points
@@ -255,11 +246,11 @@ class _Stacked:
                     cos[:, ti] = c.sum((1, 2))
                 cols[f"cos_sum_{p}"] = cos
         st = {"null_pre": Z["pre"]["haar"].nansum(1)}  # NaN: a non-finite token, off m (see _align)
-        rows = torch.zeros(L, self.b, len(_ROW), T, dtype=torch.float64, device=self.dev)
         if "mid" in A:
             rows = self._mid_sums(A, Z, ms, cols, st)
         else:
             red = self.red
+            rows = torch.zeros(L, self.b, len(_ROW), T, dtype=torch.float64, device=self.dev)
             st["null_up"] = st["null_mid"] = torch.zeros(L, len(red.ks), red.K, device=self.dev)
             st["eig_up"] = torch.zeros(L, T, red.m, device=self.dev)
             st["fnull_up"] = torch.zeros(L, T, red.Kf, device=self.dev)
