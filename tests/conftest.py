@@ -223,6 +223,21 @@ def tiny():
     return build
 
 
+@pytest.fixture(scope="module")
+def built():
+    """name -> the seeded model of that tests/cases_*.py case, built once per test module."""
+    from cases import CASES
+
+    cache = {}
+
+    def get(name):
+        if name not in cache:
+            cache[name] = CASES[name].build()
+        return cache[name]
+
+    return get
+
+
 def pytest_collection_modifyitems(config, items):
     """The `real` tier skips, saying why, when the weights are absent; CI sets
     EIGENHOOKS_REQUIRE_REAL=1 so that absent weights fail instead of skipping."""

@@ -50,18 +50,6 @@ def numpy_F(model, i: int) -> np.ndarray:
     return sum(O[:, h * dh : (h + 1) * dh] @ V[(h // rep) * dh : (h // rep + 1) * dh] for h in range(H))
 
 
-@pytest.fixture(scope="module")
-def built():
-    cache = {}
-
-    def get(name):
-        if name not in cache:
-            cache[name] = CASES[name].build()
-        return cache[name]
-
-    return get
-
-
 def _randomise_norms(model, seed: int = 4) -> None:
     """Seeded models start with norm scales at 0 or 1, which would hide a missing or extra scale."""
     g = torch.Generator().manual_seed(seed)

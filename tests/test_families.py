@@ -20,18 +20,6 @@ from eigenhooks.models.probe import probe_matrices
 NAMES = sorted(CASES)
 
 
-@pytest.fixture(scope="module")
-def built():
-    cache = {}
-
-    def get(name):
-        if name not in cache:
-            cache[name] = CASES[name].build()
-        return cache[name]
-
-    return get
-
-
 def _inputs(case, model, padded=False):
     return case.inputs(model, padded)
 
