@@ -10,6 +10,7 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 import pytest
 import torch
 import transformers as T
+from cases_decoders import BASE as DECODER_BASE  # the tiny Llama-style config the decoder cases use
 
 # Fetched real models stay where `eigenhooks fetch` put them, whatever private spectrum cache a
 # test sets: pin their folder for the session before any test changes EIGENHOOKS_CACHE.
@@ -125,42 +126,17 @@ FAMILY_CONFIGS = {
     "llama": (
         T.LlamaForCausalLM,
         T.LlamaModel,
-        lambda: T.LlamaConfig(
-            num_hidden_layers=2,
-            num_attention_heads=4,
-            num_key_value_heads=2,
-            hidden_size=16,
-            intermediate_size=32,
-            vocab_size=64,
-            max_position_embeddings=32,
-        ),
+        lambda: T.LlamaConfig(**DECODER_BASE),
     ),
     "mistral": (
         T.MistralForCausalLM,
         T.MistralModel,
-        lambda: T.MistralConfig(
-            num_hidden_layers=2,
-            num_attention_heads=4,
-            num_key_value_heads=1,
-            hidden_size=16,
-            intermediate_size=32,
-            vocab_size=64,
-            max_position_embeddings=32,
-            head_dim=4,
-        ),
+        lambda: T.MistralConfig(**{**DECODER_BASE, "num_key_value_heads": 1, "head_dim": 4}),
     ),
     "qwen2": (
         T.Qwen2ForCausalLM,
         T.Qwen2Model,
-        lambda: T.Qwen2Config(
-            num_hidden_layers=2,
-            num_attention_heads=4,
-            num_key_value_heads=2,
-            hidden_size=16,
-            intermediate_size=32,
-            vocab_size=64,
-            max_position_embeddings=32,
-        ),
+        lambda: T.Qwen2Config(**DECODER_BASE),
     ),
     "opt": (
         T.OPTForCausalLM,
