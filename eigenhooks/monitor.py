@@ -317,6 +317,9 @@ class Monitor(MonitorState, MonitorLens):
     # ---- per forward ----
     def _reset_forward(self, open_: bool) -> None:
         self._open = open_
+        for info in getattr(self, "_layers", {}).values():  # rows a forward that raised left taken
+            if info["reducer"].arena is not None:
+                info["reducer"].arena.release()
         self._counts: dict = {}
         self._cap: dict[int, dict] = {}
         self._pending: dict[int, tuple] = {}

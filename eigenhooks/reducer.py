@@ -1,13 +1,15 @@
 """The streaming reduction: one forward's readings to sums, in two stages.
 
 1. ``LayerReducer.project`` runs in a layer's hook, while its activations are hot: the
-   norms, one matmul per reading point onto the targets (every token) and one onto the
-   nulls (a shape-only subsample), and each sequence's sum of unit vectors. What it keeps
-   is small: (b, n, targets) and (N, null columns) per point, a few (b, n) vectors.
+   norms, one matmul per reading point onto the targets (every token) and one per null
+   point onto the nulls (a shape-only subsample), and each sequence's sum of unit vectors.
+   What it keeps is small: (b, n, targets) and (N, null columns) per point, a few (b, n)
+   vectors, written into the layer's row of its group's ``Arena``.
 2. ``reduce_many`` runs once the forward ends, on every layer at once: layers of the same
-   layout and shapes are stacked and reduced together (alignments, up-counts, null draws,
-   per-row counters), so the many small element-wise steps cost one op per forward instead
-   of one per layer. Its output is per layer, the state ``metrics.zero_state`` describes.
+   layout and shapes are reduced together (alignments, up-counts, null draws, per-row
+   counters) straight from the arena's buffers, so the many small element-wise steps cost
+   one op per forward instead of one per layer, and no copy stacks the layers. Its output is
+   per layer, the state ``metrics.zero_state`` describes.
 
 No host synchronisation and no data-dependent branches: it adds no graph breaks under
 torch.compile. Definitions are in ``metrics`` (DESIGN.md §1).
@@ -16,7 +18,6 @@ torch.compile. Definitions are in ``metrics`` (DESIGN.md §1).
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 
 from .metrics import _ROW, GROWTH_EPS, TGT_FIELDS, TargetSpec
 
@@ -65,6 +66,8 @@ class LayerReducer:
             self.eig_valid[ti, : len(t.eig)] = True
         self.cos_targets = [ti for ti, t in enumerate(targets) if t.v1 is not None]
         self.fnull_targets = [(ti, t.fnull, t.k) for ti, t in enumerate(targets) if t.fnull is not None]
+        self.arena: Arena | None = None  # set by pad_to_stack: the group's buffers, this layer's row in them
+        self.slot = 0
 
     def _eig_columns(self, targets) -> tuple[list[torch.Tensor], list[list[int]]]:
         """F's eigen-subspaces over all targets, each projected once; seg: the (target, j) slots it fills."""
@@ -120,7 +123,7 @@ class LayerReducer:
     def _on(self, device: torch.device):
         if device not in self._dev:
             f = lambda t: t.to(device, torch.float32)  # noqa: E731
-            # (C, d) row-major for F.linear: X @ B with a skinny B is ~6x slower in MKL's GEMM
+            # (C, d) row-major, used as B.T: X @ B with a skinny row-major B is ~6x slower in MKL's GEMM
             self._dev[device] = (f(self.Bt64.T).contiguous(), f(self.Bn64.T).contiguous())
         return self._dev[device]
 
@@ -134,33 +137,42 @@ class LayerReducer:
             consensus: sum the within-sequence consensus (off for buffered single steps).
 
         Returns:
-            a dict for ``reduce_many``: 'mask' and 'finite' (b, n), 'inv' (P, b, n) 1/||x|| (0 off
-            the valid, finite tokens), 'Pn' (P_null * N, null columns: the null points' subsamples,
-            in order) and per point 'Pt' (b, n, target columns) and 'sv' (b, d), the sum of unit
-            vectors (consensus).
+            a dict for ``reduce_many``: 'mask' (b, n), 'norms' (P, b, n) the points' ||x||, 'Pt'
+            (P, b, n, target columns), 'Pn' (P_null * N, null columns: the null points'
+            subsamples, in order) and, with consensus, 'sv' (P_c, b, d): each sequence's sum of
+            unit vectors over its valid, finite tokens. The big ones are written into this
+            layer's row of its group's ``Arena`` when it has one.
         """
         pre = points["pre"]
         Bt, Bn = self._on(pre.device)
         b, n = pre.shape[:2]
         names = [p for p in ("pre", "mid", "post") if points.get(p) is not None]
-        Xs = [points[p].float() for p in names]
+        Xs = [points[p].float().reshape(b * n, -1) for p in names]
         if base is not None:
             names.append("base")
-            Xs.append(base.float())
-        norms = torch.stack([torch.linalg.vector_norm(X, dim=-1) for X in Xs])  # (P, b, n)
-        finite = (norms * 0 == 0).all(0)  # a norm is non-finite iff some entry is; x * 0 is NaN iff x is
-        m = mask.bool() & finite
-        inv = torch.where(m, norms.clamp_min(1e-30), float("inf")).reciprocal()
+            Xs.append(base.float().reshape(b * n, -1))
         s = self.null_stride
-        nulls = [X.reshape(b * n, -1)[::s] for p, X in zip(names, Xs) if p != "post"]  # strided views
-        out = {"mask": mask, "finite": finite, "inv": inv, "names": tuple(names), "shape": (b, n, s)}
-        out["Pn"] = F.linear(torch.cat(nulls) if len(nulls) > 1 else nulls[0], Bn)  # one GEMM for all points
-        out["consensus"] = consensus
-        for j, (p, X) in enumerate(zip(names, Xs)):
-            o = {"Pt": F.linear(X, Bt)}
-            if consensus and p != "base":
-                o["sv"] = torch.bmm(inv[j, :, None, :], X)[:, 0]  # (b, d): sum of unit vectors (inv 0 off m)
-            out[p] = o
+        nulls = [X for p, X in zip(names, Xs) if p != "post"]
+        cons = [X for p, X in zip(names, Xs) if consensus and p != "base"]
+        N = -(-b * n // s)
+        shapes = {"norms": (len(Xs), b * n), "Pt": (len(Xs), b * n, Bt.shape[0]), "Pn": (len(nulls) * N, Bn.shape[0])}
+        if cons:
+            shapes["sv"] = (len(cons), b, 1, self.d)
+        key = (b, n, tuple(names), consensus, pre.device)
+        slot = self.arena.take(self.slot, key) if self.arena is not None else None
+        out = slot.buffers(shapes) if slot else {k: pre.new_empty(v, dtype=torch.float32) for k, v in shapes.items()}
+        norms, Pt, Pn = out["norms"], out["Pt"], out["Pn"]
+        for j, X in enumerate(Xs):
+            torch.linalg.vector_norm(X, dim=-1, out=norms[j])
+        for j, X in enumerate(nulls):  # strided views: BLAS reads every s-th row in place
+            torch.mm(X[::s], Bn.T, out=Pn[j * N : (j + 1) * N])
+        for j, X in enumerate(Xs):
+            torch.mm(X, Bt.T, out=Pt[j])
+        if cons:  # weights 1/||x|| on the valid tokens of finite readings, 0 elsewhere
+            w = (mask.bool().reshape(1, b * n) & torch.isfinite(norms).all(0)) / norms[: len(cons)].clamp_min(1e-30)
+            for j, X in enumerate(cons):
+                torch.bmm(w[j].view(b, 1, n), X.view(b, n, -1), out=out["sv"][j])
+        out.update(mask=mask, names=tuple(names), shape=(b, n, s), consensus=consensus, slot=slot)
         return out
 
     def __call__(self, points, mask, base=None, consensus: bool = True):
@@ -169,36 +181,91 @@ class LayerReducer:
 
 
 def pad_to_stack(reducers: list[LayerReducer]) -> None:
-    """Pad the eigen-columns of reducers of one kind to one width, so their layers stack."""
+    """Pad the eigen-columns of reducers of one kind to one width, so their layers stack; give each
+    kind one ``Arena``, in which the i-th reducer (in the order given) projects into row i."""
     kinds: dict[tuple, list[LayerReducer]] = {}
     for r in reducers:
         kinds.setdefault(r.kind, []).append(r)
     for rs in kinds.values():
         width = max(r.haar_start for r in rs)
-        for r in rs:
+        arena = Arena(len(rs))
+        for i, r in enumerate(rs):
             r.pad_eig(width)
+            r.arena, r.slot = arena, i
+
+
+class Arena:
+    """Buffers (G, ...) that the G layers of one layout group project a forward into, one row each.
+
+    The stacked reduction reads them in place instead of copying the layers' projections
+    together (for SmolLM2 that copy was a third of it). A row is taken by ``project`` and
+    given back by ``reduce_many``; one taken twice before that (a layer run twice in one
+    forward) is not shared: the second projection gets tensors of its own. Buffers are kept
+    for the next forward of the same shapes; those of other shapes are dropped once no row
+    of theirs is taken, so memory follows the latest forward.
+    """
+
+    def __init__(self, size: int):
+        self.size = size
+        self.bufs: dict[tuple, dict[str, torch.Tensor]] = {}
+        self.taken: set[tuple] = set()
+
+    def take(self, row: int, key: tuple) -> _Row | None:
+        if (row, key) in self.taken:
+            return None
+        if key not in self.bufs:
+            busy = {k for _, k in self.taken}
+            self.bufs = {k: v for k, v in self.bufs.items() if k in busy}
+        self.taken.add((row, key))
+        return _Row(self, row, key)
+
+    def release(self) -> None:
+        """Every row is free again (a forward that raised leaves rows taken)."""
+        self.taken.clear()
+
+
+class _Row:
+    """One layer's row of an Arena, for one key (shapes, points, device)."""
+
+    def __init__(self, arena: Arena, row: int, key: tuple):
+        self.arena, self.row, self.key = arena, row, key
+
+    def buffers(self, shapes: dict[str, tuple]) -> dict[str, torch.Tensor]:
+        bufs = self.arena.bufs.setdefault(self.key, {})
+        for name, shape in shapes.items():
+            if name not in bufs or bufs[name].shape[1:] != shape:
+                bufs[name] = torch.empty((self.arena.size, *shape), dtype=torch.float32, device=self.key[-1])
+        return {name: bufs[name][self.row] for name in shapes}
+
+    def give_back(self) -> None:
+        self.arena.taken.discard((self.row, self.key))
 
 
 def reduce_many(items: list[tuple[LayerReducer, dict]]) -> list[tuple[dict, torch.Tensor]]:
     """Stage 2: ``(reducer, projection)`` pairs to ``(sums, rows)``, in the same order.
 
-    Pairs of the same layout, shapes, points and device are stacked and reduced together.
+    Pairs of the same layout, shapes, points and device are stacked and reduced together;
+    the rows of an Arena they were projected into are given back.
     """
     groups: dict[tuple, list[int]] = {}
     for i, (red, pr) in enumerate(items):
-        pts = tuple((p, "sv" in pr[p]) for p in pr["names"])
-        key = (red.layout, pr["shape"], pts, pr["consensus"], pr["mask"].device)
+        key = (red.layout, pr["shape"], pr["names"], pr["consensus"], pr["mask"].device)
         groups.setdefault(key, []).append(i)
     out: list = [None] * len(items)
     for idx in groups.values():
+        if all(items[i][1]["slot"] for i in idx):  # in row order: the stack may be the arena's own buffers
+            idx = sorted(idx, key=lambda i: items[i][1]["slot"].row)
         for i, res in zip(idx, _Stacked([items[i] for i in idx]).run()):
             out[i] = res
+    for _, pr in items:
+        if pr["slot"] is not None:
+            pr["slot"].give_back()
     return out
 
 
-def _cum_sq(H: torch.Tensor) -> torch.Tensor:
-    """Cumulative squared norm over the last axis (a frame's first k columns, every k)."""
-    return H * H if H.shape[-1] == 1 else (H * H).cumsum(-1)
+def _cum_norm(H: torch.Tensor) -> torch.Tensor:
+    """Norm of each frame's first k columns, for every k, over the last axis (|h| when one column)."""
+    return H.abs() if H.shape[-1] == 1 else (H * H).cumsum(-1).sqrt()
 
 
 class _Stacked:
@@ -211,17 +278,32 @@ class _Stacked:
         self.L = len(items)
         self.b, self.n, self.s = prs[0]["shape"]
         self.consensus = prs[0]["consensus"]
-        stack = lambda key, p=None: torch.stack([pr[key] if p is None else pr[p][key] for pr in prs])  # noqa: E731
-        self.finite = stack("finite")  # (L, b, n)
-        self.mask = stack("mask").bool()
+        self.pts = list(prs[0]["names"])
+        whole = self._whole(prs)
+        stack = lambda k: whole[k] if whole else torch.stack([pr[k] for pr in prs])  # noqa: E731
+        self.mask = torch.stack([pr["mask"] for pr in prs]).bool()  # (L, b, n)
+        norms = stack("norms").view(self.L, len(self.pts), self.b, self.n)
+        self.finite = torch.isfinite(norms).all(1)
         self.m = self.mask & self.finite
         self.dev = self.m.device
-        self.pts = list(prs[0]["names"])
-        self.inv = stack("inv")  # (L, P, b, n)
+        self.inv = torch.where(self.m[:, None], norms.clamp_min(1e-30), float("inf")).reciprocal()  # (L, P, b, n)
         self.Pn = stack("Pn")  # (L, P_null * N, C)
-        self.raw = {p: {k: stack(k, p) for k in prs[0][p]} for p in self.pts}
+        self.Pt = stack("Pt").view(self.L, len(self.pts), self.b, self.n, -1)  # (L, P, b, n, target columns)
+        self.sv = {}  # point -> (L, b, d), the sums of unit vectors
+        if "sv" in prs[0]:
+            sv = stack("sv")[..., 0, :]  # (L, P_c, b, d)
+            self.sv = {p: sv[:, j] for j, p in enumerate(q for q in self.pts if q != "base")}
         if self.red.m:  # (L, eig columns, T*m): which eigen-columns make each (target, j)
             self.S = torch.stack([r.S_eig for r in self.reds]).to(self.dev, torch.float32)
+
+    def _whole(self, prs) -> dict | None:
+        """The arena's buffers, when these projections are its rows 0..G-1 in order (no copy needed)."""
+        rows = [pr["slot"] for pr in prs]
+        if not all(rows) or [r.row for r in rows] != list(range(rows[0].arena.size)):
+            return None
+        if len({(id(r.arena), r.key) for r in rows}) != 1:
+            return None
+        return rows[0].arena.bufs[rows[0].key]
 
     def sub(self, t: torch.Tensor) -> torch.Tensor:
         """(L, b, n, ...) -> (L, N, ...): the null's tokens (a strided view)."""
@@ -245,7 +327,7 @@ class _Stacked:
                     c = A[p]["P"][..., self.red.t_slices[ti].start] * A[p]["inv"]
                     cos[:, ti] = c.sum((1, 2))
                 cols[f"cos_sum_{p}"] = cos
-        st = {"null_pre": Z["pre"]["haar"].nansum(1)}  # NaN: a non-finite token, off m (see _align)
+        st = {"null_pre": Z["pre"]["haar_sum"]}
         if "mid" in A:
             rows = self._mid_sums(A, Z, ms, cols, st)
         else:
@@ -265,23 +347,23 @@ class _Stacked:
         """Alignments: targets on every token (L, b, n, T); nulls on the subsample (L, N, ...)."""
         red, L = self.red, self.L
         m, ms = self.m, self.sub(self.m)
-        A = {}
-        for j, p in enumerate(self.pts):
-            Pt = torch.where(m[..., None], self.raw[p]["Pt"], 0.0)  # where() drops NaN rows; a product would not
-            tgt = torch.stack([torch.linalg.vector_norm(Pt[..., s], dim=-1) for s in red.t_slices], -1)
-            inv = self.inv[:, j]
-            A[p] = {"tgt": tgt * inv[..., None], "inv": inv, "P": Pt}
+        Pt = torch.where(m[:, None, ..., None], self.Pt, 0.0)  # (L, P, b, n, C); where() drops NaN rows
+        tgt = torch.stack([torch.linalg.vector_norm(Pt[..., s], dim=-1) for s in red.t_slices], -1)
+        tgt = tgt * self.inv[..., None]  # (L, P, b, n, T)
+        A = {p: {"tgt": tgt[:, j], "inv": self.inv[:, j], "P": Pt[:, j]} for j, p in enumerate(self.pts)}
         nulls = [j for j, p in enumerate(self.pts) if p != "post"]
         N = ms.shape[1]
         # The null alignments are 0 off m (inv is 0) except on non-finite tokens, where they are NaN:
-        # every use is an up-count masked by m or a nansum, so no where() over the big tensor is needed.
+        # no token off m is ever "up", and the sums are nansums, so no where() over the big tensor is needed.
         inv_s = self.inv[:, nulls].reshape(L, len(nulls), -1)[..., :: self.s]  # (L, P_null, N)
         Zall = self._null_align(self.Pn, inv_s.reshape(L, -1))  # every null point at once
+        haar_sum = Zall["haar"].reshape(L, len(nulls), N, *Zall["haar"].shape[2:]).nansum(2)  # (L, P_null, n_k, K)
         Z = {}
         for i, j in enumerate(nulls):
             p = self.pts[j]
             Z[p] = {k: v[:, i * N : (i + 1) * N] for k, v in Zall.items()}
             Z[p]["tgt"] = self.sub(A[p]["tgt"])
+            Z[p]["haar_sum"] = haar_sum[:, i]
         return A, Z
 
     def _null_align(self, P: torch.Tensor, inv: torch.Tensor) -> dict[str, torch.Tensor]:
@@ -293,35 +375,38 @@ class _Stacked:
             E = P[..., : red.haar_start]
             out["eig"] = torch.sqrt(torch.bmm(E * E, self.S)) * inv[..., None]  # (L, N, T*m)
         H = P[..., red.haar_start : red.haar_start + red.K * red.k_max].reshape(L, N, red.K, red.k_max)
-        cum = _cum_sq(H)  # squared norm of the first k columns
-        out["haar"] = torch.stack([cum[..., k - 1] for k in red.ks], 2).sqrt() * inv[..., None, None]  # (L,N,n_k,K)
+        cum = _cum_norm(H).transpose(2, 3)  # (L, N, k_max, K)
+        ks = [k - 1 for k in red.ks]
+        cum = cum[:, :, ks[0] : ks[-1] + 1] if ks == list(range(ks[0], ks[-1] + 1)) else cum[:, :, ks]
+        out["haar"] = cum * inv[..., None, None]  # (L, N, n_k, K)
         for key in red.fkeys:
             s = red.f_start[key]
             Fp = P[..., s : s + red.Kf * red.k_max].reshape(L, N, red.Kf, red.k_max)
-            out["f:" + key] = _cum_sq(Fp).sqrt() * inv[..., None, None]  # (L, N, Kf, k_max)
+            out["f:" + key] = _cum_norm(Fp) * inv[..., None, None]  # (L, N, Kf, k_max)
         return out
 
     def _mid_sums(self, A, Z, ms, cols, st) -> torch.Tensor:
         """Up-counts of mid against its baseline: targets on every token, nulls on the subsample; rows."""
         red, L, dev = self.red, self.L, self.dev
-        up = lambda a, b, mk: ((a - b) > GROWTH_EPS) & mk.reshape(mk.shape + (1,) * (a.dim() - mk.dim()))  # noqa: E731
+        # off m both alignments are 0 (inv is 0), or NaN on a non-finite token: never "up", no mask needed
+        up = lambda a, b: (a - b) > GROWTH_EPS  # noqa: E731
         ref, zref = (A["base"], Z["base"]) if "base" in A else (A["pre"], Z["pre"])
         mid, zmid = A["mid"], Z["mid"]
-        u_t = up(mid["tgt"], ref["tgt"], self.m)  # (L, b, n, T)
+        u_t = up(mid["tgt"], ref["tgt"])  # (L, b, n, T)
         cols["n_up"] = u_t.sum((1, 2)).float()
         cols["sum_delta"] = (mid["tgt"] - ref["tgt"]).sum((1, 2))
         if "base" in A:
-            cols["n_norm_up"] = up(A["base"]["tgt"], A["pre"]["tgt"], self.m).sum((1, 2)).float()
+            cols["n_norm_up"] = up(A["base"]["tgt"], A["pre"]["tgt"]).sum((1, 2)).float()
         msf = ms.float()
-        u_s = up(zmid["tgt"], zref["tgt"], ms)  # (L, N, T): the targets on the null's tokens
+        u_s = up(zmid["tgt"], zref["tgt"])  # (L, N, T): the targets on the null's tokens
         cols["n_sub"] = msf.sum(1)[:, None].expand(L, red.T)
         cols["n_up_sub"] = u_s.sum(1).float()
         cols["sum_mid_sub"] = zmid["tgt"].sum(1)
-        u_h = up(zmid["haar"], zref["haar"], ms)  # (L, N, n_k, K)
+        u_h = up(zmid["haar"], zref["haar"])  # (L, N, n_k, K)
         st["null_up"] = u_h.sum(1).float()
-        st["null_mid"] = zmid["haar"].nansum(1)
+        st["null_mid"] = zmid["haar_sum"]
         if red.m:
-            e = up(zmid["eig"], zref["eig"], ms).sum(1).float().reshape(L, red.T, red.m)
+            e = up(zmid["eig"], zref["eig"]).sum(1).float().reshape(L, red.T, red.m)
             valid = torch.stack([r.eig_valid for r in self.reds]).to(dev)
             st["eig_up"] = torch.where(valid, e, float("nan"))
         else:
@@ -329,7 +414,7 @@ class _Stacked:
         st["fnull_up"] = torch.zeros(L, red.T, red.Kf, device=dev)
         for ti, fkey, k in red.fnull_targets:
             key = "f:" + fkey
-            st["fnull_up"][:, ti] = up(zmid[key][..., k - 1], zref[key][..., k - 1], ms).sum(1).float()
+            st["fnull_up"][:, ti] = up(zmid[key][..., k - 1], zref[key][..., k - 1]).sum(1).float()
         # per-row counters for the cluster-robust intervals
         row_of = torch.arange(0, self.b * self.n, self.s, device=dev) // self.n  # (N,)
         f64 = torch.float64
@@ -339,7 +424,7 @@ class _Stacked:
         rows[:, :, 1, :] = u_t.sum(2).to(f64)
         rows[:, :, 2, :] = per_row(msf)[..., None]
         rows[:, :, 3, :] = per_row(u_s)
-        rows[:, :, 4, :] = per_row(u_h.to(f64).mean(-1))[..., red.k_index]  # (L, b, T): mean over draws
+        rows[:, :, 4, :] = (per_row(u_h.sum(-1)) / red.K)[..., red.k_index]  # (L, b, T): mean over draws
         return rows
 
     def _consensus(self, A, cols) -> None:
@@ -352,7 +437,7 @@ class _Stacked:
         for p in ("pre", "mid", "post"):
             if p not in A:
                 continue
-            sv = self.raw[p]["sv"]  # (L, b, d)
+            sv = self.sv[p]
             q = (sv * sv).sum(-1)
             defined = (n_s >= 2) & torch.isfinite(q)
             c = torch.where(defined, (q - n_s) / (n_s * (n_s - 1)).clamp_min(1), 0.0)

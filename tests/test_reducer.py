@@ -87,3 +87,48 @@ def test_non_finite_tokens_are_counted_and_left_out(reducers):
     for k in ("null_pre", "null_mid", "null_up", "fnull_up"):
         assert torch.isfinite(st[k]).all(), k
     assert torch.isfinite(st["tgt"]).all()
+
+
+def test_a_layer_projected_twice_before_reducing_keeps_both(reducers):
+    """The second projection into a taken arena row gets tensors of its own, not the row."""
+    r = copy.deepcopy(reducers[0])
+    alone = copy.deepcopy(r)
+    alone.arena = None
+    a, b = points(r, 3, 20, seed=6), points(r, 3, 20, seed=7)
+    pa, pb = r.project(*a), r.project(*b)
+    assert pa["slot"] is not None and pb["slot"] is None
+    got = reduce_many([(r, pa), (r, pb)])
+    same(got[0], alone(*a))
+    same(got[1], alone(*b))
+    assert not r.arena.taken  # reduce_many gave the row back
+
+
+def test_arena_keeps_only_the_latest_shapes(reducers):
+    """Forwards of changing shapes do not pile up buffers: memory follows the latest forward."""
+    rs = [copy.deepcopy(r) for r in reducers]
+    pad_to_stack(rs)
+    for n in (20, 9, 31, 9):
+        reduce_many([(r, r.project(*points(r, 2, n, seed=n))) for r in rs])
+    for arena in {id(r.arena): r.arena for r in rs}.values():
+        assert len(arena.bufs) == 1 and not arena.taken
+
+
+def test_a_forward_that_raises_gives_its_rows_back():
+    """Rows a forward took before it raised are free for the next one (else every later forward copies)."""
+    model, _ = eh.zoo.load("gpt2-tiny")
+    ids = torch.randint(5, 200, (2, 12))
+    mon = eh.monitor(model)
+
+    def boom(module, args):
+        raise RuntimeError("boom")
+
+    with mon, torch.no_grad():
+        h = model.transformer.h[-1].register_forward_pre_hook(boom)
+        with pytest.raises(RuntimeError):
+            model(input_ids=ids)
+        h.remove()
+        arenas = {id(i["reducer"].arena): i["reducer"].arena for i in mon._layers.values()}.values()
+        assert not any(a.taken for a in arenas)  # layers 0..L-2 had projected before the raise
+        model(input_ids=ids)
+        assert not any(a.taken for a in arenas)
+    assert mon.n_forwards == 1
