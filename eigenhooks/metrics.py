@@ -183,19 +183,19 @@ def merge_states(a: dict, b: dict) -> dict:
     return {k: a[k] + b[k].to(a[k]) for k in a}
 
 
+_CLU = ("n_clu", "clu_u2", "clu_un", "clu_n2", "clu_w2", "clu_wn", "clu_ns2")
+
+
 def close_rows(tgt: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
-    """Add finished sequences' counters (b, 5, T) to the cluster sums of ``tgt`` (T, F); new tgt."""
-    n, u, ns, us, ubar = (rows[:, i, :] for i in range(len(_ROW)))  # (b, T) each
-    live = (n > 0).double()
+    """Add finished sequences' counters (..., b, 5, T) to the cluster sums of ``tgt`` (..., T, F); new tgt.
+
+    Leading dimensions are layers closed together (one op each for all of them).
+    """
+    n, u, ns, us, ubar = rows.unbind(-2)  # (..., b, T) each
     w = us - ubar
+    add = torch.stack([(n > 0).double(), u * u, u * n, n * n, w * w, w * ns, ns * ns], -1).sum(-3)  # (..., T, 7)
     tgt = tgt.clone()
-    tgt[:, _T["n_clu"]] += live.sum(0)
-    tgt[:, _T["clu_u2"]] += (u * u).sum(0)
-    tgt[:, _T["clu_un"]] += (u * n).sum(0)
-    tgt[:, _T["clu_n2"]] += (n * n).sum(0)
-    tgt[:, _T["clu_w2"]] += (w * w).sum(0)
-    tgt[:, _T["clu_wn"]] += (w * ns).sum(0)
-    tgt[:, _T["clu_ns2"]] += (ns * ns).sum(0)
+    tgt[..., [_T[f] for f in _CLU]] += add
     return tgt
 
 

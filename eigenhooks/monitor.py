@@ -105,8 +105,9 @@ class Monitor(MonitorState, MonitorLens):
         self.n_forwards = 0
         self._layers: dict[int, dict] = {}  # layer -> {"targets": [...], "reducer", "rp"}
         self._state: dict[int, dict[str, torch.Tensor]] = {}
-        self._rows: dict[int, torch.Tensor] = {}  # open sequences' counters (b, 3, T)
+        self._rows: dict[int, torch.Tensor] = {}  # open sequences' counters (b, 5, T)
         self._buf: dict[int, list] = {}
+        self._all_valid: torch.Tensor | None = None  # the all-True (b, n) mask of the latest shape
         self._stack: ExitStack | None = None
         self._handles: list = []
         self._raw: list = []  # (module, handle) of every hook registered

@@ -76,8 +76,10 @@ class MonitorState:
         b, n = x.shape[:2]
         stack = self.adapter.layers[layer].stack
         m = self._stack_masks[stack] if stack in self._stack_masks else self._mask
-        if m is None:
-            return torch.ones(b, n, dtype=torch.bool, device=x.device)
+        if m is None:  # every token counts: one all-True mask per shape, shared by the layers (never written)
+            if self._all_valid is None or self._all_valid.shape != (b, n) or self._all_valid.device != x.device:
+                self._all_valid = torch.ones(b, n, dtype=torch.bool, device=x.device)
+            return self._all_valid
         if m.shape[0] != b or m.shape[1] < n:
             raise ValueError(
                 f"attention mask of shape {tuple(m.shape)} does not fit activations of shape {tuple(x.shape)}"
@@ -156,10 +158,18 @@ class MonitorState:
             st["tgt"] = M.close_rows(st["tgt"].to(rows.device), rows)
 
     def _end_sequences(self) -> None:
-        """The open sequences ended: fold their per-row counters into the cluster sums."""
+        """The open sequences ended: fold their per-row counters into the cluster sums.
+
+        Layers whose counters have one shape and device are folded together, in one op each."""
         self._flush()
-        for layer in list(self._rows):
-            self._close_rows(layer)
+        groups: dict[tuple, list[int]] = {}
+        for layer, rows in self._rows.items():
+            groups.setdefault((rows.shape, rows.device), []).append(layer)
+        for layers in groups.values():
+            rows = torch.stack([self._rows.pop(i) for i in layers])
+            tgt = torch.stack([self._state[i]["tgt"].to(rows.device) for i in layers])
+            for i, t in zip(layers, M.close_rows(tgt, rows)):
+                self._state[i]["tgt"] = t
 
     def _flush(self, layer: int | None = None) -> None:
         """Reduce buffered single-position forwards (all layers when layer is None)."""

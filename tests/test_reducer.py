@@ -132,3 +132,15 @@ def test_a_forward_that_raises_gives_its_rows_back():
         model(input_ids=ids)
         assert not any(a.taken for a in arenas)
     assert mon.n_forwards == 1
+
+
+def test_closing_rows_of_many_layers_at_once_equals_each_alone():
+    g = torch.Generator().manual_seed(8)
+    F = len(eh.metrics.TGT_FIELDS)
+    rows = torch.randint(0, 9, (3, 4, 5, 2), generator=g).double()
+    rows[1, 2, 0] = 0  # a row with no valid token: not a cluster
+    tgt = torch.rand(3, 2, F, generator=g, dtype=torch.float64)
+    together = eh.metrics.close_rows(tgt, rows)
+    for i in range(3):
+        assert torch.equal(together[i], eh.metrics.close_rows(tgt[i], rows[i]))
+    assert not torch.equal(together, tgt)
