@@ -168,8 +168,8 @@ class LayerReducer:
             torch.mm(X[::s], Bn.T, out=Pn[j * N : (j + 1) * N])
         for j, X in enumerate(Xs):
             torch.mm(X, Bt.T, out=Pt[j])
-        if cons:  # weights 1/||x|| on the valid tokens of finite readings, 0 elsewhere
-            w = (mask.bool().reshape(1, b * n) & torch.isfinite(norms).all(0)) / norms[: len(cons)].clamp_min(1e-30)
+        if cons:  # weights 1/||x|| on the valid tokens of finite readings, 0 elsewhere (a norm is finite iff < inf)
+            w = (mask.bool().reshape(1, b * n) & (norms < float("inf")).all(0)) / norms[: len(cons)].clamp_min(1e-30)
             for j, X in enumerate(cons):
                 torch.bmm(w[j].view(b, 1, n), X.view(b, n, -1), out=out["sv"][j])
         out.update(mask=mask, names=tuple(names), shape=(b, n, s), consensus=consensus, slot=slot)
@@ -283,7 +283,7 @@ class _Stacked:
         stack = lambda k: whole[k] if whole else torch.stack([pr[k] for pr in prs])  # noqa: E731
         self.mask = torch.stack([pr["mask"] for pr in prs]).bool()  # (L, b, n)
         norms = stack("norms").view(self.L, len(self.pts), self.b, self.n)
-        self.finite = torch.isfinite(norms).all(1)
+        self.finite = (norms < float("inf")).all(1)  # a norm is >= 0, inf or NaN: finite iff < inf
         self.m = self.mask & self.finite
         self.dev = self.m.device
         self.inv = torch.where(self.m[:, None], norms.clamp_min(1e-30), float("inf")).reciprocal()  # (L, P, b, n)
