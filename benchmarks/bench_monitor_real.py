@@ -3,7 +3,8 @@ tokens, and a GPT-2-small-shaped model (random weights) 4x128 forward.
 
     python benchmarks/bench_monitor_real.py [--reps 7]
 
-Prints min-of-reps times and their ratios, measured side by side in one run, and the
+Prints min-of-reps times and their ratios, and the median of paired ratios (each monitored
+run over the plain runs around it), measured side by side in one run, and the
 monitor's state size after 1 and after 10 forwards (flat in tokens). Needs
 `eigenhooks fetch smollm2-135m`. Not a timed test: read the ratios, not the seconds.
 """
@@ -11,6 +12,7 @@ monitor's state size after 1 and after 10 forwards (flat in tokens). Needs
 from __future__ import annotations
 
 import argparse
+import statistics
 import time
 
 import torch
@@ -25,28 +27,38 @@ CONFIGS = {
 }
 
 
-def interleaved(fn, mons: dict, reps: int) -> tuple[float, dict[str, float]]:
-    """min time of fn plain and under each monitor, alternating so drift hits both."""
+def interleaved(fn, mons: dict, reps: int) -> tuple[float, dict[str, float], dict[str, float]]:
+    """fn plain and under each monitor, alternating so drift hits both.
+
+    Returns the plain minimum, each monitor's minimum, and each monitor's median paired ratio:
+    every monitored run over the mean of the plain runs just before and after it, which
+    cancels the slow drift of a shared machine better than a ratio of minima does.
+    """
     for m in mons.values():
         m._prepare()  # spectra and null frames once, outside the timing
     fn()
-    plain, timed = [], {name: [] for name in mons}
+
+    def plain_run() -> float:
+        t0 = time.perf_counter()
+        fn()
+        return time.perf_counter() - t0
+
+    plain, timed, pairs = [plain_run()], {name: [] for name in mons}, {name: [] for name in mons}
     for _ in range(reps):
         for name, m in mons.items():
-            t0 = time.perf_counter()
-            fn()
-            plain.append(time.perf_counter() - t0)
             with m:
                 t0 = time.perf_counter()
                 fn()
                 timed[name].append(time.perf_counter() - t0)
-    return min(plain), {k: min(v) for k, v in timed.items()}
+            plain.append(plain_run())
+            pairs[name].append(timed[name][-1] / ((plain[-2] + plain[-1]) / 2))
+    return min(plain), {k: min(v) for k, v in timed.items()}, {k: statistics.median(v) for k, v in pairs.items()}
 
 
-def report(title: str, base: float, timed: dict[str, float]) -> None:
+def report(title: str, base: float, timed: dict[str, float], paired: dict[str, float]) -> None:
     print(f"{title}, plain: {base:.3f} s")
     for name, t in timed.items():
-        print(f"  monitored, {name}: {t:.3f} s  ratio {t / base:.3f}")
+        print(f"  monitored, {name}: {t:.3f} s  ratio of minima {t / base:.3f}, median paired ratio {paired[name]:.3f}")
 
 
 def state_bytes(mon) -> int:
@@ -66,8 +78,8 @@ def main() -> None:
         with torch.no_grad():
             m(input_ids=ids)
 
-    base, timed = interleaved(fwd, {n: eh.monitor(model, **kw) for n, kw in CONFIGS.items()}, args.reps)
-    report("SmolLM2 4x128 forward", base, timed)
+    res = interleaved(fwd, {n: eh.monitor(model, **kw) for n, kw in CONFIGS.items()}, args.reps)
+    report("SmolLM2 4x128 forward", *res)
 
     prompt = tok(["The capital of France is"], return_tensors="pt")
 
@@ -75,8 +87,8 @@ def main() -> None:
         with torch.no_grad():
             model.generate(**prompt, max_new_tokens=48, min_new_tokens=48, do_sample=False)
 
-    base, timed = interleaved(gen, {"default": eh.monitor(model)}, max(3, args.reps // 2))
-    report("SmolLM2 generate 48 tokens", base, timed)
+    res = interleaved(gen, {"default": eh.monitor(model)}, max(3, args.reps // 2))
+    report("SmolLM2 generate 48 tokens", *res)
 
     torch.manual_seed(0)
     gpt2 = T.GPT2LMHeadModel(T.GPT2Config(n_layer=12, n_head=12, n_embd=768)).eval()  # GPT-2 small shape
@@ -84,8 +96,8 @@ def main() -> None:
     def fwd2():
         fwd(gpt2)
 
-    base, timed = interleaved(fwd2, {"default": eh.monitor(gpt2)}, args.reps)
-    report("GPT-2-small shape (random weights) 4x128 forward", base, timed)
+    res = interleaved(fwd2, {"default": eh.monitor(gpt2)}, args.reps)
+    report("GPT-2-small shape (random weights) 4x128 forward", *res)
 
     mon = eh.monitor(model)
     sizes = []

@@ -396,6 +396,8 @@ class Monitor(MonitorState, MonitorLens):
             cap[point] = x.detach()
             if point == self._last_point(layer):
                 self._reduce(layer, cap)
+                for p in cap:  # reduced: keep which points were seen, not their activations, so the
+                    cap[p] = None  # allocator reuses them (memory flat in layers, no fresh pages per layer)
 
     def _last_point(self, layer: int) -> str:
         if "post" in self.points:

@@ -314,3 +314,25 @@ def test_empty_batch_and_low_precision(gpt2):
     model.to(torch.float32)
     assert (ref["n_tokens"] == low["n_tokens"]).all()
     assert (ref["gamma_pre"] - low["gamma_pre"]).abs().max() < 0.02
+
+
+def test_a_reduced_layer_does_not_hold_its_activations(gpt2):
+    """Once a layer is reduced, the monitor keeps which points it saw, not the tensors: peak memory
+    within a forward is a layer's readings, not every layer's."""
+    model = gpt2[0]
+    held = []
+
+    def at_final_norm(module, args):
+        held.append({i: [p for p, v in cap.items() if v is not None] for i, cap in mon._cap.items()})
+
+    mon = eh.monitor(model)
+    h = model.transformer.ln_f.register_forward_pre_hook(at_final_norm)
+    try:
+        with mon, torch.no_grad():
+            model(input_ids=torch.randint(5, 200, (2, 9)))
+    finally:
+        h.remove()
+    n = model.config.n_layer
+    assert sorted(held[0]) == list(range(n))
+    assert all(held[0][i] == [] for i in range(n - 1)), held[0]  # the last layer's post is the final norm's input
+    assert mon.stats and all(v["n"] == 18 for v in mon.stats.values())
