@@ -63,7 +63,7 @@ class MonitorState:
                 fnull[fkey] = M.power_step_frames(
                     lambda G, O=O, V=V: O @ (V @ G), ad.width(i), k_max, self.Kf, self._seed(i, 1 + len(fnull))
                 )
-            red = LayerReducer(tgts, haar, fnull, self.null_stride)
+            red = LayerReducer(tgts, haar, fnull, self.null_stride, m=self.m)
             self._layers[i] = {"targets": tgts, "meta": meta, "reducer": red, "rp": ad.reading_points(i)}
             self._state[i] = M.zero_state(len(tgts), len(red.ks), self.K, max(red.m, 0), red.Kf)
         pad_to_stack([info["reducer"] for info in self._layers.values()])  # layers of one kind reduce together

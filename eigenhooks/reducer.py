@@ -35,6 +35,8 @@ class LayerReducer:
         targets: the layer's targets.
         haar: (K, d, k_max) Haar frames. fnull: {key: (Kf, d, k_max)} F-null frames.
         null_stride: the subsample takes every s-th token (1 or None: every token).
+        m: eigen-slots per target (at least the longest ``eig``): layers whose spectra give fewer
+            subspaces (a complex pair cut at the m-th) keep the rest NaN and stack with the others.
     """
 
     def __init__(
@@ -43,6 +45,7 @@ class LayerReducer:
         haar: torch.Tensor,
         fnull: dict[str, torch.Tensor],
         null_stride: int | None = None,
+        m: int = 0,
     ):
         self.targets = targets
         self.T = len(targets)
@@ -50,7 +53,7 @@ class LayerReducer:
         self.null_stride = null_stride or 1
         self.ks = sorted({t.k for t in targets})  # every k <= k_max: the frames are k_max wide
         self.k_index = [self.ks.index(t.k) for t in targets]
-        self.m = max([len(t.eig) for t in targets] + [0])
+        self.m = max([len(t.eig) for t in targets] + [m if any(t.eig for t in targets) else 0])
         self.fkeys = sorted(fnull)
         self.Kf = next(iter(fnull.values())).shape[0] if fnull else 0
         self.t_slices, at = [], 0

@@ -144,3 +144,25 @@ def test_closing_rows_of_many_layers_at_once_equals_each_alone():
     for i in range(3):
         assert torch.equal(together[i], eh.metrics.close_rows(tgt[i], rows[i]))
     assert not torch.equal(together, tgt)
+
+
+def test_a_layer_with_fewer_eigen_subspaces_stacks_with_the_others(reducers):
+    """A complex pair cut at the m-th eigenvalue leaves a layer m - 1 subspaces: with the monitor's m
+    its last slot is NaN, and it is of the same kind as its neighbours (reduced with them)."""
+    import dataclasses
+
+    from eigenhooks.reducer import LayerReducer
+
+    r = copy.deepcopy(reducers[0])
+    short = [dataclasses.replace(t, eig=t.eig[:-1]) for t in r.targets]
+    r2 = LayerReducer(short, r._haar, r._fnull, r.null_stride, m=r.m)
+    assert r2.kind == r.kind
+    pad_to_stack([r, r2])
+    P, mask = points(r, 3, 20, seed=9)
+    got = reduce_many([(r, r.project(P, mask)), (r2, r2.project(P, mask))])
+    alone = copy.deepcopy(r2)
+    alone.arena = None
+    same(got[1], alone(P, mask))
+    eig = got[1][0]["eig_up"]
+    assert torch.isnan(eig[:, -1]).all() and torch.isfinite(eig[:, :-1]).all()
+    assert torch.equal(eig[:, :-1], got[0][0]["eig_up"][:, :-1])
