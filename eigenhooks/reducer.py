@@ -127,7 +127,8 @@ class LayerReducer:
         if device not in self._dev:
             f = lambda t: t.to(device, torch.float32)  # noqa: E731
             # (C, d) row-major, used as B.T: X @ B with a skinny row-major B is ~6x slower in MKL's GEMM
-            self._dev[device] = (f(self.Bt64.T).contiguous(), f(self.Bn64.T).contiguous())
+            Bt, Bn = f(self.Bt64.T).contiguous(), f(self.Bn64.T).contiguous()
+            self._dev[device] = (Bt.T, Bn.T)  # (d, C) views of the row-major (C, d)
         return self._dev[device]
 
     def project(self, points: dict, mask: torch.Tensor, base: torch.Tensor | None = None, consensus: bool = True):
@@ -147,7 +148,7 @@ class LayerReducer:
             layer's row of its group's ``Arena`` when it has one.
         """
         pre = points["pre"]
-        Bt, Bn = self._on(pre.device)
+        BtT, BnT = self._on(pre.device)
         b, n = pre.shape[:2]
         names = [p for p in ("pre", "mid", "post") if points.get(p) is not None]
         Xs = [points[p].float().reshape(b * n, -1) for p in names]
@@ -158,24 +159,28 @@ class LayerReducer:
         nulls = [X for p, X in zip(names, Xs) if p != "post"]
         cons = [X for p, X in zip(names, Xs) if consensus and p != "base"]
         N = -(-b * n // s)
-        shapes = {"norms": (len(Xs), b * n), "Pt": (len(Xs), b * n, Bt.shape[0]), "Pn": (len(nulls) * N, Bn.shape[0])}
+        shapes = {"norms": (len(Xs), b * n), "Pt": (len(Xs), b * n, BtT.shape[1]), "Pn": (len(nulls) * N, BnT.shape[1])}
         if cons:
             shapes["sv"] = (len(cons), b, 1, self.d)
         key = (b, n, tuple(names), consensus, pre.device)
         slot = self.arena.take(self.slot, key) if self.arena is not None else None
-        out = slot.buffers(shapes) if slot else {k: pre.new_empty(v, dtype=torch.float32) for k, v in shapes.items()}
-        norms, Pt, Pn = out["norms"], out["Pt"], out["Pn"]
-        for j, X in enumerate(Xs):
-            torch.linalg.vector_norm(X, dim=-1, out=norms[j])
-        for j, X in enumerate(nulls):  # strided views: BLAS reads every s-th row in place
-            torch.mm(X[::s], Bn.T, out=Pn[j * N : (j + 1) * N])
-        for j, X in enumerate(Xs):
-            torch.mm(X, Bt.T, out=Pt[j])
+        if slot:
+            out, parts = slot.buffers(shapes, N)
+        else:
+            out = {k: pre.new_empty(v, dtype=torch.float32) for k, v in shapes.items()}
+            parts = _parts(out, N)
+        for X, o in zip(Xs, parts["norms"]):
+            torch.linalg.vector_norm(X, dim=-1, out=o)
+        for X, o in zip(nulls, parts["Pn"]):  # strided views: BLAS reads every s-th row in place
+            torch.mm(X[::s], BnT, out=o)
+        for X, o in zip(Xs, parts["Pt"]):
+            torch.mm(X, BtT, out=o)
         if cons:  # weights 1/||x|| on the valid tokens of finite readings, 0 elsewhere (a norm is finite iff < inf)
+            norms = out["norms"]
             w = (mask.bool().reshape(1, b * n) & (norms < float("inf")).all(0)) / norms[: len(cons)].clamp_min(1e-30)
-            for j, X in enumerate(cons):
-                torch.bmm(w[j].view(b, 1, n), X.view(b, n, -1), out=out["sv"][j])
-        out.update(mask=mask, names=tuple(names), shape=(b, n, s), consensus=consensus, slot=slot)
+            for wj, X, o in zip(w.view(len(cons), b, 1, n).unbind(0), cons, parts["sv"]):
+                torch.bmm(wj, X.view(b, n, -1), out=o)
+        out = dict(out, mask=mask, names=tuple(names), shape=(b, n, s), consensus=consensus, slot=slot)
         return out
 
     def __call__(self, points, mask, base=None, consensus: bool = True):
@@ -211,6 +216,7 @@ class Arena:
     def __init__(self, size: int):
         self.size = size
         self.bufs: dict[tuple, dict[str, torch.Tensor]] = {}
+        self.views: dict[tuple, dict[int, tuple]] = {}  # key -> row -> (its row of bufs, per-point views)
         self.taken: set[tuple] = set()
 
     def take(self, row: int, key: tuple) -> _Row | None:
@@ -219,6 +225,7 @@ class Arena:
         if key not in self.bufs:
             busy = {k for _, k in self.taken}
             self.bufs = {k: v for k, v in self.bufs.items() if k in busy}
+            self.views = {k: v for k, v in self.views.items() if k in busy}
         self.taken.add((row, key))
         return _Row(self, row, key)
 
@@ -227,18 +234,33 @@ class Arena:
         self.taken.clear()
 
 
+def _parts(out: dict[str, torch.Tensor], N: int) -> dict[str, tuple]:
+    """Per point, the views of one layer's outputs that ``project`` writes into."""
+    parts = {k: out[k].unbind(0) for k in ("norms", "Pt")}
+    parts["Pn"] = out["Pn"].split(N)
+    parts["sv"] = out["sv"].unbind(0) if "sv" in out else ()
+    return parts
+
+
 class _Row:
     """One layer's row of an Arena, for one key (shapes, points, device)."""
 
     def __init__(self, arena: Arena, row: int, key: tuple):
         self.arena, self.row, self.key = arena, row, key
 
-    def buffers(self, shapes: dict[str, tuple]) -> dict[str, torch.Tensor]:
+    def buffers(self, shapes: dict[str, tuple], N: int) -> tuple[dict[str, torch.Tensor], dict[str, tuple]]:
+        """This row of the buffers, and its per-point views (made once per key: the next forward of
+        the same shapes writes into the same views)."""
         bufs = self.arena.bufs.setdefault(self.key, {})
+        views = self.arena.views.setdefault(self.key, {})
         for name, shape in shapes.items():
             if name not in bufs or bufs[name].shape[1:] != shape:
                 bufs[name] = torch.empty((self.arena.size, *shape), dtype=torch.float32, device=self.key[-1])
-        return {name: bufs[name][self.row] for name in shapes}
+                views.clear()
+        if self.row not in views:
+            out = {name: bufs[name][self.row] for name in shapes}
+            views[self.row] = (out, _parts(out, N))
+        return views[self.row]
 
     def give_back(self) -> None:
         self.arena.taken.discard((self.row, self.key))
