@@ -104,6 +104,7 @@ class Monitor(MonitorState, MonitorLens):
         self.token_records: list[dict] = []
         self.n_forwards = 0
         self._layers: dict[int, dict] = {}  # layer -> {"targets": [...], "reducer", "rp"}
+        self._arenas: list = []  # reducer.Arena per layout kind, set by _prepare
         self._state: dict[int, dict[str, torch.Tensor]] = {}
         self._rows: dict[int, torch.Tensor] = {}  # open sequences' counters (b, 5, T)
         self._buf: dict[int, list] = {}
@@ -318,9 +319,8 @@ class Monitor(MonitorState, MonitorLens):
     # ---- per forward ----
     def _reset_forward(self, open_: bool) -> None:
         self._open = open_
-        for info in getattr(self, "_layers", {}).values():  # rows a forward that raised left taken
-            if info["reducer"].arena is not None:
-                info["reducer"].arena.release()
+        for arena in self._arenas:  # rows a forward that raised left taken
+            arena.release()
         self._counts: dict = {}
         self._cap: dict[int, dict] = {}
         self._pending: dict[int, tuple] = {}

@@ -66,7 +66,7 @@ class MonitorState:
             red = LayerReducer(tgts, haar, fnull, self.null_stride, m=self.m)
             self._layers[i] = {"targets": tgts, "meta": meta, "reducer": red, "rp": ad.reading_points(i)}
             self._state[i] = M.zero_state(len(tgts), len(red.ks), self.K, max(red.m, 0), red.Kf)
-        pad_to_stack([info["reducer"] for info in self._layers.values()])  # layers of one kind reduce together
+        self._arenas = pad_to_stack([info["reducer"] for info in self._layers.values()])  # one kind reduces together
 
     def _seed(self, layer: int, which: int) -> int:
         return (self.null_seed * 1_000_003 + layer * 101 + which) % (2**63)

@@ -25,11 +25,12 @@ from .metrics import _ROW, GROWTH_EPS, TGT_FIELDS, TargetSpec
 class LayerReducer:
     """One layer's bases (targets, F's eigen-subspaces, Haar and F-null frames) and its projection.
 
-    The targets are projected on every token. The nulls are projected on a subsample of at
-    every ``null_stride``-th token of each call's flat (b*n) token grid, a fixed rate (so
-    every forward weighs by its size, and the nulls cost a fixed share of the model's work); the targets' own alignments on the same tokens are kept beside
-    them, so p_null, the percentiles and eig_rank compare like with like (a target and a
-    draw are exchangeable under the null). Float32 on the activations' device.
+    The targets are projected on every token. The nulls are projected on a subsample: every
+    ``null_stride``-th token of each call's flat (b*n) token grid, a fixed rate (so every
+    forward weighs by its size, and the nulls cost a fixed share of the model's work). The
+    targets' own alignments on the same tokens are kept beside them, so p_null, the
+    percentiles and eig_rank compare like with like (a target and a draw are exchangeable
+    under the null). Float32 on the activations' device.
 
     Args:
         targets: the layer's targets.
@@ -70,7 +71,7 @@ class LayerReducer:
         self.cos_targets = [ti for ti, t in enumerate(targets) if t.v1 is not None]
         self.fnull_targets = [(ti, t.fnull, t.k) for ti, t in enumerate(targets) if t.fnull is not None]
         self.arena: Arena | None = None  # set by pad_to_stack: the group's buffers, this layer's row in them
-        self.slot = 0
+        self.row = 0
 
     def _eig_columns(self, targets) -> tuple[list[torch.Tensor], list[list[int]]]:
         """F's eigen-subspaces over all targets, each projected once; seg: the (target, j) slots it fills."""
@@ -163,7 +164,7 @@ class LayerReducer:
         if cons:
             shapes["sv"] = (len(cons), b, 1, self.d)
         key = (b, n, tuple(names), consensus, pre.device)
-        slot = self.arena.take(self.slot, key) if self.arena is not None else None
+        slot = self.arena.take(self.row, key) if self.arena is not None else None
         if slot:
             out, parts = slot.buffers(shapes, N)
         else:
@@ -180,26 +181,30 @@ class LayerReducer:
             w = (mask.bool().reshape(1, b * n) & (norms < float("inf")).all(0)) / norms[: len(cons)].clamp_min(1e-30)
             for wj, X, o in zip(w.view(len(cons), b, 1, n).unbind(0), cons, parts["sv"]):
                 torch.bmm(wj, X.view(b, n, -1), out=o)
-        out = dict(out, mask=mask, names=tuple(names), shape=(b, n, s), consensus=consensus, slot=slot)
-        return out
+        return dict(out, mask=mask, names=tuple(names), shape=(b, n, s), consensus=consensus, slot=slot)
 
     def __call__(self, points, mask, base=None, consensus: bool = True):
         """Both stages for this layer alone: (state sums like ``zero_state``, rows (b, 5, T))."""
         return reduce_many([(self, self.project(points, mask, base, consensus))])[0]
 
 
-def pad_to_stack(reducers: list[LayerReducer]) -> None:
+def pad_to_stack(reducers: list[LayerReducer]) -> list[Arena]:
     """Pad the eigen-columns of reducers of one kind to one width, so their layers stack; give each
-    kind one ``Arena``, in which the i-th reducer (in the order given) projects into row i."""
+    kind one ``Arena``, in which the i-th reducer (in the order given) projects into row i.
+
+    Returns the arenas (one per kind)."""
     kinds: dict[tuple, list[LayerReducer]] = {}
     for r in reducers:
         kinds.setdefault(r.kind, []).append(r)
+    arenas = []
     for rs in kinds.values():
         width = max(r.haar_start for r in rs)
         arena = Arena(len(rs))
         for i, r in enumerate(rs):
             r.pad_eig(width)
-            r.arena, r.slot = arena, i
+            r.arena, r.row = arena, i
+        arenas.append(arena)
+    return arenas
 
 
 class Arena:
