@@ -22,7 +22,7 @@ import transformers as T
 import eigenhooks as eh
 
 CONFIGS = {
-    "default (K=128 Haar, 64 power-step, 16 eig; nulls on every 4th token)": {},
+    "default (K=128 Haar, 64 power-step, 16 eig; nulls on every 5th token)": {},
     "nulls on every token": {"null_stride": 1},
     "no nulls (K=1, 0, 0)": {"null_draws": 1, "fnull_draws": 0, "eig_top": 0},
 }

@@ -40,7 +40,7 @@ DEFAULT_TARGETS = (("ov", "modulus"), ("ov", "residual"))
 NULL_DRAWS = 128
 FNULL_DRAWS = 64
 EIG_TOP = 16
-NULL_STRIDE = 4  # the nulls are measured on every 4th token of each forward (or buffered batch)
+NULL_STRIDE = 5  # the nulls are measured on every 5th token of each forward (or buffered batch): odd, so not in step with power-of-two sequence lengths
 
 
 class MeasurementWarning(UserWarning):

@@ -370,8 +370,8 @@ class _Stacked:
             self._consensus(A, cols)
         zero = torch.zeros(L, T, device=self.dev)
         st["tgt"] = torch.stack([cols.get(f, zero) for f in TGT_FIELDS], -1)  # (L, T, F)
-        st = {k: v.double() for k, v in st.items()}
-        return [({k: v[i] for k, v in st.items()}, rows[i]) for i in range(L)]
+        per = {k: v.double().unbind(0) for k, v in st.items()}  # one op per field, not one per layer
+        return [({k: v[i] for k, v in per.items()}, r) for i, r in enumerate(rows.unbind(0))]
 
     def _align(self):
         """Alignments: targets on every token (L, b, n, T); nulls on the subsample (L, N, ...)."""

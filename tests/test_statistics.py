@@ -102,3 +102,25 @@ def test_null_stride_must_be_positive(gpt2):
     model, _ = gpt2
     with pytest.raises(ValueError, match="null_stride must be a positive int or None"):
         eh.monitor(model, null_stride=0)
+
+
+def test_default_subsample_weighs_positions_evenly_in_power_of_two_rows(gpt2):
+    """An even stride is in step with 128-token rows: every 4th token takes position 0 (the
+    attention sink) of every row, 4x its share. The default stride is odd: position 0 of
+    8 rows x 128 comes in about as often as any other position."""
+    model, _ = gpt2
+    b, n = 8, 128
+    ids = torch.randint(5, 200, (b, n), generator=torch.Generator().manual_seed(0))
+    first = torch.zeros(b, n, dtype=torch.long)
+    first[:, 0] = 1  # only position 0 counts: null_tokens is how many of the subsample are position 0
+    shares = {}
+    for stride in (4, None):
+        kw = {} if stride is None else {"null_stride": stride}
+        counts = []
+        for mask in (first, torch.ones_like(first)):
+            with eh.monitor(model, targets=[("ov", "modulus")], attention_mask=mask, **kw) as mon, torch.no_grad():
+                model(input_ids=ids)
+            counts.append(float(mon.summary()["null_tokens"].iloc[0]))
+        shares[stride] = counts[0] / counts[1]
+    assert shares[4] == pytest.approx(4 / n)  # every row's position 0
+    assert shares[None] < 1.5 / n
