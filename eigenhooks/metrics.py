@@ -47,7 +47,7 @@ TGT_FIELDS = (
     "cons_sum_pre",
     "cons_sum_mid",
     "cons_sum_post",
-    "n_seq",  # sequences with >= 2 valid tokens in one forward (consensus)
+    "n_seq",  # sequences with >= 2 valid tokens, none non-finite, in one forward (consensus)
     "n_clu",  # clusters (sequences) with at least one delta
     "clu_u2",
     "clu_un",

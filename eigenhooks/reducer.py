@@ -152,13 +152,14 @@ class LayerReducer:
         BtT, BnT = self._on(pre.device)
         b, n = pre.shape[:2]
         names = [p for p in ("pre", "mid", "post") if points.get(p) is not None]
-        Xs = [points[p].float().reshape(b * n, -1) for p in names]
+        X3 = [points[p].float() for p in names]  # (b, n, d), for the consensus bmm
         if base is not None:
             names.append("base")
-            Xs.append(base.float().reshape(b * n, -1))
+            X3.append(base.float())
+        Xs = [X.reshape(b * n, -1) for X in X3]
         s = self.null_stride
         nulls = [X for p, X in zip(names, Xs) if p != "post"]
-        cons = [X for p, X in zip(names, Xs) if consensus and p != "base"]
+        cons = [X for p, X in zip(names, X3) if consensus and p != "base"]
         N = -(-b * n // s)
         shapes = {"norms": (len(Xs), b * n), "Pt": (len(Xs), b * n, BtT.shape[1]), "Pn": (len(nulls) * N, BnT.shape[1])}
         if cons:
@@ -176,11 +177,11 @@ class LayerReducer:
             torch.mm(X[::s], BnT, out=o)
         for X, o in zip(Xs, parts["Pt"]):
             torch.mm(X, BtT, out=o)
-        if cons:  # weights 1/||x|| on the valid tokens of finite readings, 0 elsewhere (a norm is finite iff < inf)
-            norms = out["norms"]
-            w = (mask.bool().reshape(1, b * n) & (norms < float("inf")).all(0)) / norms[: len(cons)].clamp_min(1e-30)
+        if cons:  # weights 1/||x|| on the valid tokens; a non-finite reading makes its sequence's sum NaN,
+            # and reduce_many leaves out every sequence with a non-finite valid token (two ops here, not five)
+            w = mask.reshape(1, b * n) / out["norms"][: len(cons)].clamp_min(1e-30)
             for wj, X, o in zip(w.view(len(cons), b, 1, n).unbind(0), cons, parts["sv"]):
-                torch.bmm(wj, X.view(b, n, -1), out=o)
+                torch.bmm(wj, X, out=o)
         return dict(out, mask=mask, names=tuple(names), shape=(b, n, s), consensus=consensus, slot=slot)
 
     def __call__(self, points, mask, base=None, consensus: bool = True):
@@ -344,7 +345,8 @@ class _Stacked:
         ms = self.sub(self.m)
         L, T = self.L, self.red.T
         cols = {"n": self.m.float().sum((1, 2))[:, None].expand(L, T)}
-        cols["n_nonfinite"] = (self.mask & ~self.finite).float().sum((1, 2))[:, None].expand(L, T)
+        self.bad = self.mask & ~self.finite  # valid tokens with a non-finite reading at some point
+        cols["n_nonfinite"] = self.bad.float().sum((1, 2))[:, None].expand(L, T)
         cols["n_pre_sub"] = ms.float().sum(1)[:, None].expand(L, T)
         cols["sum_pre_sub"] = Z["pre"]["tgt"].sum(1)
         for p in ("pre", "mid", "post"):
@@ -460,16 +462,18 @@ class _Stacked:
     def _consensus(self, A, cols) -> None:
         """Within-sequence consensus: mean pairwise cosine of valid tokens, per reading point.
 
-        A sequence with a non-finite valid token is left out (its sum of unit vectors is NaN);
-        so is one with fewer than 2 valid tokens.
+        A sequence with a valid token that is non-finite at any of the layer's reading points is
+        left out at all of them (where that reading is non-finite its sum of unit vectors is NaN;
+        elsewhere ``bad`` says so); so is one with fewer than 2 valid tokens.
         """
         n_s = self.m.float().sum(2)  # (L, b)
+        clean = ~self.bad.any(2)  # (L, b)
         for p in ("pre", "mid", "post"):
             if p not in A:
                 continue
             sv = self.sv[p]
             q = (sv * sv).sum(-1)
-            defined = (n_s >= 2) & torch.isfinite(q)
+            defined = (n_s >= 2) & torch.isfinite(q) & clean
             c = torch.where(defined, (q - n_s) / (n_s * (n_s - 1)).clamp_min(1), 0.0)
             cols[f"cons_sum_{p}"] = c.sum(1)[:, None].expand(self.L, self.red.T)
             if p == "pre":

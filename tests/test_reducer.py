@@ -89,6 +89,25 @@ def test_non_finite_tokens_are_counted_and_left_out(reducers):
     assert torch.isfinite(st["tgt"]).all()
 
 
+def test_a_sequence_with_a_non_finite_token_is_left_out_of_consensus_at_every_point(reducers):
+    """Row 1 has one valid token that is NaN at mid only: rows 0 and 2 make the consensus at
+    pre, mid and post (mean pairwise cosine of valid tokens, computed here in float64)."""
+    r = reducers[0]
+    P, mask = points(r, 3, 20, seed=11, bad=False)
+    P["mid"][1, 4, 7] = float("nan")
+    st, _ = r(P, mask)
+    tg = dict(zip(eh.metrics.TGT_FIELDS, st["tgt"][0].tolist()))
+    assert tg["n_seq"] == 2
+    for p in ("pre", "mid", "post"):
+        want = 0.0
+        for row in (0, 2):
+            X = P[p][row][mask[row]].double()
+            U = X / X.norm(dim=-1, keepdim=True)
+            n = U.shape[0]
+            want += float((U.sum(0).square().sum() - n) / (n * (n - 1)))
+        assert abs(tg[f"cons_sum_{p}"] - want) < 1e-5, p
+
+
 def test_a_layer_projected_twice_before_reducing_keeps_both(reducers):
     """The second projection into a taken arena row gets tensors of its own, not the row."""
     r = copy.deepcopy(reducers[0])
