@@ -12,7 +12,7 @@ during (at several layer counts, to show it is flat) and after, against the size
 layer's attention weights, one whole layer and the whole model; and checks one layer's
 spectrum against a direct computation from the same weights.
 
-Usage: python benchmarks/bench_offload.py [--layers 80]
+Usage: python benchmarks/bench_offload.py [--layers 80]   (needs the dev extra: accelerate, psutil)
 """
 
 from __future__ import annotations
