@@ -294,6 +294,20 @@ def reduce_many(items: list[tuple[LayerReducer, dict]]) -> list[tuple[dict, torc
     return out
 
 
+def _group_constants(reds: list[LayerReducer], dev: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """(L, eig columns, T*m) float32 S and (L, T, m) eig_valid of these reducers on dev, made once
+    and kept by the first of them (so they go with the monitor). Keyed by the very S_eig and
+    eig_valid tensors, which the entry holds (their ids stay theirs): a pad_eig rebuilds S_eig,
+    and so misses."""
+    cache = reds[0].__dict__.setdefault("_group_consts", {})
+    key = (tuple(id(r.S_eig) for r in reds), tuple(id(r.eig_valid) for r in reds), dev)
+    if key not in cache:
+        S = torch.stack([r.S_eig for r in reds]).to(dev, torch.float32)
+        valid = torch.stack([r.eig_valid for r in reds]).to(dev)
+        cache[key] = (S, valid, [(r.S_eig, r.eig_valid) for r in reds])
+    return cache[key][:2]
+
+
 def _cum_norm(H: torch.Tensor) -> torch.Tensor:
     """Norm of each frame's first k columns, for every k, over the last axis (|h| when one column)."""
     return H.abs() if H.shape[-1] == 1 else (H * H).cumsum(-1).sqrt()
@@ -312,7 +326,9 @@ class _Stacked:
         self.pts = list(prs[0]["names"])
         whole = self._whole(prs)
         stack = lambda k: whole[k] if whole else torch.stack([pr[k] for pr in prs])  # noqa: E731
-        self.mask = torch.stack([pr["mask"] for pr in prs]).bool()  # (L, b, n)
+        m0 = prs[0]["mask"].bool()
+        same = all(pr["mask"] is prs[0]["mask"] for pr in prs)  # the layers of a forward share one mask
+        self.mask = m0.expand(self.L, *m0.shape) if same else torch.stack([pr["mask"] for pr in prs]).bool()
         norms = stack("norms").view(self.L, len(self.pts), self.b, self.n)
         self.finite = (norms < float("inf")).all(1)  # a norm is >= 0, inf or NaN: finite iff < inf
         self.m = self.mask & self.finite
@@ -324,8 +340,8 @@ class _Stacked:
         if "sv" in prs[0]:
             sv = stack("sv")[..., 0, :]  # (L, P_c, b, d)
             self.sv = {p: sv[:, j] for j, p in enumerate(q for q in self.pts if q != "base")}
-        if self.red.m:  # (L, eig columns, T*m): which eigen-columns make each (target, j)
-            self.S = torch.stack([r.S_eig for r in self.reds]).to(self.dev, torch.float32)
+        if self.red.m:  # (L, eig columns, T*m): which eigen-columns make each (target, j); (L, T, m) valid
+            self.S, self.eig_valid = _group_constants(self.reds, self.dev)
 
     def _whole(self, prs) -> dict | None:
         """The arena's buffers, when these projections are its rows 0..G-1 in order (no copy needed)."""
@@ -344,10 +360,11 @@ class _Stacked:
         A, Z = self._align()
         ms = self.sub(self.m)
         L, T = self.L, self.red.T
-        cols = {"n": self.m.float().sum((1, 2))[:, None].expand(L, T)}
+        f32 = torch.float32  # sums of 0/1 straight in float32: exact below 2**24, as int64 then float was
+        cols = {"n": self.m.sum((1, 2), dtype=f32)[:, None].expand(L, T)}
         self.bad = self.mask & ~self.finite  # valid tokens with a non-finite reading at some point
-        cols["n_nonfinite"] = self.bad.float().sum((1, 2))[:, None].expand(L, T)
-        cols["n_pre_sub"] = ms.float().sum(1)[:, None].expand(L, T)
+        cols["n_nonfinite"] = self.bad.sum((1, 2), dtype=f32)[:, None].expand(L, T)
+        cols["n_pre_sub"] = ms.sum(1, dtype=f32)[:, None].expand(L, T)
         cols["sum_pre_sub"] = Z["pre"]["tgt"].sum(1)
         for p in ("pre", "mid", "post"):
             if p in A:
@@ -425,35 +442,36 @@ class _Stacked:
         ref, zref = (A["base"], Z["base"]) if "base" in A else (A["pre"], Z["pre"])
         mid, zmid = A["mid"], Z["mid"]
         u_t = up(mid["tgt"], ref["tgt"])  # (L, b, n, T)
-        cols["n_up"] = u_t.sum((1, 2)).float()
+        f32 = torch.float32
+        cols["n_up"] = u_t.sum((1, 2), dtype=f32)
         cols["sum_delta"] = (mid["tgt"] - ref["tgt"]).sum((1, 2))
         if "base" in A:
-            cols["n_norm_up"] = up(A["base"]["tgt"], A["pre"]["tgt"]).sum((1, 2)).float()
+            cols["n_norm_up"] = up(A["base"]["tgt"], A["pre"]["tgt"]).sum((1, 2), dtype=f32)
         msf = ms.float()
         u_s = up(zmid["tgt"], zref["tgt"])  # (L, N, T): the targets on the null's tokens
         cols["n_sub"] = msf.sum(1)[:, None].expand(L, red.T)
-        cols["n_up_sub"] = u_s.sum(1).float()
+        cols["n_up_sub"] = u_s.sum(1, dtype=f32)
         cols["sum_mid_sub"] = zmid["tgt"].sum(1)
         u_h = up(zmid["haar"], zref["haar"])  # (L, N, n_k, K)
-        st["null_up"] = u_h.sum(1).float()
+        st["null_up"] = u_h.sum(1, dtype=f32)
         st["null_mid"] = zmid["haar_sum"]
         if red.m:
-            e = up(zmid["eig"], zref["eig"]).sum(1).float().reshape(L, red.T, red.m)
-            valid = torch.stack([r.eig_valid for r in self.reds]).to(dev)
+            e = up(zmid["eig"], zref["eig"]).sum(1, dtype=f32).reshape(L, red.T, red.m)
+            valid = self.eig_valid
             st["eig_up"] = torch.where(valid, e, float("nan"))
         else:
             st["eig_up"] = torch.zeros(L, red.T, 0, device=dev)
         st["fnull_up"] = torch.zeros(L, red.T, red.Kf, device=dev)
         for ti, fkey, k in red.fnull_targets:
             key = "f:" + fkey
-            st["fnull_up"][:, ti] = up(zmid[key][..., k - 1], zref[key][..., k - 1]).sum(1).float()
+            st["fnull_up"][:, ti] = up(zmid[key][..., k - 1], zref[key][..., k - 1]).sum(1, dtype=f32)
         # per-row counters for the cluster-robust intervals
         row_of = torch.arange(0, self.b * self.n, self.s, device=dev) // self.n  # (N,)
         f64 = torch.float64
         per_row = lambda v: torch.zeros(L, self.b, *v.shape[2:], dtype=f64, device=dev).index_add_(1, row_of, v.to(f64))  # noqa: E731
         rows = torch.zeros(L, self.b, len(_ROW), red.T, dtype=f64, device=dev)
-        rows[:, :, 0, :] = self.m.sum(2).to(f64)[..., None]
-        rows[:, :, 1, :] = u_t.sum(2).to(f64)
+        rows[:, :, 0, :] = self.m.sum(2, dtype=f64)[..., None]
+        rows[:, :, 1, :] = u_t.sum(2, dtype=f64)
         rows[:, :, 2, :] = per_row(msf)[..., None]
         rows[:, :, 3, :] = per_row(u_s)
         rows[:, :, 4, :] = (per_row(u_h.sum(-1)) / red.K)[..., red.k_index]  # (L, b, T): mean over draws
@@ -466,7 +484,7 @@ class _Stacked:
         left out at all of them (where that reading is non-finite its sum of unit vectors is NaN;
         elsewhere ``bad`` says so); so is one with fewer than 2 valid tokens.
         """
-        n_s = self.m.float().sum(2)  # (L, b)
+        n_s = self.m.sum(2, dtype=torch.float32)  # (L, b)
         clean = ~self.bad.any(2)  # (L, b)
         for p in ("pre", "mid", "post"):
             if p not in A:
@@ -477,4 +495,4 @@ class _Stacked:
             c = torch.where(defined, (q - n_s) / (n_s * (n_s - 1)).clamp_min(1), 0.0)
             cols[f"cons_sum_{p}"] = c.sum(1)[:, None].expand(self.L, self.red.T)
             if p == "pre":
-                cols["n_seq"] = defined.float().sum(1)[:, None].expand(self.L, self.red.T)
+                cols["n_seq"] = defined.sum(1, dtype=torch.float32)[:, None].expand(self.L, self.red.T)
