@@ -72,6 +72,7 @@ class LayerReducer:
         self.fnull_targets = [(ti, t.fnull, t.k) for ti, t in enumerate(targets) if t.fnull is not None]
         self.arena: Arena | None = None  # set by pad_to_stack: the group's buffers, this layer's row in them
         self.row = 0
+        self._group_consts: dict = {}  # _group_constants' cache, when this reducer is its group's first
 
     def _eig_columns(self, targets) -> tuple[list[torch.Tensor], list[list[int]]]:
         """F's eigen-subspaces over all targets, each projected once; seg: the (target, j) slots it fills."""
@@ -145,7 +146,7 @@ class LayerReducer:
             a dict for ``reduce_many``: 'mask' (b, n), 'norms' (P, b, n) the points' ||x||, 'Pt'
             (P, b, n, target columns), 'Pn' (P_null * N, null columns: the null points'
             subsamples, in order) and, with consensus, 'sv' (P_c, b, d): each sequence's sum of
-            unit vectors over its valid, finite tokens. The big ones are written into this
+            unit vectors over its valid tokens (NaN if one is non-finite there). The big ones are written into this
             layer's row of its group's ``Arena`` when it has one.
         """
         pre = points["pre"]
@@ -299,7 +300,7 @@ def _group_constants(reds: list[LayerReducer], dev: torch.device) -> tuple[torch
     and kept by the first of them (so they go with the monitor). Keyed by the very S_eig and
     eig_valid tensors, which the entry holds (their ids stay theirs): a pad_eig rebuilds S_eig,
     and so misses."""
-    cache = reds[0].__dict__.setdefault("_group_consts", {})
+    cache = reds[0]._group_consts
     key = (tuple(id(r.S_eig) for r in reds), tuple(id(r.eig_valid) for r in reds), dev)
     if key not in cache:
         S = torch.stack([r.S_eig for r in reds]).to(dev, torch.float32)
@@ -332,6 +333,7 @@ class _Stacked:
         norms = stack("norms").view(self.L, len(self.pts), self.b, self.n)
         self.finite = (norms < float("inf")).all(1)  # a norm is >= 0, inf or NaN: finite iff < inf
         self.m = self.mask & self.finite
+        self.bad = self.mask & ~self.finite  # valid tokens with a non-finite reading at some point
         self.dev = self.m.device
         self.inv = torch.where(self.m[:, None], norms.clamp_min(1e-30), float("inf")).reciprocal()  # (L, P, b, n)
         self.Pn = stack("Pn")  # (L, P_null * N, C)
@@ -362,7 +364,6 @@ class _Stacked:
         L, T = self.L, self.red.T
         f32 = torch.float32  # sums of 0/1 straight in float32: exact below 2**24, as int64 then float was
         cols = {"n": self.m.sum((1, 2), dtype=f32)[:, None].expand(L, T)}
-        self.bad = self.mask & ~self.finite  # valid tokens with a non-finite reading at some point
         cols["n_nonfinite"] = self.bad.sum((1, 2), dtype=f32)[:, None].expand(L, T)
         cols["n_pre_sub"] = ms.sum(1, dtype=f32)[:, None].expand(L, T)
         cols["sum_pre_sub"] = Z["pre"]["tgt"].sum(1)
@@ -457,8 +458,7 @@ class _Stacked:
         st["null_mid"] = zmid["haar_sum"]
         if red.m:
             e = up(zmid["eig"], zref["eig"]).sum(1, dtype=f32).reshape(L, red.T, red.m)
-            valid = self.eig_valid
-            st["eig_up"] = torch.where(valid, e, float("nan"))
+            st["eig_up"] = torch.where(self.eig_valid, e, float("nan"))
         else:
             st["eig_up"] = torch.zeros(L, red.T, 0, device=dev)
         st["fnull_up"] = torch.zeros(L, red.T, red.Kf, device=dev)
