@@ -26,7 +26,19 @@ def _start(out: Path, pause: str, *extra: str, seconds: float = 60) -> subproces
     """`eigenhooks run` in a subprocess that pauses at a stage (EIGENHOOKS_TEST_PAUSE) and says so on stderr."""
     env = {**os.environ, "EIGENHOOKS_TEST_PAUSE": pause, "EIGENHOOKS_TEST_PAUSE_S": str(seconds)}
     cmd = [sys.executable, "-m", "eigenhooks", "run", "--max-tokens", "512", "--batch-size", "1", "--out", str(out)]
-    return subprocess.Popen([*cmd, *extra], stderr=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
+    return subprocess.Popen(
+        [*cmd, *extra], stderr=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env, preexec_fn=_as_foreground
+    )
+
+
+def _as_foreground() -> None:
+    """In the child: SIGINT at its default, as for a job in the foreground of a terminal.
+
+    A shell without job control starts background commands with SIGINT ignored, and the
+    child inherits that; Python then installs no KeyboardInterrupt handler, so these tests
+    would fail (exit 0 after the pause) when pytest itself runs in such a background job.
+    """
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def _wait_paused(p: subprocess.Popen, lines: list[str]) -> str:
