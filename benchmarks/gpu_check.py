@@ -27,7 +27,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 import sys
 import tempfile
 import time
@@ -163,22 +162,16 @@ def overhead_check(model, ids: torch.Tensor, reps: int = 10) -> dict:
     return {"plain_s": p, "monitored_s": m, "ratio": m / p, "reps": reps}
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _batches(tok, n: int = 6) -> list[torch.Tensor]:
     ids = fixed_ids(tok, batch=2 * n, seq=64)  # (2n, 64)
     return list(ids.split(2))  # n batches of (2, 64)
 
 
-def _reduce_worker(rank: int, world: int, backend: str, port: int, out: str) -> None:
+def _reduce_worker(rank: int, world: int, backend: str, rendezvous: str, out: str) -> None:
     """One rank: monitor its batches (i % world == rank), all_reduce, rank 0 saves the summary."""
     import torch.distributed as dist
 
-    dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+    dist.init_process_group(backend, init_method=f"file://{rendezvous}", rank=rank, world_size=world)
     try:
         device = "cpu"
         if backend == "nccl":
@@ -204,12 +197,16 @@ def reduce_check(backend: str = "nccl", world: int = 2, device="cuda:0") -> dict
     import pandas as pd
     import torch.multiprocessing as mp
 
-    out = os.path.join(tempfile.mkdtemp(prefix="eh-gpu-check-"), "summary.json")
     here = str(Path(__file__).resolve().parent)
     if here not in sys.path:  # spawned ranks unpickle _reduce_worker by module name
         sys.path.insert(0, here)
-    mp.spawn(_reduce_worker, args=(world, backend, _free_port(), out), nprocs=world, join=True)
-    sharded = pd.read_json(out, orient="records")
+    with tempfile.TemporaryDirectory(prefix="eh-gpu-check-") as work:
+        out = os.path.join(work, "summary.json")
+        # The ranks meet through a file in this fresh folder, not a TCP port: a port picked free
+        # and released before the ranks bind it can be taken in between by another process.
+        rendezvous = os.path.join(work, "rendezvous")
+        mp.spawn(_reduce_worker, args=(world, backend, rendezvous, out), nprocs=world, join=True)
+        sharded = pd.read_json(out, orient="records")
     import eigenhooks as eh
 
     model, tok = load("gpt2-tiny", device)
