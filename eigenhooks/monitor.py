@@ -325,6 +325,7 @@ class Monitor(MonitorState, MonitorLens):
         self._cap: dict[int, dict] = {}
         self._pending: dict[int, tuple] = {}
         self._pending_raw: dict[int, tuple] = {}
+        self._masks: dict[tuple, torch.Tensor] = {}  # the valid-token masks of this forward, per stack and shape
         self._mask: torch.Tensor | None = None
         self._ran: set[str] = set()  # stacks (Adapter.stacks) whose root ran in this forward
         self._stack_masks: dict[str, torch.Tensor | None] = {}

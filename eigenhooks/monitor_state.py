@@ -73,8 +73,16 @@ class MonitorState:
 
     # ---- reduction ----
     def _valid_mask(self, x: torch.Tensor, layer: int) -> torch.Tensor:
-        b, n = x.shape[:2]
+        """The (b, n) bool mask of x's valid tokens: made once per stack and shape in a forward and shared by
+        its layers (slicing and casting the call's mask per layer cost three ops a layer)."""
         stack = self.adapter.layers[layer].stack
+        key = (stack, x.shape[:2], x.device)
+        if key not in self._masks:
+            self._masks[key] = self._make_mask(x, stack)
+        return self._masks[key]
+
+    def _make_mask(self, x: torch.Tensor, stack) -> torch.Tensor:
+        b, n = x.shape[:2]
         m = self._stack_masks[stack] if stack in self._stack_masks else self._mask
         if m is None:  # every token counts: one all-True mask per shape, shared by the layers (never written)
             if self._all_valid is None or self._all_valid.shape != (b, n) or self._all_valid.device != x.device:
