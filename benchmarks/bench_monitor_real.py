@@ -1,13 +1,14 @@
 """Monitored vs plain, interleaved, 2 threads: SmolLM2 4x128 forward, SmolLM2 generating 48
 tokens, and a GPT-2-small-shaped model (random weights) 4x128 forward.
 
-    python benchmarks/bench_monitor_real.py [--reps 7]
+    python benchmarks/bench_monitor_real.py [--reps 7] [--knobs]
 
 Prints min-of-reps times and their ratios, the median and quartiles of paired ratios (each
 monitored run over the plain runs around it), measured side by side in one run, the
-monitor's own time inside the forward (its hooks and reduction, timed directly), and the
-monitor's state size after 1 and after 10 forwards (flat in tokens). Needs
-`eigenhooks fetch smollm2-135m`. Not a timed test: read the ratios, not the seconds.
+monitor's own time inside the forward (its hooks and reduction, timed directly; with
+--knobs for each cost knob too), and the monitor's state size after 1 and after 10
+forwards (flat in tokens). Needs `eigenhooks fetch smollm2-135m`. Not a timed test: read
+the ratios, not the seconds.
 """
 
 from __future__ import annotations
@@ -25,6 +26,13 @@ CONFIGS = {
     "default (K=128 Haar, 64 power-step, 16 eig; nulls on every 5th token)": {},
     "nulls on every token": {"null_stride": 1},
     "no nulls (K=1, 0, 0)": {"null_draws": 1, "fnull_draws": 0, "eig_top": 0},
+}
+# --knobs: what each of the monitor's cost knobs buys, against the default (docs/concepts.md, "What the monitor costs")
+KNOBS = {
+    "null_stride=7": {"null_stride": 7},
+    "fnull_draws=32": {"fnull_draws": 32},
+    "null_stride=7, fnull_draws=32": {"null_stride": 7, "fnull_draws": 32},
+    "Haar null only (fnull_draws=0, eig_top=0)": {"fnull_draws": 0, "eig_top": 0},
 }
 
 
@@ -69,10 +77,13 @@ def report(title: str, base: float, timed: dict[str, float], paired: dict[str, l
         )
 
 
-def own_time(fn, mon, reps: int) -> tuple[float, float]:
-    """The monitor's own in-forward time (its hooks' work and the end-of-forward reduction), min
-    over reps, against the plain forward's min: a direct figure, steadier than a ratio of two
-    noisy wall times. Times the monitor's bound methods, so only its code is counted."""
+def own_time(fn, mons: dict, reps: int) -> tuple[dict[str, tuple[float, float]], float]:
+    """Each monitor's own in-forward time (its hooks' work and the end-of-forward reduction): a
+    direct figure, steadier than a ratio of two noisy wall times. Times the monitors' bound
+    methods, so only their code is counted; the monitors take turns with the plain forward in
+    every round, so a slow stretch of the machine hits them alike.
+
+    Returns {name: (min, median)} of the own times, and the plain forward's minimum."""
     spent = [0.0]
 
     def timed(f):
@@ -85,20 +96,31 @@ def own_time(fn, mon, reps: int) -> tuple[float, float]:
 
         return g
 
-    for name in ("_on_tap", "_on_model_start", "_on_model_end"):
-        setattr(mon, name, timed(getattr(mon, name)))
-    own, plain = [], []
-    with mon:
-        fn()
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        fn()
-        plain.append(time.perf_counter() - t0)
-        spent[0] = 0.0
+    for mon in mons.values():
+        for name in ("_on_tap", "_on_model_start", "_on_model_end"):
+            setattr(mon, name, timed(getattr(mon, name)))
         with mon:
             fn()
-        own.append(spent[0])
-    return min(own), min(plain)
+    own, plain = {name: [] for name in mons}, []
+    for _ in range(reps):
+        for name, mon in mons.items():
+            t0 = time.perf_counter()
+            fn()
+            plain.append(time.perf_counter() - t0)
+            spent[0] = 0.0
+            with mon:
+                fn()
+            own[name].append(spent[0])
+    return {k: (min(v), statistics.median(v)) for k, v in own.items()}, min(plain)
+
+
+def print_own(mons: dict, fn, reps: int) -> None:
+    own, base = own_time(fn, mons, reps)
+    for name, (lo, med) in own.items():
+        print(
+            f"  own time in the forward, {name}: min {lo * 1e3:.1f} ms = {lo / base:.3f}, "
+            f"median {med * 1e3:.1f} ms = {med / base:.3f} of the plain forward's min"
+        )
 
 
 def state_bytes(mon) -> int:
@@ -109,6 +131,7 @@ def state_bytes(mon) -> int:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--reps", type=int, default=7)
+    ap.add_argument("--knobs", action="store_true", help="also the cost knobs (null_stride, fnull_draws, eig_top)")
     args = ap.parse_args()
     torch.set_num_threads(2)
     model, tok = eh.zoo.load("smollm2-135m")
@@ -118,12 +141,11 @@ def main() -> None:
         with torch.no_grad():
             m(input_ids=ids)
 
-    res = interleaved(fwd, {n: eh.monitor(model, **kw) for n, kw in CONFIGS.items()}, args.reps)
+    configs = {**CONFIGS, **(KNOBS if args.knobs else {})}
+    res = interleaved(fwd, {n: eh.monitor(model, **kw) for n, kw in configs.items()}, args.reps)
     report("SmolLM2 4x128 forward", *res)
-    own, base = own_time(fwd, eh.monitor(model), args.reps)
-    print(
-        f"  the default monitor's own time in the forward: {own * 1e3:.1f} ms = {own / base:.3f} of the plain forward"
-    )
+    owned = {n: kw for n, kw in configs.items() if args.knobs or not kw}  # the default alone, or every config
+    print_own({n: eh.monitor(model, **kw) for n, kw in owned.items()}, fwd, args.reps)
 
     prompt = tok(["The capital of France is"], return_tensors="pt")
 
@@ -142,10 +164,7 @@ def main() -> None:
 
     res = interleaved(fwd2, {"default": eh.monitor(gpt2)}, args.reps)
     report("GPT-2-small shape (random weights) 4x128 forward", *res)
-    own, base = own_time(fwd2, eh.monitor(gpt2), args.reps)
-    print(
-        f"  the default monitor's own time in the forward: {own * 1e3:.1f} ms = {own / base:.3f} of the plain forward"
-    )
+    print_own({"default": eh.monitor(gpt2)}, fwd2, args.reps)
 
     mon = eh.monitor(model)
     sizes = []
