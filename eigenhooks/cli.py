@@ -213,12 +213,24 @@ def run(
     out: Annotated[str | None, typer.Option(help="run folder (default runs/MODEL-TIME)")] = None,
     overwrite: Annotated[bool, typer.Option("--overwrite", help="replace a run already in --out")] = False,
     backend: Annotated[str, typer.Option(help="hf or lens")] = "hf",
+    null_draws: Annotated[
+        int | None, typer.Option(help="K Haar-random subspaces per layer (default 128; p_null's floor is 2/(K+1))")
+    ] = None,
+    null_seed: Annotated[int | None, typer.Option(help="seed of every null draw (default 0)")] = None,
+    null_stride: Annotated[
+        int | None, typer.Option(help="the nulls are measured on every s-th token (default 5; 1: every token)")
+    ] = None,
+    fnull_draws: Annotated[
+        int | None, typer.Option(help="power-step directions orth(F g) per layer (default 64)")
+    ] = None,
+    eig_top: Annotated[
+        int | None, typer.Option(help="F's top eigen-subspaces the target is ranked among (default 16)")
+    ] = None,
     debug: DebugOpt = False,
 ) -> None:
     """The whole study: spectra, a monitored pass, a table, plots and report.html in a run folder.
 
-    Under ``torchrun --nproc-per-node N`` the batches are shared out by rank and rank 0
-    writes the folder.
+    Under `torchrun --nproc-per-node N` the batches are shared out by rank; rank 0 writes the folder.
     """
     try:
         from .run import run as _run
@@ -235,6 +247,13 @@ def run(
             out=out,
             overwrite=overwrite,
             backend=backend,
+            nulls={
+                "null_draws": null_draws,
+                "null_seed": null_seed,
+                "null_stride": null_stride,
+                "fnull_draws": fnull_draws,
+                "eig_top": eig_top,
+            },
             command=["eigenhooks", *sys.argv[1:]],
         )
     except Exception as e:

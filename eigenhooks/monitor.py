@@ -47,6 +47,19 @@ class MeasurementWarning(UserWarning):
     """Something the monitor should have measured was not: hooks removed, bypassed or never reached."""
 
 
+def check_nulls(null_draws, fnull_draws, eig_top, null_stride) -> None:
+    """Raise ValueError, naming the setting, unless the monitor's null settings are usable."""
+    for name, v in (("null_draws", null_draws), ("fnull_draws", fnull_draws), ("eig_top", eig_top)):
+        if isinstance(v, bool) or not isinstance(v, int) or v < (1 if name == "null_draws" else 0):
+            raise ValueError(
+                f"{name} must be a {'positive' if name == 'null_draws' else 'non-negative'} int, got {v!r}"
+            )
+    if null_stride is not None and (
+        isinstance(null_stride, bool) or not isinstance(null_stride, int) or null_stride < 1
+    ):
+        raise ValueError(f"null_stride must be a positive int or None (every token), got {null_stride!r}")
+
+
 def _first(x):
     return x[0] if isinstance(x, tuple | list) else x
 
@@ -81,13 +94,7 @@ class Monitor(MonitorState, MonitorLens):
         bad = set(reading_points) - set(M.POINTS)
         if bad or "pre" not in reading_points:
             raise ValueError(f"reading_points must include 'pre' and be among pre/mid/post, got {reading_points}")
-        for name, v in (("null_draws", null_draws), ("fnull_draws", fnull_draws), ("eig_top", eig_top)):
-            if not isinstance(v, int) or v < (1 if name == "null_draws" else 0):
-                raise ValueError(
-                    f"{name} must be a {'positive' if name == 'null_draws' else 'non-negative'} int, got {v!r}"
-                )
-        if null_stride is not None and (not isinstance(null_stride, int) or null_stride < 1):
-            raise ValueError(f"null_stride must be a positive int or None (every token), got {null_stride!r}")
+        check_nulls(null_draws, fnull_draws, eig_top, null_stride)
         self.null_stride = null_stride or 1
         self.adapter: Adapter = get_adapter(model)
         self.model = self.adapter.model

@@ -81,6 +81,22 @@ def _test_pause(stage: str) -> None:
         time.sleep(float(os.environ.get("EIGENHOOKS_TEST_PAUSE_S", "60")))
 
 
+def _check_nulls(nulls: dict | None) -> dict:
+    """The monitor's null settings: the defaults, with those given (unknown names refused before any work)."""
+    from .monitor import EIG_TOP, FNULL_DRAWS, NULL_DRAWS, NULL_STRIDE, check_nulls
+
+    full = {"null_draws": NULL_DRAWS, "null_seed": 0, "null_stride": NULL_STRIDE, "fnull_draws": FNULL_DRAWS}
+    full["eig_top"] = EIG_TOP
+    unknown = sorted(set(nulls or {}) - set(full))
+    if unknown:
+        raise ValueError(f"unknown null settings {unknown}; expected some of {sorted(full)}")
+    full.update({k: v for k, v in (nulls or {}).items() if v is not None})
+    check_nulls(full["null_draws"], full["fnull_draws"], full["eig_top"], full["null_stride"])
+    if isinstance(full["null_seed"], bool) or not isinstance(full["null_seed"], int):
+        raise ValueError(f"null_seed must be an int, got {full['null_seed']!r}")
+    return full
+
+
 def _check_sizes(max_tokens, batch_size) -> None:
     for flag, v in (("--max-tokens", max_tokens), ("--batch-size", batch_size)):
         if isinstance(v, bool) or not isinstance(v, int) or v < 1:
@@ -101,6 +117,7 @@ def run(
     overwrite: bool = False,
     backend: str = "hf",
     seed: int = 0,
+    nulls: dict | None = None,
     progress: bool = True,
     command: list[str] | None = None,
 ) -> RunResult:
@@ -117,6 +134,10 @@ def run(
         out: the run folder (default ``runs/MODEL-TIME``); refused if it holds a run.
         overwrite: replace a run already in ``out`` (only once the new one is written).
         backend: 'hf', or 'lens' for a TransformerLens bridge.
+        nulls: the monitor's null settings, any of ``null_draws``, ``null_seed``,
+            ``null_stride``, ``fnull_draws``, ``eig_top`` (see ``eh.monitor``; default: its
+            defaults). Recorded in meta.json. More Haar draws lower p_null's floor 2/(K+1):
+            with 30 layers, one layer alone can pass BH at 0.05 from K >= 1200.
 
     Returns:
         RunResult (status 'complete' or 'interrupted'; a failure raises).
@@ -128,10 +149,12 @@ def run(
             folder is marked ``failed``.
     """
     _check_sizes(max_tokens, batch_size)
+    nulls = _check_nulls(nulls)
     torch_dtype = _dtype(dtype)
     texts = iter_texts(text, file, dataset)  # checks the source now, reads it lazily
     ctx = D.setup(device)
     meta = _base_meta(model, backend, seed, max_tokens, batch_size, command, ctx)
+    meta["nulls"] = nulls
     folder = None
     if ctx.rank == 0:
         folder = RunFolder(_default_out(model) if out is None else Path(out), overwrite=overwrite)
@@ -139,7 +162,7 @@ def run(
     st = _Study(folder)
     status, error = "complete", None
     try:
-        _study(st, model, texts, torch_dtype, ctx, backend, max_tokens, batch_size, seed, progress)
+        _study(st, model, texts, torch_dtype, ctx, backend, max_tokens, batch_size, seed, nulls, progress)
     except KeyboardInterrupt:
         status = "interrupted"
     except BaseException as e:
@@ -157,7 +180,7 @@ def run(
     return RunResult(folder.out, st.summary, status, stage, m.get("tokens_per_s"), m.get("forwards", 0), folder.kept)
 
 
-def _study(st: _Study, model, texts, torch_dtype, ctx, backend, max_tokens, batch_size, seed, progress) -> None:
+def _study(st: _Study, model, texts, torch_dtype, ctx, backend, max_tokens, batch_size, seed, nulls, progress) -> None:
     import eigenhooks as eh
 
     from .models.loading import load_model
@@ -174,7 +197,7 @@ def _study(st: _Study, model, texts, torch_dtype, ctx, backend, max_tokens, batc
     st.stage("forwards")
     batches = TokenBatches(st.tok, texts, max_tokens, _seq_len(st.model), batch_size)
     sink = st.folder.path / "stats.jsonl" if st.folder is not None else None
-    st.mon = eh.monitor(st.model, targets=TARGETS, sink=sink)
+    st.mon = eh.monitor(st.model, targets=TARGETS, sink=sink, **nulls)
     t0 = time.perf_counter()
     try:
         _forwards(st, batches, ctx, backend, progress and ctx.rank == 0)

@@ -137,3 +137,37 @@ def test_run_with_lens_backend(tmp_path):
     assert (res.summary["n_tokens"] == 200).all() and (tmp_path / "lens" / "report.html").exists()
     hf = run("gpt2-tiny", max_tokens=200, out=tmp_path / "hf", progress=False)
     assert (res.summary["gamma_pre"] - hf.summary["gamma_pre"]).abs().max() < 1e-5
+
+
+def test_cli_null_options_reach_the_monitor(tmp_path):
+    args = ["--null-draws", "39", "--null-seed", "7", "--null-stride", "3", "--fnull-draws", "8", "--eig-top", "4"]
+    r = runner.invoke(app, ["run", "--max-tokens", "300", "--batch-size", "2", "--out", str(tmp_path / "r"), *args])
+    assert r.exit_code == 0, r.output
+    meta = json.loads((tmp_path / "r" / "meta.json").read_text())
+    want = {"null_draws": 39, "null_seed": 7, "null_stride": 3, "fnull_draws": 8, "eig_top": 4}
+    assert meta["nulls"] == want
+    df = pd.read_csv(tmp_path / "r" / "summary.csv")
+    assert (df["null_draws"] == 39).all() and (df["null_seed"] == 7).all()
+    # the same numbers as a monitor built with these settings by hand, on the same batches
+    model, tok = eh.zoo.load("gpt2-tiny")
+    from eigenhooks.run import load_texts, make_batches
+
+    with eh.monitor(model, **want) as mon, torch.no_grad():
+        for ids in make_batches(tok, load_texts(), 300, 128, 2):
+            model(input_ids=ids, attention_mask=torch.ones_like(ids))
+    direct = mon.summary()
+    for col in ("rho", "null_rho_lo", "null_rho_hi", "p_null", "eig_rank", "fnull_percentile"):
+        assert ((df[col] - direct[col]).abs() < 1e-6).all(), col
+    # with the defaults the floor is 2/129: these draws give another band
+    default = run("gpt2-tiny", max_tokens=300, batch_size=2, out=tmp_path / "d", progress=False).summary
+    assert not ((default["null_rho_lo"] - direct["null_rho_lo"]).abs() < 1e-9).all()
+
+
+def test_cli_bad_null_option_is_one_line(tmp_path):
+    r = runner.invoke(app, ["run", "--max-tokens", "50", "--null-draws", "0", "--out", str(tmp_path / "r")])
+    assert r.exit_code == 1
+    lines = [x for x in r.output.strip().splitlines() if x.strip()]
+    assert len(lines) == 1 and "null_draws must be a positive int, got 0" in lines[0], r.output
+    assert not (tmp_path / "r").exists()  # refused before any work: no failed run folder left behind
+    with pytest.raises(ValueError, match="unknown null settings"):
+        run("gpt2-tiny", max_tokens=50, nulls={"null_drawz": 3}, out=tmp_path / "x", progress=False)
