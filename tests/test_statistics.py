@@ -124,3 +124,29 @@ def test_default_subsample_weighs_positions_evenly_in_power_of_two_rows(gpt2):
         shares[stride] = counts[0] / counts[1]
     assert shares[4] == pytest.approx(4 / n)  # every row's position 0
     assert shares[None] < 1.5 / n
+
+
+def test_dropping_the_structured_nulls_leaves_the_haar_test_as_it_is(gpt2):
+    """docs/concepts.md ("What the monitor costs"): fnull_draws=0, eig_top=0 cut the cost and keep
+    p_null, q_null, the band and the verdict exactly; only eig_rank and fnull_percentile go."""
+    model, tok = gpt2
+    batch = _batch(tok)
+    out = {}
+    for name, kw in (("full", {}), ("haar", {"fnull_draws": 0, "eig_top": 0})):
+        with eh.monitor(model, **kw) as mon, torch.no_grad():
+            model(**batch)
+        out[name] = mon.summary()
+    full, haar = out["full"], out["haar"]
+    for col in (
+        "rho",
+        "rho_null_tokens",
+        "null_rho_lo",
+        "null_rho_hi",
+        "rho_percentile",
+        "p_null",
+        "q_null",
+        "verdict",
+    ):
+        assert full[col].equals(haar[col]), col
+    assert full["eig_rank"].notna().all() and full["fnull_percentile"].notna().all()
+    assert haar["eig_rank"].isna().all() and haar["fnull_percentile"].isna().all()
