@@ -85,8 +85,13 @@ def _check_nulls(nulls: dict | None) -> dict:
     """The monitor's null settings: the defaults, with those given (unknown names refused before any work)."""
     from .monitor import EIG_TOP, FNULL_DRAWS, NULL_DRAWS, NULL_STRIDE, check_nulls
 
-    full = {"null_draws": NULL_DRAWS, "null_seed": 0, "null_stride": NULL_STRIDE, "fnull_draws": FNULL_DRAWS}
-    full["eig_top"] = EIG_TOP
+    full = {
+        "null_draws": NULL_DRAWS,
+        "null_seed": 0,
+        "null_stride": NULL_STRIDE,
+        "fnull_draws": FNULL_DRAWS,
+        "eig_top": EIG_TOP,
+    }
     unknown = sorted(set(nulls or {}) - set(full))
     if unknown:
         raise ValueError(f"unknown null settings {unknown}; expected some of {sorted(full)}")
