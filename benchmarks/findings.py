@@ -23,6 +23,12 @@ MODELS = ("gpt2-tiny", "albert-tiny", "smollm2-135m")
 EXTRA = (("fnull pct", "fnull_percentile"), ("design eff.", "design_effect"), ("p_binom", "p_binom"))
 
 
+def _verdicts(df) -> str:
+    """'target verdict: count, ...' over the rows of a summary."""
+    counts = df.groupby(["target", "verdict"]).size().to_dict()
+    return ", ".join(f"{t} {v}: {n}" for (t, v), n in sorted(counts.items()))
+
+
 def section(name: str, max_tokens: int) -> str:
     if name in eh.zoo.REAL and not eh.zoo.is_fetched(name):
         return f"## {name}\n\nNot fetched on the machine that wrote this page (`eigenhooks fetch {name}`).\n"
@@ -40,8 +46,7 @@ def section(name: str, max_tokens: int) -> str:
             cell.append(fmt_p(r[col]) if col.startswith("p_") else fmt_num(r[col], 2))
     lines = ["| " + " | ".join(heads) + " |", "|" + "---|" * len(heads)]
     lines += ["| " + " | ".join(c) + " |" for c in cells]
-    counts = df.groupby(["target", "verdict"]).size().to_dict()
-    verdicts = ", ".join(f"{t} {v}: {n}" for (t, v), n in sorted(counts.items()))
+    verdicts = _verdicts(df)
     toward_rank1 = df[(df.verdict == "toward") & (df.eig_rank == 1)]
     return (
         f"## {name}\n\n{int(df['n_tokens'].iloc[0])} tokens of the bundled text, {df['layer'].nunique()} layers, "
@@ -60,8 +65,7 @@ def resolution(name: str, max_tokens: int, K: int = 1999) -> str:
     with tempfile.TemporaryDirectory() as tmp:
         df = run(name, max_tokens=max_tokens, out=Path(tmp) / "run", nulls={"null_draws": K}, progress=False).summary
     n_layers = df["layer"].nunique()
-    counts = df.groupby(["target", "verdict"]).size().to_dict()
-    verdicts = ", ".join(f"{t} {v}: {n}" for (t, v), n in sorted(counts.items()))
+    verdicts = _verdicts(df)
     low = df.sort_values(["p_null", "layer", "target"]).head(6)
     lines = ["| layer | target | ρ | null ρ 95% | pct | p_null | q_null | verdict |", "|" + "---|" * 8]
     for r in low.to_dict("records"):

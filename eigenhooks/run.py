@@ -82,16 +82,14 @@ def _test_pause(stage: str) -> None:
 
 
 def _check_nulls(nulls: dict | None) -> dict:
-    """The monitor's null settings: the defaults, with those given (unknown names refused before any work)."""
-    from .monitor import EIG_TOP, FNULL_DRAWS, NULL_DRAWS, NULL_STRIDE, check_nulls
+    """The monitor's null settings: its defaults (read off ``eh.monitor``'s signature), with those given;
+    unknown names and bad values refused before any work."""
+    import inspect
 
-    full = {
-        "null_draws": NULL_DRAWS,
-        "null_seed": 0,
-        "null_stride": NULL_STRIDE,
-        "fnull_draws": FNULL_DRAWS,
-        "eig_top": EIG_TOP,
-    }
+    from .monitor import check_nulls, monitor
+
+    params = inspect.signature(monitor).parameters
+    full = {k: params[k].default for k in ("null_draws", "null_seed", "null_stride", "fnull_draws", "eig_top")}
     unknown = sorted(set(nulls or {}) - set(full))
     if unknown:
         raise ValueError(f"unknown null settings {unknown}; expected some of {sorted(full)}")

@@ -53,16 +53,20 @@ def test_run_folder_contents(run_dir):
     assert n == 600
 
 
-def test_run_summary_matches_a_direct_monitor(run_dir):
+def _direct_summary(max_tokens: int, batch_size: int, **monitor_kw):
+    """What a monitor built by hand measures on the batches ``run`` feeds gpt2-tiny."""
     model, tok = eh.zoo.load("gpt2-tiny")
     from eigenhooks.run import load_texts, make_batches
 
-    batches = make_batches(tok, load_texts(), 600, 128, 4)
-    with eh.monitor(model) as mon, torch.no_grad():
-        for ids in batches:
+    with eh.monitor(model, **monitor_kw) as mon, torch.no_grad():
+        for ids in make_batches(tok, load_texts(), max_tokens, 128, batch_size):
             model(input_ids=ids, attention_mask=torch.ones_like(ids))
+    return mon.summary()
+
+
+def test_run_summary_matches_a_direct_monitor(run_dir):
     df = pd.read_csv(run_dir / "summary.csv")
-    direct = mon.summary()
+    direct = _direct_summary(600, 4)
     for col in ("gamma_pre", "gamma_mid", "rho", "null_gamma_pre_mean", "null_rho_lo", "p_null"):
         assert (df[col] - direct[col]).abs().max() < 1e-6, col
 
@@ -148,14 +152,7 @@ def test_cli_null_options_reach_the_monitor(tmp_path):
     assert meta["nulls"] == want
     df = pd.read_csv(tmp_path / "r" / "summary.csv")
     assert (df["null_draws"] == 39).all() and (df["null_seed"] == 7).all()
-    # the same numbers as a monitor built with these settings by hand, on the same batches
-    model, tok = eh.zoo.load("gpt2-tiny")
-    from eigenhooks.run import load_texts, make_batches
-
-    with eh.monitor(model, **want) as mon, torch.no_grad():
-        for ids in make_batches(tok, load_texts(), 300, 128, 2):
-            model(input_ids=ids, attention_mask=torch.ones_like(ids))
-    direct = mon.summary()
+    direct = _direct_summary(300, 2, **want)  # a monitor built with these settings by hand, on the same batches
     for col in ("rho", "null_rho_lo", "null_rho_hi", "p_null", "eig_rank", "fnull_percentile"):
         assert ((df[col] - direct[col]).abs() < 1e-6).all(), col
     # with the defaults the floor is 2/129: these draws give another band
