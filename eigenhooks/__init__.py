@@ -6,17 +6,28 @@ Public API (DESIGN.md §3)::
     specs = eh.spectra(model, variant="ov", rank="modulus")
     eh.verify(model)            # F from the weights vs F from the model's own forward
     model, tok = eh.zoo.load("gpt2-tiny")
+
+The package is laid out in wings, each a subpackage that says in its docstring what it owns,
+on a ladder whose imports point down only (DESIGN.md §2):
+``cli`` -> ``run`` -> (``monitor``, ``steer``, ``dynamics``) -> ``spectra`` -> ``zoo`` ->
+``models`` -> ``linalg``.
 """
 
-from . import direction, planted, zoo
-from .api import Verification, spectra, verify
-from .dynamics import Limit, Trajectory, classify_limit, iterate, predict_limit
-from .metrics import TargetError
+from . import _moved, zoo
+from .dynamics import Limit, Trajectory, classify_limit, iterate, planted, predict_limit
+from .linalg import Factors, HeadSpectrum, LayerSpectrum, layer_spectrum
 from .models import Adapter, UnsupportedModelError, get_adapter, supported_families
-from .models.loading import ModelLoadError, load_model
-from .monitor import MeasurementWarning, Monitor, monitor
-from .spectrum import Factors, HeadSpectrum, LayerSpectrum, layer_spectrum
-from .steering import Steer, SteerReport, steer
+from .steer import direction
+from .zoo import ModelLoadError, load_model
+
+# The wings `monitor`, `spectra` and `steer` share their names with the functions below: these
+# imports come last so that the names bind to the functions (their packages stay importable
+# as `eigenhooks.monitor` etc. through sys.modules).
+from .monitor import MeasurementWarning, Monitor, TargetError, monitor  # noqa: E402  isort: skip
+from .spectra import Verification, spectra, verify  # noqa: E402  isort: skip
+from .steer import Steer, SteerReport, steer  # noqa: E402  isort: skip
+
+_moved.install()
 
 __version__ = "0.1.0"
 
@@ -51,3 +62,13 @@ __all__ = [
     "zoo",
     "__version__",
 ]
+
+
+def __getattr__(name: str):
+    """``eh.run`` (the run wing, imported on first use), and ``eh.metrics``, ``eh.api`` ...: old module
+    attributes, through the deprecation table."""
+    import importlib
+
+    if name == "run" or f"{__name__}.{name}" in _moved.MOVED:
+        return importlib.import_module(f"{__name__}.{name}")
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

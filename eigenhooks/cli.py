@@ -69,7 +69,7 @@ def _c(z: complex, digits: int = 4) -> str:
 
 def _emit(title: str, columns: list[str], rows: list[list], as_json: bool, records: list[dict]) -> None:
     if as_json:
-        from .rundir import json_safe
+        from .run.folder import json_safe
 
         typer.echo(json.dumps(json_safe(records), indent=2, allow_nan=False))  # NaN -> null: valid JSON
         return
@@ -123,7 +123,7 @@ def spectrum(
     """Per-layer spectrum of F = O V: lambda_1, |lambda_1|, kind, gap ratio and k."""
     try:
         from . import spectra
-        from .models.loading import load_model
+        from .zoo.loading import load_model
 
         m, _ = load_model(model, backend=backend)
         specs = spectra(m, variant=variant, rank=rank, heads=heads)
@@ -162,7 +162,7 @@ def verify(
     """Compare F read from the weights with F from the model's own forward (identical-token probe)."""
     try:
         from . import verify as _verify
-        from .models.loading import load_model
+        from .zoo.loading import load_model
 
         m, _ = load_model(model)
         res = _verify(m)
@@ -233,7 +233,7 @@ def run(
     Under `torchrun --nproc-per-node N` the batches are shared out by rank; rank 0 writes the folder.
     """
     try:
-        from .run import run as _run
+        from .run.job import run as _run
 
         res = _run(
             model,
@@ -259,7 +259,7 @@ def run(
     except Exception as e:
         _fail(e, debug)
         return
-    from .table import rows as table_rows
+    from .run.table import rows as table_rows
 
     if res.rank > 0:  # under torchrun, rank 0 prints
         return
@@ -308,10 +308,10 @@ def steer(
         import numpy as np
         import torch
 
-        from . import direction as _direction
         from . import steer as _steer
-        from .models.loading import UNTRAINED_HEAD, load_model
-        from .steering import check_strength
+        from .steer import direction as _direction
+        from .steer.edit import check_strength
+        from .zoo.loading import UNTRAINED_HEAD, load_model
 
         alpha, gap_ratio = check_strength(alpha, gap_ratio)  # before loading: a bad strength is no weight error
         m, tok = load_model(model)
@@ -385,7 +385,7 @@ def iterate(
     """Iterate one layer far past its depth: the predicted limit, the measured one, the final alignment."""
     try:
         from . import dynamics
-        from .models.loading import load_model
+        from .zoo.loading import load_model
 
         m, tok = load_model(model)
         traj = dynamics.iterate(m, tok([text], return_tensors="pt"), layer=layer, steps=steps, mode=mode)
@@ -411,7 +411,7 @@ def report(
 ) -> None:
     """Rebuild report.html of a run folder."""
     try:
-        from .report import build_report
+        from .run.report import build_report
 
         typer.echo(str(build_report(run_dir)))
     except Exception as e:

@@ -24,12 +24,12 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .api import spectra
-from .metrics import alignment
-from .models import get_adapter
-from .models.base import StopForward, UnsupportedModelError
-from .models.family import token_inputs
-from .spectrum import LayerSpectrum
+from ..linalg.eig import LayerSpectrum
+from ..models import get_adapter
+from ..models.base import StopForward, UnsupportedModelError
+from ..models.family import token_inputs
+from ..monitor.stats import alignment
+from ..spectra.compute import spectra
 
 LIMITS = ("consensus", "rotation", "near-degenerate", "bipartite", "consensus-off-subspace", "unconverged")
 

@@ -28,7 +28,7 @@ from pathlib import Path
 
 import torch
 
-from .spectrum import Factors, HeadSpectrum, LayerSpectrum
+from .eig import Factors, HeadSpectrum, LayerSpectrum
 
 log = logging.getLogger(__name__)
 CACHE_FORMAT = 3  # 2: entries carry their key and a checksum; 3: SHA-256 of the bytes in place

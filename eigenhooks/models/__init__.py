@@ -1,4 +1,10 @@
-"""Adapters: the only place that knows model layouts. ``get_adapter(model)`` picks one."""
+"""Adapters: the only place that knows model layouts. ``get_adapter(model)`` picks one.
+
+Owns the ``Adapter`` interface (where the layers are, which linear is V, which is O, which norm
+feeds attention, where the reading points are), the HF families by kind, the TransformerLens
+adapter, the identical-token probe that is their ground truth, and offload maps. It may import
+only ``linalg`` (for ``Factors``); it never loads a model (that is ``zoo``).
+"""
 
 from __future__ import annotations
 

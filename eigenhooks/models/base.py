@@ -14,7 +14,7 @@ from typing import Literal
 import torch
 from torch import nn
 
-from ..spectrum import Factors
+from ..linalg.eig import Factors
 
 NormPosition = Literal["pre", "post"]
 

@@ -18,7 +18,7 @@ so they change the attention pattern, never F: the identical-token probe checks 
 
 from __future__ import annotations
 
-from ..spectrum import Factors
+from ..linalg.eig import Factors
 from .base import UnsupportedModelError
 from .family import Family, attr, gqa_dims, linear, row
 

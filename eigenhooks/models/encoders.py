@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from torch import nn
 
-from ..spectrum import Factors
+from ..linalg.eig import Factors
 from .base import LayoutError
 from .family import Family, attr, linear, mha_dims, row
 

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from ..spectrum import Factors
+from ..linalg.eig import Factors
 from .base import NormPosition
 
 Rows = Callable[[nn.Module, object], Iterable[dict]]

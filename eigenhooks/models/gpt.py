@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import torch
 
-from ..spectrum import Factors
+from ..linalg.eig import Factors
 from .base import UnsupportedConfigError
 from .family import Family, attr, gqa_dims, linear, mha_dims, row
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from ..spectrum import Factors
+from ..linalg.eig import Factors
 from .base import Adapter, Layer, ReadingPoints, StopForward, Tap
 
 _POST_NORM_ARCHS = ("Bert", "Albert", "Roberta", "DistilBert")

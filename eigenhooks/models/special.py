@@ -20,7 +20,7 @@ layer's ``pre`` when a Mamba or linear-attention block sits between them.
 
 from __future__ import annotations
 
-from ..spectrum import Factors
+from ..linalg.eig import Factors
 from .base import UnsupportedModelError
 from .family import Family, attr, gqa_dims, linear, row
 

@@ -29,11 +29,11 @@ from pathlib import Path
 
 import torch
 
-from . import metrics as M
-from .models import Adapter, get_adapter
-from .monitor_lens import MonitorLens, lens_string_mask
-from .monitor_state import MonitorState, continues
-from .spectrum import RANKS
+from ..linalg.eig import RANKS
+from ..models import Adapter, get_adapter
+from . import stats as M
+from .lens import MonitorLens, lens_string_mask
+from .state import MonitorState, continues
 
 log = logging.getLogger(__name__)
 DEFAULT_TARGETS = (("ov", "modulus"), ("ov", "residual"))

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import torch
 
-from .metrics import _ROW, GROWTH_EPS, TGT_FIELDS, TargetSpec
+from .stats import _ROW, GROWTH_EPS, TGT_FIELDS, TargetSpec
 
 
 class LayerReducer:

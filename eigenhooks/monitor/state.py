@@ -1,6 +1,6 @@
 """The monitor's accumulated state: bases and reducers per layer, the sums of every forward, results.
 
-A mixin of ``Monitor`` (monitor.py attaches the hooks and captures the readings): spectra and
+A mixin of ``Monitor`` (hooks.py attaches the hooks and captures the readings): spectra and
 null frames per layer (``_prepare``), the reduction of a finished forward (all layers at once,
 ``reducer.reduce_many``), single-position forwards buffered and reduced together, the
 per-sequence counters, and everything that reads or moves the state: ``summary``, ``stats``,
@@ -14,16 +14,16 @@ from pathlib import Path
 
 import torch
 
-from . import metrics as M
-from .api import layer_stacked, spectra
-from .models.base import as_tokens
-from .reducer import LayerReducer, pad_to_stack, reduce_many
+from ..models.base import as_tokens
+from ..spectra.compute import layer_stacked, spectra
+from . import stats as M
+from .reduce import LayerReducer, pad_to_stack, reduce_many
 
 BUFFER_TOKENS = 256  # single-position forwards reduced together; bounds the buffer's memory
 
 
 class MonitorState:
-    """The statistics half of ``Monitor`` (see monitor.py for the attributes it sets)."""
+    """The statistics half of ``Monitor`` (see hooks.py for the attributes it sets)."""
 
     # ---- bases ----
 

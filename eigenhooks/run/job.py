@@ -31,7 +31,7 @@ from pathlib import Path
 import torch
 
 from . import distributed as D
-from .rundir import RunFolder, RunFolderError, deferred_sigint
+from .folder import RunFolder, RunFolderError, deferred_sigint
 from .texts import DataLoadError, TokenBatches, iter_texts, load_texts, make_batches, sample_text
 
 TARGETS = (("ov", "modulus"), ("ov", "residual"))
@@ -86,7 +86,7 @@ def _check_nulls(nulls: dict | None) -> dict:
     unknown names and bad values refused before any work."""
     import inspect
 
-    from .monitor import check_nulls, monitor
+    from ..monitor.hooks import check_nulls, monitor
 
     params = inspect.signature(monitor).parameters
     full = {k: params[k].default for k in ("null_draws", "null_seed", "null_stride", "fnull_draws", "eig_top")}
@@ -186,7 +186,7 @@ def run(
 def _study(st: _Study, model, texts, torch_dtype, ctx, backend, max_tokens, batch_size, seed, nulls, progress) -> None:
     import eigenhooks as eh
 
-    from .models.loading import load_model
+    from ..zoo.loading import load_model
 
     torch.manual_seed(seed)
     st.stage("load")

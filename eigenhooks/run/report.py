@@ -17,7 +17,7 @@ PLOTS = (
     ("eigenvalues.png", "Eigenvalues of each layer's F in the complex plane"),
     ("heatmap.png", "Per-token alignment, first sequence (tokens x layers)"),
 )
-# the run table's columns (eigenhooks.table), then these raw ones
+# the run table's columns (eigenhooks.run.table), then these raw ones
 EXTRA = (
     "k",
     "gap_ratio",

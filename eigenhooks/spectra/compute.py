@@ -1,6 +1,6 @@
 """Model-level entry points: ``spectra`` (cached) and ``verify`` (weights vs probe).
 
-These join an adapter (which knows the model) with spectrum.py (which knows matrices).
+These join an adapter (which knows the model) with linalg.eig (which knows matrices).
 """
 
 from __future__ import annotations
@@ -14,11 +14,11 @@ from dataclasses import dataclass
 
 import torch
 
-from . import io
-from .models import Adapter, get_adapter
-from .models.offload import onloaded, source_modules
-from .models.probe import apply_attention_many, probe_matrices
-from .spectrum import DEFAULT_THRESHOLD, DEFAULT_TOP, RANKS, Factors, LayerSpectrum, NonFiniteError, layer_spectrum
+from ..linalg import cache as disk
+from ..linalg.eig import DEFAULT_THRESHOLD, DEFAULT_TOP, RANKS, Factors, LayerSpectrum, NonFiniteError, layer_spectrum
+from ..models import Adapter, get_adapter
+from ..models.offload import onloaded, source_modules
+from ..models.probe import apply_attention_many, probe_matrices
 
 log = logging.getLogger(__name__)
 VARIANTS = ("ov", "ov_ln")
@@ -190,8 +190,8 @@ def _read_layer(adapter: Adapter, i: int, options: dict, cache: bool):
                 "after loading its offloaded modules; the adapter reads weights from a module that holds none. "
                 "Dispatch the model with its attention modules offloaded whole, or report the model class."
             )
-        key = io.cache_key(factors, w, options) if cache else None
-        spec = io.load_spectrum(key, i) if cache else None
+        key = disk.cache_key(factors, w, options) if cache else None
+        spec = disk.load_spectrum(key, i) if cache else None
         if spec is not None:
             return spec
         if loaded:
@@ -259,7 +259,7 @@ def _compute_layer(g: int, i: int, job, options: dict, cache: bool, name: str) -
     except NonFiniteError:
         raise ValueError(_non_finite_message(i, name, factors, w)) from None
     if cache:
-        io.save_spectrum(spec, key)
+        disk.save_spectrum(spec, key)
     return g, spec
 
 

@@ -17,7 +17,7 @@ import math
 
 import torch
 
-from .models import get_adapter
+from ..models import get_adapter
 
 log = logging.getLogger(__name__)
 OBJECTIVES = ("probability", "logit")

@@ -21,11 +21,11 @@ from dataclasses import dataclass
 
 import torch
 
+from ..linalg.eig import Factors, layer_spectrum
+from ..models import Adapter, UnsupportedModelError, get_adapter
+from ..models.base import StopForward
+from ..models.probe import input_embeddings
 from . import rank1
-from .models import Adapter, UnsupportedModelError, get_adapter
-from .models.base import StopForward
-from .models.probe import input_embeddings
-from .spectrum import Factors, layer_spectrum
 
 log = logging.getLogger(__name__)
 METHODS = ("exact", "paper")
@@ -468,7 +468,7 @@ class Steer:
 
 def refuse_untrained_head(model) -> None:
     """Raise ValueError (one line) if ``load_model`` marked the model's LM head as untrained."""
-    from .models.loading import UNTRAINED_HEAD
+    from ..zoo.loading import UNTRAINED_HEAD
 
     if getattr(model, UNTRAINED_HEAD, False):
         raise ValueError(

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .spectrum import Factors, rank_scores
+from ..linalg.eig import Factors, rank_scores
 
 
 @dataclass

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-
-class ModelLoadError(RuntimeError):
-    """A model could not be loaded; the message says why and what to try."""
+from . import registry
+from .errors import ModelLoadError
+from .gguf import load_gguf
+from .real import FetchError
 
 
 def load_model(spec: str, dtype=None, device=None, backend: str = "hf"):
@@ -24,14 +25,12 @@ def load_model(spec: str, dtype=None, device=None, backend: str = "hf"):
         ModelLoadError: unknown name, missing folder or file, a real model not fetched yet,
             a GGUF file transformers cannot read, or the hub unreachable.
     """
-    from .. import zoo
-
     if backend not in ("hf", "lens"):
         raise ModelLoadError(f"backend must be 'hf' or 'lens', got {backend!r}")
-    if spec in zoo.NAMES:
+    if spec in registry.NAMES:
         try:
-            model, tok = zoo.load(spec, dtype=dtype, device=device)
-        except zoo.FetchError as e:
+            model, tok = registry.load(spec, dtype=dtype, device=device)
+        except FetchError as e:
             raise ModelLoadError(str(e)) from e
     elif spec.lower().endswith(".gguf"):
         model, tok = load_gguf(spec, dtype=dtype, device=device)
@@ -99,7 +98,7 @@ def _config(spec: str, local: Path, src: str):
         if local.is_dir():
             raise ModelLoadError(f"could not read the config of {spec!r}: {str(e).splitlines()[0]}") from e
         raise ModelLoadError(
-            f"could not load {spec!r}: not a zoo name ({', '.join(_zoo_names())}), not a local folder, "
+            f"could not load {spec!r}: not a zoo name ({', '.join(registry.NAMES)}), not a local folder, "
             f"and the hub did not answer ({type(e).__name__}). Offline? Save the model with "
             "save_pretrained and pass its folder."
         ) from e
@@ -142,49 +141,6 @@ def _check_loaded(spec: str, model, info: dict) -> None:
     )
 
 
-def load_gguf(path, dtype=None, device=None):
-    """Load a GGUF checkpoint with transformers: weights dequantised, tokenizer from the same file.
-
-    Args:
-        path: the ``.gguf`` file.
-        dtype: torch dtype to cast the dequantised weights to (default float32).
-        device: device to move the model to.
-
-    Returns:
-        (model, tokenizer), the model in eval mode.
-
-    Raises:
-        ModelLoadError: no such file, the ``gguf`` package missing, or a file transformers
-            cannot read or dequantise (its architecture or quantisation type is not supported).
-    """
-    import importlib.util
-
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    path = Path(path).expanduser()
-    if not path.is_file():
-        raise ModelLoadError(f"no GGUF file at {str(path)!r}")
-    if importlib.util.find_spec("gguf") is None:
-        raise ModelLoadError(f"reading {path.name} needs the 'gguf' package: pip install gguf")
-    kwargs = {"gguf_file": path.name, "local_files_only": True}
-    extra = {"dtype": dtype} if dtype is not None else {}
-    try:  # newer transformers can keep GGUF blocks packed (no dense .weight to read F from): unpack them
-        from transformers import GgufConfig
-
-        extra["quantization_config"] = GgufConfig(dequantize=True)
-    except ImportError:  # older transformers always dequantise
-        pass
-    try:
-        model = AutoModelForCausalLM.from_pretrained(path.parent, **kwargs, **extra)
-        tok = AutoTokenizer.from_pretrained(path.parent, **kwargs)
-    except (ValueError, KeyError, NotImplementedError, OSError, RuntimeError, TypeError) as e:
-        why = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise ModelLoadError(f"transformers cannot load or dequantise {path.name}: {why}") from e
-    if device is not None:
-        model = model.to(device)
-    return model.eval(), tok
-
-
 def to_bridge(model, tokenizer, name: str, dtype=None):
     """Wrap an HF model in a TransformerLens TransformerBridge (raw mode), offline."""
     try:
@@ -196,9 +152,3 @@ def to_bridge(model, tokenizer, name: str, dtype=None):
     dtype = dtype or next(model.parameters()).dtype or torch.float32
     arch_name = getattr(model.config, "model_type", name)
     return TransformerBridge.boot_transformers(arch_name, hf_model=model, tokenizer=tokenizer, dtype=dtype)
-
-
-def _zoo_names():
-    from .. import zoo
-
-    return zoo.NAMES

@@ -82,7 +82,7 @@ REAL: dict[str, RealModel] = {
 
 def models_dir() -> Path:
     """Where fetched real models live: ``$EIGENHOOKS_MODELS``, else ``<eigenhooks cache>/models``."""
-    from ..io import cache_dir
+    from ..linalg.cache import cache_dir
 
     env = os.environ.get("EIGENHOOKS_MODELS", "").strip()
     return Path(env).expanduser() if env else cache_dir() / "models"
@@ -177,7 +177,7 @@ def convert(name: str) -> Path:
     the GGUF's SHA-256, so ``load`` only uses a copy made from the pinned file. Written to a
     temporary folder and renamed, so an interrupted conversion leaves nothing.
     """
-    from ..models.loading import load_gguf
+    from .gguf import load_gguf
 
     e = entry(name)
     target = dense_dir(name)

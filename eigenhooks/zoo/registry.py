@@ -68,7 +68,7 @@ def load(name: str = DEFAULT, dtype=None, device=None):
     from transformers import AutoModelForCausalLM, AutoModelForMaskedLM, AutoTokenizer
 
     if name in REAL:
-        from ..models.loading import load_gguf
+        from .gguf import load_gguf
 
         gguf = real.require(name)
         dense = real.dense_copy(name)

@@ -1,0 +1,24 @@
+"""The ground: the eigen-core of F = O V and the spectrum cache on disk.
+
+Owns ``Factors`` (a layer's O and V), ``layer_spectrum`` (the float64 eigen-decomposition of F,
+through its small side when H*d_head < d), the ranking rules, the gap and the principal basis
+(``eig``), and the cache of spectra keyed by the weights' content (``cache``). Pure torch and
+numpy: it imports no other wing of eigenhooks, nor transformers or transformer_lens.
+"""
+
+from .cache import cache_dir, cache_key, load_spectrum, save_spectrum
+from .eig import RANKS, Factors, HeadSpectrum, LayerSpectrum, NonFiniteError, layer_spectrum, rank_scores
+
+__all__ = [
+    "RANKS",
+    "Factors",
+    "HeadSpectrum",
+    "LayerSpectrum",
+    "NonFiniteError",
+    "cache_dir",
+    "cache_key",
+    "layer_spectrum",
+    "load_spectrum",
+    "rank_scores",
+    "save_spectrum",
+]
