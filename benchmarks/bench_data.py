@@ -50,7 +50,7 @@ def peak_rss_mib() -> float:
 
 def token_blocks(tok, n_tokens: int):
     """(BATCH, SEQ) blocks of real tokens cycling over the bundled sample text; n_tokens rounded up to whole rows."""
-    from eigenhooks.texts import sample_text
+    from eigenhooks.run.texts import sample_text
 
     ids = torch.tensor(tok(sample_text(), add_special_tokens=False)["input_ids"])  # (n_sample,)
     n_rows = -(-n_tokens // SEQ)
@@ -108,7 +108,7 @@ def interleaved(n_tokens: int, chunk: int) -> dict:
 
 def make_corpus(path: Path, n_tokens: int, tok) -> None:
     """A local .txt (one sample paragraph per line) or .jsonl ({"text": ...} per line) of >= n_tokens."""
-    from eigenhooks.texts import _paragraphs, sample_text
+    from eigenhooks.run.texts import _paragraphs, sample_text
 
     paras = [p.replace("\n", " ").strip() for p in _paragraphs(sample_text().splitlines(keepends=True))]
     end = "" if path.suffix == ".jsonl" else "\n"  # a text row keeps its line break

@@ -169,7 +169,7 @@ def main() -> None:
     print(f"parameters still on meta after spectra: {still_meta}/{len(shapes)}")
 
     # Check: layer 0's spectrum from the same weights, drawn directly (not through accelerate).
-    from eigenhooks.spectrum import Factors
+    from eigenhooks.linalg.eig import Factors
 
     pre = "model.layers.0.self_attn."
     f = Factors.from_stacked(weights[pre + "o_proj.weight"], weights[pre + "v_proj.weight"], 64, 8)

@@ -87,14 +87,15 @@ def loadavg() -> str:
 def first_vs_repeat(model, rounds: int) -> dict[str, list[float]]:
     """First call on an empty disk cache and memo, the in-process repeat, and a disk-cache hit."""
     import eigenhooks as eh
+    from eigenhooks.spectra import clear_memo
 
     out: dict[str, list[float]] = {"first": [], "repeat": [], "disk_hit": []}
     for _ in range(rounds):
         os.environ["EIGENHOOKS_CACHE"] = tempfile.mkdtemp(prefix="eh-bench-")
-        eh.api.clear_memo()
+        clear_memo()
         out["first"].append(timed(lambda: eh.spectra(model))[0])
         out["repeat"].append(min(timed(lambda: eh.spectra(model))[0] for _ in range(3)))
-        eh.api.clear_memo()  # what a fresh process sees: the content-keyed disk cache
+        clear_memo()  # what a fresh process sees: the content-keyed disk cache
         out["disk_hit"].append(timed(lambda: eh.spectra(model))[0])
     return out
 

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import eigenhooks as eh
 from eigenhooks.run import run
-from eigenhooks.table import rows
+from eigenhooks.run.table import rows
 
 MODELS = ("gpt2-tiny", "albert-tiny", "smollm2-135m")
 EXTRA = (("fnull pct", "fnull_percentile"), ("design eff.", "design_effect"), ("p_binom", "p_binom"))
@@ -38,7 +38,7 @@ def section(name: str, max_tokens: int) -> str:
         secs = time.time() - t0
     df = res.summary
     heads, cells = rows(df)
-    from eigenhooks.table import fmt_num, fmt_p
+    from eigenhooks.run.table import fmt_num, fmt_p
 
     for h, col in EXTRA:
         heads.append(h)
@@ -60,7 +60,7 @@ def resolution(name: str, max_tokens: int, K: int = 1999) -> str:
     whether "indistinguishable" comes from the data or from the Monte-Carlo floor of the default K."""
     if name in eh.zoo.REAL and not eh.zoo.is_fetched(name):
         return ""
-    from eigenhooks.table import fmt_num, fmt_p
+    from eigenhooks.run.table import fmt_num, fmt_p
 
     with tempfile.TemporaryDirectory() as tmp:
         df = run(name, max_tokens=max_tokens, out=Path(tmp) / "run", nulls={"null_draws": K}, progress=False).summary

@@ -62,7 +62,7 @@ def sync(device) -> None:
 
 def fixed_ids(tok, batch: int = 4, seq: int = 128) -> torch.Tensor:
     """(batch, seq) real tokens from the bundled sample text (deterministic)."""
-    from eigenhooks.texts import sample_text
+    from eigenhooks.run.texts import sample_text
 
     ids = tok(sample_text(), add_special_tokens=False)["input_ids"][: batch * seq]
     return torch.tensor(ids).view(batch, seq)

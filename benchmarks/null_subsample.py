@@ -19,12 +19,13 @@ import pandas as pd
 import torch
 
 import eigenhooks as eh
-from eigenhooks.texts import make_batches, sample_text
+from eigenhooks.monitor import stats
+from eigenhooks.run.texts import make_batches, sample_text
 
 
 def null_draws(mon, layer: int) -> np.ndarray:
     st = mon._current_state(layer)
-    ns = float(st["tgt"][0][eh.metrics.TGT_FIELDS.index("n_sub")])
+    ns = float(st["tgt"][0][stats.TGT_FIELDS.index("n_sub")])
     return st["null_up"][0].numpy() / ns
 
 

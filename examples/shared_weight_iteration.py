@@ -10,8 +10,8 @@ import math
 import torch
 
 import eigenhooks as eh
-from eigenhooks import dynamics as D
-from eigenhooks.planted import planted_albert, planted_matrix
+from eigenhooks.dynamics import trajectory as D
+from eigenhooks.dynamics.planted import planted_albert, planted_matrix
 
 lam = 1.5 * complex(math.cos(0.6), math.sin(0.6))
 planted = planted_albert(planted_matrix([lam], 16, seed=1))
@@ -23,7 +23,7 @@ print(
     f"agree {D.agree(pred, meas)}"
 )
 try:
-    from eigenhooks import plots
+    from eigenhooks.run import plots
 
     plots.trajectories(
         torch.stack(tr.coords[-40:]).numpy(), "planted ALBERT, paper mode", ("Re v_1", "Im v_1")

@@ -189,9 +189,9 @@ def build(family: str, bare: bool = False, dtype=torch.float64, seed: int = 0, s
 @pytest.fixture(autouse=True)
 def _private_cache(tmp_path, monkeypatch):
     monkeypatch.setenv("EIGENHOOKS_CACHE", str(tmp_path / "cache"))
-    import eigenhooks as eh
+    from eigenhooks.spectra import clear_memo
 
-    eh.api.clear_memo()  # no test sees another's in-process spectra
+    clear_memo()  # no test sees another's in-process spectra
 
 
 @pytest.fixture

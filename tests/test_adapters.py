@@ -6,6 +6,7 @@ from conftest import FAMILY_CONFIGS, build
 
 import eigenhooks as eh
 from eigenhooks.models.probe import apply_attention, probe_matrices
+from eigenhooks.spectra import compute
 
 FAMILIES = list(FAMILY_CONFIGS)
 EXPECTED = {
@@ -83,7 +84,7 @@ def test_ov_ln_folds_norm_scale(family):
         F = ad.factors(i).matrix()
         w = torch.diag(ad.norm_weight(i).double())
         expected = F @ w if ad.norm_position == "pre" else w @ F
-        got = eh.api.layer_factors(ad, i, "ov_ln")[0].matrix()
+        got = compute.layer_factors(ad, i, "ov_ln")[0].matrix()
         torch.testing.assert_close(got, expected, atol=1e-12, rtol=0)
 
 

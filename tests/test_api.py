@@ -7,6 +7,7 @@ import torch
 from conftest import build
 
 import eigenhooks as eh
+from eigenhooks.spectra import compute
 
 
 def test_cache_hit_skips_computation(monkeypatch):
@@ -18,8 +19,8 @@ def test_cache_hit_skips_computation(monkeypatch):
     def boom(*a, **k):
         raise AssertionError("recomputed despite a cache hit")
 
-    monkeypatch.setattr(eh.api, "layer_spectrum", boom)
-    eh.api.clear_memo()  # the disk cache is what is tested here, not the in-process memo
+    monkeypatch.setattr(compute, "layer_spectrum", boom)
+    compute.clear_memo()  # the disk cache is what is tested here, not the in-process memo
     second = eh.spectra(model, heads=True)
     for a, b in zip(first, second):
         assert torch.equal(a.eigenvalues, b.eigenvalues) and torch.equal(a.basis, b.basis)
@@ -46,7 +47,7 @@ def test_corrupt_cache_entry_is_recomputed(monkeypatch):
     for f in os.listdir(folder):
         with open(os.path.join(folder, f), "wb") as fh:
             fh.write(b"not a safetensors file")
-    eh.api.clear_memo()
+    compute.clear_memo()
     again = eh.spectra(model)
     assert len(again) == 2
 
@@ -109,17 +110,17 @@ def test_one_layer_runs_inline(monkeypatch, layers, inline):
 
     model = build("gpt2")
     seen = []
-    real = eh.api.layer_spectrum
+    real = compute.layer_spectrum
 
     def spy(*a, **k):
         seen.append(threading.current_thread() is threading.main_thread())
         return real(*a, **k)
 
-    monkeypatch.setattr(eh.api, "layer_spectrum", spy)
-    monkeypatch.setattr(eh.api.os, "cpu_count", lambda: 2)
+    monkeypatch.setattr(compute, "layer_spectrum", spy)
+    monkeypatch.setattr(compute.os, "cpu_count", lambda: 2)
     specs = eh.spectra(model, layers=layers, cache=False)
     assert seen and all(s == inline for s in seen), seen
-    ref = [eh.layer_spectrum(eh.api.layer_factors(eh.get_adapter(model), s.layer)[0]) for s in specs]
+    ref = [eh.layer_spectrum(compute.layer_factors(eh.get_adapter(model), s.layer)[0]) for s in specs]
     for a, b in zip(specs, ref):
         assert torch.equal(a.eigenvalues, b.eigenvalues)
 
@@ -130,6 +131,6 @@ def test_inline_job_error_propagates(monkeypatch):
     def boom(*a, **k):
         raise RuntimeError("eig failed")
 
-    monkeypatch.setattr(eh.api, "layer_spectrum", boom)
+    monkeypatch.setattr(compute, "layer_spectrum", boom)
     with pytest.raises(RuntimeError, match="eig failed"):
         eh.spectra(model, layers=[0], cache=False)

@@ -76,7 +76,7 @@ def test_run_input_errors_are_one_line(tmp_path):
 
 def test_verify_json_has_no_bare_nan(monkeypatch):
     import eigenhooks
-    from eigenhooks.api import Verification
+    from eigenhooks.spectra import Verification
 
     monkeypatch.setattr(eigenhooks, "verify", lambda m: [Verification(0, float("nan"), 1.0, "float32")])
     r = runner.invoke(app, ["verify", "--json"])

@@ -16,8 +16,8 @@ import torch
 from conftest import build
 
 import eigenhooks as eh
-from eigenhooks.metrics import GROWTH_EPS
 from eigenhooks.models.base import Tap
+from eigenhooks.monitor.stats import GROWTH_EPS
 
 FAMILIES = ("gpt2", "llama")
 COLS = ("gamma_pre", "gamma_mid", "gamma_post", "rho")

@@ -18,7 +18,7 @@ import pytest
 
 import eigenhooks as eh
 from eigenhooks.run import run
-from eigenhooks.texts import DataLoadError, TokenBatches, iter_texts
+from eigenhooks.run.texts import DataLoadError, TokenBatches, iter_texts
 
 PARAGRAPH = "The model reads each line as it comes; nothing waits for the whole file.\n"
 

@@ -8,8 +8,8 @@ import torch
 from typer.testing import CliRunner
 
 import eigenhooks as eh
-from eigenhooks import dynamics as D
-from eigenhooks.planted import planted_albert, planted_gpt2, planted_matrix
+from eigenhooks.dynamics import trajectory as D
+from eigenhooks.dynamics.planted import planted_albert, planted_gpt2, planted_matrix
 
 D_MODEL = 16
 

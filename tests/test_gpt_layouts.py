@@ -180,7 +180,7 @@ def test_a_wrong_slice_is_caught_by_the_probe(name):
     qkv = {"falcon": "query_key_value", "gpt_bigcode": "c_attn", "bloom": "query_key_value", "codegen": "qkv_proj"}
     ly = ad.layers[0]
     W = getattr(ly.attn_in, qkv[ad.family]).weight
-    from eigenhooks.spectrum import Factors
+    from eigenhooks.linalg.eig import Factors
 
     F_wrong = Factors.from_stacked(ly.o_proj.weight, WRONG[name](W, H, G, dh), H, G).matrix()
     F_probe = probe_matrices(ad, [0])[0]

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 import eigenhooks as eh
+from eigenhooks.monitor import stats
 
 TEXTS = ["def f(x):\n    return x * 2", "import os\nprint(os.getcwd())"]
 
@@ -171,7 +172,7 @@ def test_null_quantiles_and_ci_match_an_independent_recomputation(gpt2):
     rhos = []
     for _ in range(400):
         Q, _ = torch.linalg.qr(torch.randn(got["pre"].shape[-1], k, generator=g))
-        a0, a1 = eh.metrics.alignment(got["pre"], Q), eh.metrics.alignment(got["mid"], Q)
+        a0, a1 = stats.alignment(got["pre"], Q), stats.alignment(got["mid"], Q)
         rhos.append(float(((a1 - a0) > 1e-6)[sub].float().mean()))
     rhos = np.array(rhos)
     # quantiles of two independent 400-draw Monte Carlos agree within their sampling error
@@ -180,7 +181,7 @@ def test_null_quantiles_and_ci_match_an_independent_recomputation(gpt2):
     assert abs(np.mean(rhos < row["rho_null_tokens"]) - row["rho_percentile"]) < 0.06
     # cluster-robust CI from per-sequence counts
     U = eh.spectra(model)[layer].basis.float()
-    up = (eh.metrics.alignment(got["mid"], U) - eh.metrics.alignment(got["pre"], U)) > 1e-6
+    up = (stats.alignment(got["mid"], U) - stats.alignment(got["pre"], U)) > 1e-6
     u = (up & mask).sum(1).double().numpy()
     n = mask.sum(1).double().numpy()
     rho = u.sum() / n.sum()

@@ -12,7 +12,8 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 
 import eigenhooks as eh
-from eigenhooks import io
+from eigenhooks.linalg import cache as disk
+from eigenhooks.spectra import compute
 
 
 def _same(a, b):
@@ -24,13 +25,13 @@ def _same(a, b):
 def test_cache_dir_expands_home_and_empty_means_default(monkeypatch, tmp_path):
     monkeypatch.setenv("HOME", str(tmp_path))
     monkeypatch.setenv("EIGENHOOKS_CACHE", "~/spectra")
-    assert io.cache_dir() == tmp_path / "spectra"
+    assert disk.cache_dir() == tmp_path / "spectra"
     default = tmp_path / ".cache" / "eigenhooks"
     for empty in ("", "   "):
         monkeypatch.setenv("EIGENHOOKS_CACHE", empty)
-        assert io.cache_dir() == default
+        assert disk.cache_dir() == default
     monkeypatch.delenv("EIGENHOOKS_CACHE")
-    assert io.cache_dir() == default
+    assert disk.cache_dir() == default
 
 
 def test_tilde_cache_is_written_under_home_not_in_a_folder_named_tilde(monkeypatch, tmp_path):
@@ -45,12 +46,12 @@ def test_unwritable_cache_computes_without_it_and_warns_once(monkeypatch, tmp_pa
     blocker = tmp_path / "a-file"
     blocker.write_text("a file where the cache folder should be")
     monkeypatch.setenv("EIGENHOOKS_CACHE", str(blocker / "cache"))  # mkdir fails even as root
-    monkeypatch.setattr(io, "_warned", set())
+    monkeypatch.setattr(disk, "_warned", set())
     with warnings.catch_warnings(record=True) as got:
         warnings.simplefilter("always")
         first = eh.spectra(build("gpt2"))  # 2 layers: two failed writes
         second = eh.spectra(build("gpt2", seed=1))
-    mine = [w for w in got if issubclass(w.category, io.CacheWarning)]
+    mine = [w for w in got if issubclass(w.category, disk.CacheWarning)]
     assert len(mine) == 1, [str(w.message) for w in got]
     assert "cannot write the spectrum cache" in str(mine[0].message) and str(blocker) in str(mine[0].message)
     _same(first, eh.spectra(build("gpt2"), cache=False))
@@ -95,7 +96,7 @@ def _drop_field_with_valid_checksum(p: Path):
         meta = json.loads(h["eigenhooks"])
         del meta["kind"]
         h["eigenhooks"] = json.dumps(meta)
-        h["checksum"] = io._checksum(t, h["eigenhooks"], h["key"])  # well-formed, yet incomplete
+        h["checksum"] = disk._checksum(t, h["eigenhooks"], h["key"])  # well-formed, yet incomplete
 
     _rewrite(p, edit)
 
@@ -116,10 +117,10 @@ def test_damaged_entry_is_a_miss_never_a_wrong_number(tmp_path, damage):
     for p in files:
         damage(p)
     key = files[0].stem
-    assert io.load_spectrum(key, 0, folder) is None
-    eh.api.clear_memo()  # the disk entry is what is tested, not the in-process memo
+    assert disk.load_spectrum(key, 0, folder) is None
+    compute.clear_memo()  # the disk entry is what is tested, not the in-process memo
     _same(eh.spectra(model), truth)  # recomputed (and rewritten)
-    assert io.load_spectrum(key, 0, folder) is not None
+    assert disk.load_spectrum(key, 0, folder) is not None
 
 
 def test_swapped_entries_are_misses(tmp_path):
@@ -127,15 +128,15 @@ def test_swapped_entries_are_misses(tmp_path):
     a, b = files[0].read_bytes(), files[1].read_bytes()
     files[0].write_bytes(b)
     files[1].write_bytes(a)
-    assert io.load_spectrum(files[0].stem, 0, folder) is None
-    assert io.load_spectrum(files[1].stem, 1, folder) is None
-    eh.api.clear_memo()
+    assert disk.load_spectrum(files[0].stem, 0, folder) is None
+    assert disk.load_spectrum(files[1].stem, 1, folder) is None
+    compute.clear_memo()
     _same(eh.spectra(model), truth)
 
 
 def test_intact_entry_round_trips(tmp_path):
     model, folder, files, truth = _entry(tmp_path)
-    got = [io.load_spectrum(p.stem, 0, folder) for p in files]
+    got = [disk.load_spectrum(p.stem, 0, folder) for p in files]
     assert all(g is not None for g in got)
     by_lambda = {complex(s.lambda_1): s for s in truth}
     for g in got:
@@ -146,4 +147,4 @@ def test_intact_entry_round_trips(tmp_path):
 def test_unreadable_cache_folder_is_a_miss(monkeypatch, tmp_path):
     blocker = tmp_path / "f"
     blocker.write_text("x")
-    assert io.load_spectrum("0" * 40, 0, blocker / "cache") is None
+    assert disk.load_spectrum("0" * 40, 0, blocker / "cache") is None

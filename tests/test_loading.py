@@ -16,8 +16,8 @@ from typer.testing import CliRunner
 
 import eigenhooks as eh
 from eigenhooks.cli import app
-from eigenhooks.models.loading import UNTRAINED_HEAD, LoadWarning, load_model
-from eigenhooks.texts import TokenBatches, UnknownTokenWarning
+from eigenhooks.run.texts import TokenBatches, UnknownTokenWarning
+from eigenhooks.zoo.loading import UNTRAINED_HEAD, LoadWarning, load_model
 
 WORDS = ["the", "cat", "sat", "on", "mat", "a", "dog", "ran", "and", "##s", ".", "is", "big", "small"]
 SPECIAL = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]

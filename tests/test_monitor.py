@@ -8,7 +8,7 @@ import torch
 from conftest import build
 
 import eigenhooks as eh
-from eigenhooks.metrics import alignment
+from eigenhooks.monitor.stats import alignment
 
 TEXTS = ["def f(x):\n    return x + 1", "class A:\n    pass", "for i in range(10): print(i)"]
 

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 import eigenhooks as eh
-from eigenhooks.metrics import alignment
+from eigenhooks.monitor.stats import alignment
 
 pytestmark = pytest.mark.real
 TEXTS = [

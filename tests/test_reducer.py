@@ -6,7 +6,8 @@ import pytest
 import torch
 
 import eigenhooks as eh
-from eigenhooks.reducer import pad_to_stack, reduce_many
+from eigenhooks.monitor import stats
+from eigenhooks.monitor.reduce import pad_to_stack, reduce_many
 
 
 @pytest.fixture(scope="module")
@@ -82,7 +83,7 @@ def test_non_finite_tokens_are_counted_and_left_out(reducers):
     r = reducers[0]
     P, mask = points(r, 3, 20, seed=5)
     st, rows = r(P, mask)
-    tg = dict(zip(eh.metrics.TGT_FIELDS, st["tgt"][0].tolist()))
+    tg = dict(zip(stats.TGT_FIELDS, st["tgt"][0].tolist()))
     assert tg["n_nonfinite"] == 2 and tg["n"] == mask.sum() - 2
     for k in ("null_pre", "null_mid", "null_up", "fnull_up"):
         assert torch.isfinite(st[k]).all(), k
@@ -96,7 +97,7 @@ def test_a_sequence_with_a_non_finite_token_is_left_out_of_consensus_at_every_po
     P, mask = points(r, 3, 20, seed=11, bad=False)
     P["mid"][1, 4, 7] = float("nan")
     st, _ = r(P, mask)
-    tg = dict(zip(eh.metrics.TGT_FIELDS, st["tgt"][0].tolist()))
+    tg = dict(zip(stats.TGT_FIELDS, st["tgt"][0].tolist()))
     assert tg["n_seq"] == 2
     for p in ("pre", "mid", "post"):
         want = 0.0
@@ -155,13 +156,13 @@ def test_a_forward_that_raises_gives_its_rows_back():
 
 def test_closing_rows_of_many_layers_at_once_equals_each_alone():
     g = torch.Generator().manual_seed(8)
-    F = len(eh.metrics.TGT_FIELDS)
+    F = len(stats.TGT_FIELDS)
     rows = torch.randint(0, 9, (3, 4, 5, 2), generator=g).double()
     rows[1, 2, 0] = 0  # a row with no valid token: not a cluster
     tgt = torch.rand(3, 2, F, generator=g, dtype=torch.float64)
-    together = eh.metrics.close_rows(tgt, rows)
+    together = stats.close_rows(tgt, rows)
     for i in range(3):
-        assert torch.equal(together[i], eh.metrics.close_rows(tgt[i], rows[i]))
+        assert torch.equal(together[i], stats.close_rows(tgt[i], rows[i]))
     assert not torch.equal(together, tgt)
 
 
@@ -170,7 +171,7 @@ def test_a_layer_with_fewer_eigen_subspaces_stacks_with_the_others(reducers):
     its last slot is NaN, and it is of the same kind as its neighbours (reduced with them)."""
     import dataclasses
 
-    from eigenhooks.reducer import LayerReducer
+    from eigenhooks.monitor.reduce import LayerReducer
 
     r = copy.deepcopy(reducers[0])
     short = [dataclasses.replace(t, eig=t.eig[:-1]) for t in r.targets]

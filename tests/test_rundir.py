@@ -158,7 +158,7 @@ def test_folders_that_are_not_runs_are_refused(tmp_path):
 
 
 def test_a_failed_run_says_so(tmp_path, monkeypatch):
-    import eigenhooks.run as R
+    from eigenhooks.run import job as R
 
     def broken(*a, **k):
         raise RuntimeError("plotting broke")

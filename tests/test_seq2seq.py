@@ -18,6 +18,7 @@ from harness import record, seeded
 import eigenhooks as eh
 from eigenhooks.models.base import UnsupportedModelError
 from eigenhooks.models.probe import probe_matrices
+from eigenhooks.monitor import stats
 
 NAMES = sorted(CASES)
 KW = dict(targets=[("ov", "modulus")], null_draws=16, fnull_draws=0, eig_top=0)
@@ -107,7 +108,7 @@ def test_monitor_reads_every_point_of_every_row(name, models):
     for i, rec in recs.items():
         U = specs[i].basis.to(torch.float32)
         for p in ("pre", "mid", "post"):
-            want = eh.metrics.alignment(ref[p][i].float(), U)
+            want = stats.alignment(ref[p][i].float(), U)
             torch.testing.assert_close(rec[f"a_{p}"], want, atol=1e-5, rtol=1e-5, msg=f"layer {i} {p}")
 
 

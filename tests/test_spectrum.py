@@ -8,7 +8,10 @@ import torch
 from conftest import build
 
 import eigenhooks as eh
-from eigenhooks.spectrum import Factors, layer_spectrum, rank_scores
+from eigenhooks.linalg import cache as disk
+from eigenhooks.linalg import eig
+from eigenhooks.linalg.eig import Factors, layer_spectrum, rank_scores
+from eigenhooks.spectra import compute
 
 
 def _random_factors(d=24, H=4, G=4, dh=6, seed=0):
@@ -247,7 +250,7 @@ def test_fast_path_never_runs_a_full_eig(monkeypatch):
 def _spectra_calls(monkeypatch):
     """Count eig runs and weight hashes behind eh.spectra."""
     calls = {"eig": 0, "hash": 0}
-    real_eig, real_key = eh.api.layer_spectrum, eh.io.cache_key
+    real_eig, real_key = compute.layer_spectrum, disk.cache_key
 
     def eig(*a, **k):
         calls["eig"] += 1
@@ -257,8 +260,8 @@ def _spectra_calls(monkeypatch):
         calls["hash"] += 1
         return real_key(*a, **k)
 
-    monkeypatch.setattr(eh.api, "layer_spectrum", eig)
-    monkeypatch.setattr(eh.io, "cache_key", key)
+    monkeypatch.setattr(compute, "layer_spectrum", eig)
+    monkeypatch.setattr(disk, "cache_key", key)
     return calls
 
 
@@ -278,7 +281,7 @@ def test_repeat_call_neither_recomputes_nor_rehashes(monkeypatch):
     _same(first, second)
     second[0].basis.mul_(-1)  # the caller's copy: the memo keeps its own
     _same(first, eh.spectra(model))
-    eh.api.clear_memo()  # the disk cache (content-keyed) answers next: hash, no eig
+    compute.clear_memo()  # the disk cache (content-keyed) answers next: hash, no eig
     _same(first, eh.spectra(model))
     assert calls == {"eig": 2, "hash": 4}
 
@@ -347,12 +350,12 @@ def test_real_eigvals_match_numpy_and_leave_the_input_alone():
     g = torch.Generator().manual_seed(11)
     M = torch.randn(30, 30, generator=g, dtype=torch.float64)
     before = M.clone()
-    mu = eh.spectrum.real_eigvals(M)
+    mu = eig.real_eigvals(M)
     assert mu.dtype == torch.complex128 and mu.shape == (30,)
     _match(mu.numpy(), np.linalg.eigvals(M.numpy()), 1e-10)
     assert torch.equal(M, before), "the eigvals overwrote its input (M is reused by inverse iteration)"
     sym = M + M.T  # all eigenvalues real: still complex128 (numpy would return float64 here)
-    assert eh.spectrum.real_eigvals(sym).dtype == torch.complex128
+    assert eig.real_eigvals(sym).dtype == torch.complex128
 
 
 @pytest.mark.parametrize("groups", [None, [0, 1, 0, 1], [1, 1, 0, 0]])
@@ -374,26 +377,24 @@ def test_o_hat_sums_the_heads_of_each_group(groups):
 
 
 def test_cache_key_hashes_views_in_place_and_tells_layouts_apart():
-    from eigenhooks import io
-
     f = _random_factors(d=12, H=4, G=2, dh=3, seed=5)  # O_heads: a permuted view of a (d, H*dh) matrix
     assert not f.O_heads.is_contiguous()
     opts = {"variant": "ov"}
-    key = io.cache_key(f, None, opts)
+    key = disk.cache_key(f, None, opts)
     same = Factors(f.O_heads.contiguous(), f.V_groups.clone(), f.group_of_head.clone())
-    assert io.cache_key(same, None, opts) != key  # another layout: a miss, never a wrong hit
+    assert disk.cache_key(same, None, opts) != key  # another layout: a miss, never a wrong hit
     copy = Factors.from_stacked(f.O_heads.permute(1, 0, 2).reshape(12, 12).clone(), f.V_groups.reshape(6, 12), 4, 2)
-    assert io.cache_key(copy, None, opts) == key  # same values, same layout: the same key
+    assert disk.cache_key(copy, None, opts) == key  # same values, same layout: the same key
     for t in (f.O_heads, f.V_groups):  # one entry anywhere changes the key
         t[-1, -1, -1] += 1e-12
-        assert io.cache_key(f, None, opts) != key
-        key = io.cache_key(f, None, opts)
+        assert disk.cache_key(f, None, opts) != key
+        key = disk.cache_key(f, None, opts)
     strided = Factors(f.O_heads[:, ::2], f.V_groups[:, :, ::2], f.group_of_head)  # no permutation makes it dense
     dense = Factors(f.O_heads[:, ::2].contiguous(), f.V_groups[:, :, ::2].contiguous(), f.group_of_head)
-    assert io.cache_key(strided, None, opts) == io.cache_key(dense, None, opts)
+    assert disk.cache_key(strided, None, opts) == disk.cache_key(dense, None, opts)
     X = torch.randn(1, 6, 6, dtype=torch.float64)  # X and its transpose: the same bytes in memory
     g = torch.zeros(1, dtype=torch.long)
-    assert io.cache_key(Factors(X, X, g), None, opts) != io.cache_key(Factors(X, X.transpose(1, 2), g), None, opts)
+    assert disk.cache_key(Factors(X, X, g), None, opts) != disk.cache_key(Factors(X, X.transpose(1, 2), g), None, opts)
 
 
 def test_finiteness_is_checked_once_on_the_small_product(monkeypatch):

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 import eigenhooks as eh
-from eigenhooks.metrics import alignment, mc_p_value
+from eigenhooks.monitor.stats import alignment, mc_p_value
 
 
 @pytest.fixture(scope="module")

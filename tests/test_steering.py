@@ -8,10 +8,10 @@ from conftest import build
 from typer.testing import CliRunner
 
 import eigenhooks as eh
-from eigenhooks import rank1
 from eigenhooks.cli import app
 from eigenhooks.models.probe import probe_matrices
-from eigenhooks.steering import mean_abs_cos
+from eigenhooks.steer import rank1
+from eigenhooks.steer.edit import mean_abs_cos
 
 PROMPTS = [
     "The capital of France is",
