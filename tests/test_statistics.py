@@ -104,26 +104,28 @@ def test_null_stride_must_be_positive(gpt2):
         eh.monitor(model, null_stride=0)
 
 
-def test_default_subsample_weighs_positions_evenly_in_power_of_two_rows(gpt2):
-    """An even stride is in step with 128-token rows: every 4th token takes position 0 (the
-    attention sink) of every row, 4x its share. The default stride is odd: position 0 of
-    8 rows x 128 comes in about as often as any other position."""
+def test_default_subsample_takes_the_same_positions_of_every_sequence(gpt2):
+    """The null subsample is chosen by each token's index in its own sequence (every 5th valid
+    token: 0, 5, 10, ...), so every row of a batch gives it the same positions, whatever the
+    row's place in the batch and whatever n is: position 0 (the attention sink) is one of the
+    ceil(n/5) kept positions of each row, as likely as any other kept position, in every layout.
+    (The old rule, every 5th token of the batch's flat grid, made the share depend on n.)"""
     model, _ = gpt2
-    b, n = 8, 128
-    ids = torch.randint(5, 200, (b, n), generator=torch.Generator().manual_seed(0))
-    first = torch.zeros(b, n, dtype=torch.long)
-    first[:, 0] = 1  # only position 0 counts: null_tokens is how many of the subsample are position 0
-    shares = {}
-    for stride in (4, None):
-        kw = {} if stride is None else {"null_stride": stride}
-        counts = []
-        for mask in (first, torch.ones_like(first)):
-            with eh.monitor(model, targets=[("ov", "modulus")], attention_mask=mask, **kw) as mon, torch.no_grad():
+    for b, n in ((8, 128), (3, 7), (5, 12)):
+        ids = torch.randint(5, 200, (b, n), generator=torch.Generator().manual_seed(n))
+        at = {}
+        for pos in (0, 1, 5):
+            only = torch.zeros(b, n, dtype=torch.long)
+            only[:, : pos + 1] = 1  # the first pos+1 positions count: null_tokens counts those kept
+            with eh.monitor(model, targets=[("ov", "modulus")], attention_mask=only) as mon, torch.no_grad():
                 model(input_ids=ids)
-            counts.append(float(mon.summary()["null_tokens"].iloc[0]))
-        shares[stride] = counts[0] / counts[1]
-    assert shares[4] == pytest.approx(4 / n)  # every row's position 0
-    assert shares[None] < 1.5 / n
+            at[pos] = float(mon.summary()["null_tokens"].iloc[0])
+        with eh.monitor(model, targets=[("ov", "modulus")]) as mon, torch.no_grad():
+            model(input_ids=ids)
+        total = float(mon.summary()["null_tokens"].iloc[0])
+        assert at[0] == at[1] == b  # position 0 of every row, and not position 1
+        assert at[5] == (2 * b if n > 5 else b)  # then position 5
+        assert total == b * -(-n // 5)  # ceil(n/5) positions of each row
 
 
 def test_dropping_the_structured_nulls_leaves_the_haar_test_as_it_is(gpt2):

@@ -33,6 +33,7 @@ from ..linalg.eig import RANKS
 from ..models import Adapter, get_adapter
 from . import stats as M
 from .lens import MonitorLens, lens_string_mask
+from .reduce import Grid
 from .state import MonitorState, continues
 
 log = logging.getLogger(__name__)
@@ -115,6 +116,8 @@ class Monitor(MonitorState, MonitorLens):
         self._state: dict[int, dict[str, torch.Tensor]] = {}
         self._rows: dict[int, torch.Tensor] = {}  # open sequences' counters (b, 5, T)
         self._buf: dict[int, list] = {}
+        self._seen: dict = {}  # stack -> (b, 1) valid tokens the open sequences had before this forward
+        self._zero: set[int] = set()  # layers whose state is still prepare's zeros
         self._all_valid: torch.Tensor | None = None  # the all-True (b, n) mask of the latest shape
         self._stack: ExitStack | None = None
         self._handles: list = []
@@ -332,7 +335,7 @@ class Monitor(MonitorState, MonitorLens):
         self._cap: dict[int, dict] = {}
         self._pending: dict[int, tuple] = {}
         self._pending_raw: dict[int, tuple] = {}
-        self._masks: dict[tuple, torch.Tensor] = {}  # the valid-token masks of this forward, per stack and shape
+        self._masks: dict[tuple, Grid] = {}  # the valid tokens of this forward, per stack and shape
         self._mask: torch.Tensor | None = None
         self._ran: set[str] = set()  # stacks (Adapter.stacks) whose root ran in this forward
         self._stack_masks: dict[str, torch.Tensor | None] = {}
@@ -363,7 +366,7 @@ class Monitor(MonitorState, MonitorLens):
             self._inert = []
             return
         self._started += 1
-        cont = continues(kwargs)
+        cont = continues(args, kwargs)
         if not cont:
             self._end_sequences()
         self._reset_forward(open_=True)

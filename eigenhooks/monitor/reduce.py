@@ -11,8 +11,17 @@
    one op per forward instead of one per layer, and no copy stacks the layers. Its output is
    per layer, the state ``metrics.zero_state`` describes.
 
-No host synchronisation and no data-dependent branches: it adds no graph breaks under
-torch.compile. Definitions are in ``metrics`` (DESIGN.md §1).
+The null subsample is chosen by each token's place in its own sequence (``Grid``): its index
+among that sequence's valid tokens (counted across a KV cache's forwards), so the same sequences
+give the same numbers however they are batched, padded, sharded or generated.
+
+No host synchronisation, no data-dependent shapes or branches, no constant made on the host per
+forward: a hook only enqueues work on the activations' device (DESIGN.md §2), and it adds no
+graph breaks under torch.compile. Half-precision activations on CUDA are read as they are: the
+norms accumulate in float32, and each float32 basis B is split as B_hi + B_lo (two bfloat16 or
+float16 matrices, |B - B_hi - B_lo| <= 2^-16 |B|) whose products are accumulated in float32 by
+the matmuls (``torch.mm(..., out_dtype=float32)``), so no float32 copy of the activations is made
+and the projections keep ~16 bits of the basis. Definitions are in ``stats`` (DESIGN.md §1).
 """
 
 from __future__ import annotations
@@ -22,15 +31,99 @@ import torch
 from .stats import _ROW, GROWTH_EPS, TGT_FIELDS, TargetSpec
 
 
+class Grid:
+    """Which tokens of one call count, and where each sits in its own sequence.
+
+    Args:
+        mask: (b, n) bool, the valid (non-padding) tokens.
+        vi: (b, n) int64, each token's index among its sequence's valid tokens, counted from the
+            sequence's start (under a KV cache, across forwards). Default: from this call alone.
+    """
+
+    def __init__(self, mask: torch.Tensor, vi: torch.Tensor | None = None):
+        self.mask = mask
+        self.vi = mask.cumsum(1) - 1 if vi is None else vi
+        self._subs: dict[int, tuple[torch.Tensor | None, torch.Tensor]] = {}
+
+    def sub(self, s: int) -> tuple[torch.Tensor | None, torch.Tensor]:
+        """The null subsample: valid tokens whose index in their sequence is a multiple of s.
+
+        Returns (flat, ok): flat (b*M,) int64, the flat (b*n) position of each row's j-th chosen
+        token (M = ceil(n/s) slots a row: a row of n tokens holds at most that many), or None when
+        s == 1 (every token: no gather); ok (b, M) bool, which slots hold a chosen token. Fixed
+        shapes, made on the device without reading anything back.
+        """
+        if s not in self._subs:
+            b, n = self.mask.shape
+            if s == 1:
+                self._subs[s] = (None, self.mask)
+            else:
+                M = -(-n // s)
+                chosen = self.mask & (self.vi % s == 0)
+                count = chosen.cumsum(1)  # (b, n): chosen tokens up to each position
+                j = torch.arange(1, M + 1, device=count.device).expand(b, M).contiguous()
+                col = torch.searchsorted(count, j)  # (b, M): the j-th chosen token's column, n if none
+                ok = col < n
+                flat = col.clamp_max(n - 1) + torch.arange(0, b * n, n, device=count.device)[:, None]
+                self._subs[s] = (flat.reshape(-1), ok)
+        return self._subs[s]
+
+    @staticmethod
+    def cat(grids: list[Grid]) -> Grid:
+        """Calls side by side along the positions (buffered single-position forwards)."""
+        return Grid(torch.cat([g.mask for g in grids], 1), torch.cat([g.vi for g in grids], 1))
+
+
+def _split(B: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """(2, ...) B_hi, B_lo in ``dtype`` with B_hi + B_lo = B to ~16 bits (B float32)."""
+    hi = B.to(dtype)
+    return torch.stack([hi, (B - hi.float()).to(dtype)])
+
+
+_OUT_DTYPE: dict[tuple, bool] = {}  # (device type, dtype) -> torch.mm(..., out_dtype=float32) works
+
+
+def _has_out_dtype(device: torch.device, dtype: torch.dtype) -> bool:
+    key = (device.type, dtype)
+    if key not in _OUT_DTYPE:
+        ok = device.type == "cuda" and dtype in (torch.bfloat16, torch.float16)
+        if ok:
+            try:
+                a = torch.zeros(2, 2, device=device, dtype=dtype)
+                ok = torch.mm(a, a, out_dtype=torch.float32).dtype == torch.float32
+            except (RuntimeError, TypeError, NotImplementedError):
+                ok = False
+        _OUT_DTYPE[key] = ok
+    return _OUT_DTYPE[key]
+
+
+def _mm(X: torch.Tensor, B, out: torch.Tensor) -> None:
+    """out (float32) = X @ B: B is (d, C) float32, or (2, d, C) hi/lo halves in X's dtype."""
+    if B.dim() == 2:
+        torch.mm(X if X.dtype == torch.float32 else X.float(), B, out=out)
+    else:
+        torch.mm(X, B[0], out_dtype=torch.float32, out=out)
+        out.add_(torch.mm(X, B[1], out_dtype=torch.float32))
+
+
+def _norms(X: torch.Tensor, out: torch.Tensor) -> None:
+    """out = ||x|| for each row of X, accumulated in float32 (no float32 copy of a half X)."""
+    if X.dtype in (torch.float16, torch.bfloat16, torch.float32):
+        torch.linalg.vector_norm(X, dim=-1, dtype=torch.float32, out=out)
+    else:  # float64 and others: their float32 values, as every other statistic sees them
+        torch.linalg.vector_norm(X.float(), dim=-1, out=out)
+
+
 class LayerReducer:
     """One layer's bases (targets, F's eigen-subspaces, Haar and F-null frames) and its projection.
 
-    The targets are projected on every token. The nulls are projected on a subsample: every
-    ``null_stride``-th token of each call's flat (b*n) token grid, a fixed rate (so every
-    forward weighs by its size, and the nulls cost a fixed share of the model's work). The
-    targets' own alignments on the same tokens are kept beside them, so p_null, the
-    percentiles and eig_rank compare like with like (a target and a draw are exchangeable
-    under the null). Float32 on the activations' device.
+    The targets are projected on every token. The nulls are projected on a subsample: the valid
+    tokens whose index in their own sequence is a multiple of ``null_stride`` (``Grid.sub``), a
+    fixed rate (so every forward weighs by its size, and the nulls cost a fixed share of the
+    model's work) that does not depend on how sequences are batched. The targets' own
+    alignments on the same tokens are kept beside them, so p_null, the percentiles and eig_rank
+    compare like with like (a target and a draw are exchangeable under the null). Float32 sums
+    on the activations' device.
 
     Args:
         targets: the layer's targets.
@@ -125,47 +218,61 @@ class LayerReducer:
         """Everything the stacked reduction needs to be the same across layers."""
         return self.kind + (self.haar_start, self.Bn64.shape[1])
 
-    def _on(self, device: torch.device):
-        if device not in self._dev:
+    def _on(self, device: torch.device, dtype: torch.dtype):
+        """(Bt, Bn) for activations of this device and dtype, made once: float32 (d, C), or
+        their (2, d, C) hi/lo halves in the activations' half dtype on CUDA."""
+        key = (device, dtype if _has_out_dtype(device, dtype) else torch.float32)
+        if key not in self._dev:
             f = lambda t: t.to(device, torch.float32)  # noqa: E731
             # (C, d) row-major, used as B.T: X @ B with a skinny row-major B is ~6x slower in MKL's GEMM
-            Bt, Bn = f(self.Bt64.T).contiguous(), f(self.Bn64.T).contiguous()
-            self._dev[device] = (Bt.T, Bn.T)  # (d, C) views of the row-major (C, d)
-        return self._dev[device]
+            Bt, Bn = f(self.Bt64.T).contiguous().T, f(self.Bn64.T).contiguous().T  # (d, C) views
+            if key[1] != torch.float32:
+                Bt, Bn = _split(Bt, key[1]), _split(Bn, key[1])
+            self._dev[key] = (Bt, Bn)
+        return self._dev[key]
 
-    def project(self, points: dict, mask: torch.Tensor, base: torch.Tensor | None = None, consensus: bool = True):
+    def project(
+        self,
+        points: dict,
+        mask: torch.Tensor | Grid,
+        base: torch.Tensor | None = None,
+        consensus: bool = True,
+    ):
         """Stage 1, in the hook: per reading point the projections, norms and consensus sums.
 
         Args:
             points: {'pre': (b, n, d), 'mid': (b, n, d) or None, 'post': ... or None}.
-            mask: (b, n) bool, the valid (non-padding) tokens.
+            mask: (b, n) bool, the valid (non-padding) tokens, or a ``Grid`` (the mask and each
+                token's index in its sequence, which chooses the null subsample).
             base: post-norm only: LN_t(pre) (b, n, d), the baseline delta is measured from.
             consensus: sum the within-sequence consensus (off for buffered single steps).
 
         Returns:
-            a dict for ``reduce_many``: 'mask' (b, n), 'norms' (P, b, n) the points' ||x||, 'Pt'
+            a dict for ``reduce_many``: 'grid', 'norms' (P, b, n) the points' ||x||, 'Pt'
             (P, b, n, target columns), 'Pn' (P_null * N, null columns: the null points'
-            subsamples, in order) and, with consensus, 'sv' (P_c, b, d): each sequence's sum of
-            unit vectors over its valid tokens (NaN if one is non-finite there). The big ones are written into this
-            layer's row of its group's ``Arena`` when it has one.
+            subsamples, N = b * M tokens each, in order) and, with consensus, 'sv' (P_c, b, d):
+            each sequence's sum of unit vectors over its valid tokens (NaN if one is non-finite
+            there). The big ones are written into this layer's row of its group's ``Arena``.
         """
+        grid = mask if isinstance(mask, Grid) else Grid(mask)
         pre = points["pre"]
-        BtT, BnT = self._on(pre.device)
+        Bt, Bn = self._on(pre.device, pre.dtype)
         b, n = pre.shape[:2]
         names = [p for p in ("pre", "mid", "post") if points.get(p) is not None]
-        X3 = [points[p].float() for p in names]  # (b, n, d), for the consensus bmm
+        X3 = [points[p] for p in names]  # (b, n, d) each, in the model's dtype
         if base is not None:
             names.append("base")
-            X3.append(base.float())
+            X3.append(base)
         Xs = [X.reshape(b * n, -1) for X in X3]
         s = self.null_stride
+        flat, ok = grid.sub(s)
+        N = ok.numel()
         nulls = [X for p, X in zip(names, Xs) if p != "post"]
         cons = [X for p, X in zip(names, X3) if consensus and p != "base"]
-        N = -(-b * n // s)
-        shapes = {"norms": (len(Xs), b * n), "Pt": (len(Xs), b * n, BtT.shape[1]), "Pn": (len(nulls) * N, BnT.shape[1])}
+        shapes = {"norms": (len(Xs), b * n), "Pt": (len(Xs), b * n, Bt.shape[-1]), "Pn": (len(nulls) * N, Bn.shape[-1])}
         if cons:
             shapes["sv"] = (len(cons), b, 1, self.d)
-        key = (b, n, tuple(names), consensus, pre.device)
+        key = (b, n, tuple(names), consensus, Bt.dtype, pre.device)  # the device last: _Row reads it
         slot = self.arena.take(self.row, key) if self.arena is not None else None
         if slot:
             out, parts = slot.buffers(shapes, N)
@@ -173,21 +280,33 @@ class LayerReducer:
             out = {k: pre.new_empty(v, dtype=torch.float32) for k, v in shapes.items()}
             parts = _parts(out, N)
         for X, o in zip(Xs, parts["norms"]):
-            torch.linalg.vector_norm(X, dim=-1, out=o)
-        for X, o in zip(nulls, parts["Pn"]):  # strided views: BLAS reads every s-th row in place
-            torch.mm(X[::s], BnT, out=o)
+            _norms(X, o)
+        for X, o in zip(nulls, parts["Pn"]):  # the subsample's rows, gathered (all rows when s == 1)
+            _mm(X if flat is None else X.index_select(0, flat), Bn, o)
         for X, o in zip(Xs, parts["Pt"]):
-            torch.mm(X, BtT, out=o)
+            _mm(X, Bt, o)
         if cons:  # weights 1/||x|| on the valid tokens; a non-finite reading makes its sequence's sum NaN,
-            # and reduce_many leaves out every sequence with a non-finite valid token (two ops here, not five)
-            w = mask.reshape(1, b * n) / out["norms"][: len(cons)].clamp_min(1e-30)
+            # and reduce_many leaves out every sequence with a non-finite valid token
+            w = grid.mask.reshape(1, b * n) / out["norms"][: len(cons)].clamp_min(1e-30)
             for wj, X, o in zip(w.view(len(cons), b, 1, n).unbind(0), cons, parts["sv"]):
-                torch.bmm(wj, X, out=o)
-        return dict(out, mask=mask, names=tuple(names), shape=(b, n, s), consensus=consensus, slot=slot)
+                _bmm(wj, X, o)
+        return dict(out, grid=grid, names=tuple(names), shape=(b, n, s), consensus=consensus, slot=slot)
 
     def __call__(self, points, mask, base=None, consensus: bool = True):
         """Both stages for this layer alone: (state sums like ``zero_state``, rows (b, 5, T))."""
         return reduce_many([(self, self.project(points, mask, base, consensus))])[0]
+
+
+def _bmm(w: torch.Tensor, X: torch.Tensor, out: torch.Tensor) -> None:
+    """out (b, 1, d) float32 = w (b, 1, n) float32 @ X (b, n, d), X in any dtype."""
+    if X.dtype == torch.float32:
+        torch.bmm(w, X, out=out)
+    elif _has_out_dtype(X.device, X.dtype):  # w as hi + lo halves in X's dtype, one bmm for both
+        hi = w.to(X.dtype)
+        W = torch.cat([hi, (w - hi.float()).to(X.dtype)], 1)  # (b, 2, n)
+        torch.bmm(W, X, out_dtype=torch.float32).sum(1, keepdim=True, out=out)
+    else:
+        torch.bmm(w, X.float(), out=out)
 
 
 def pad_to_stack(reducers: list[LayerReducer]) -> list[Arena]:
@@ -281,7 +400,7 @@ def reduce_many(items: list[tuple[LayerReducer, dict]]) -> list[tuple[dict, torc
     """
     groups: dict[tuple, list[int]] = {}
     for i, (red, pr) in enumerate(items):
-        key = (red.layout, pr["shape"], pr["names"], pr["consensus"], pr["mask"].device)
+        key = (red.layout, pr["shape"], pr["names"], pr["consensus"], pr["grid"].mask.device)
         groups.setdefault(key, []).append(i)
     out: list = [None] * len(items)
     for idx in groups.values():
@@ -309,9 +428,22 @@ def _group_constants(reds: list[LayerReducer], dev: torch.device) -> tuple[torch
     return cache[key][:2]
 
 
-def _cum_norm(H: torch.Tensor) -> torch.Tensor:
-    """Norm of each frame's first k columns, for every k, over the last axis (|h| when one column)."""
-    return H.abs() if H.shape[-1] == 1 else (H * H).cumsum(-1).sqrt()
+def _prefix_norms(H: torch.Tensor, ks: list[int]) -> torch.Tensor:
+    """(..., len(ks)): the norm of each frame's first k columns for k in ks, H (..., k_max).
+
+    Running sums of squares, one add per column: a cumsum over a last axis this short ran
+    at a few GB/s on CUDA (half of a monitored forward's GPU time, measured on an H200).
+    """
+    if ks == [1]:
+        return H[..., :1].abs()
+    sq = H * H
+    acc, outs = sq[..., 0], []
+    for j in range(max(ks)):
+        if j:
+            acc = acc + sq[..., j]
+        if j + 1 in ks:
+            outs.append(acc)
+    return torch.stack(outs, -1).sqrt()
 
 
 class _Stacked:
@@ -327,9 +459,20 @@ class _Stacked:
         self.pts = list(prs[0]["names"])
         whole = self._whole(prs)
         stack = lambda k: whole[k] if whole else torch.stack([pr[k] for pr in prs])  # noqa: E731
-        m0 = prs[0]["mask"].bool()
-        same = all(pr["mask"] is prs[0]["mask"] for pr in prs)  # the layers of a forward share one mask
-        self.mask = m0.expand(self.L, *m0.shape) if same else torch.stack([pr["mask"] for pr in prs]).bool()
+        g0 = prs[0]["grid"]
+        same = all(pr["grid"] is g0 for pr in prs)  # the layers of a forward share one grid
+        m0 = g0.mask.bool()
+        self.mask = m0.expand(self.L, *m0.shape) if same else torch.stack([pr["grid"].mask for pr in prs]).bool()
+        # the null subsample: flat (b*M,) positions and ok (b, M); the same for every layer stacked here
+        # (it depends only on the mask and the tokens' indices in their sequences)
+        subs = [pr["grid"].sub(self.s) for pr in prs]
+        self.flat = subs[0][0]
+        self.ok = subs[0][1] if same else torch.stack([o for _, o in subs])
+        if not same:
+            flats = [f for f, _ in subs]
+            self.flat = None if flats[0] is None else torch.stack(flats)  # (L, b*M)
+        self.M = self.ok.shape[-1]
+        self.okf = self.ok.reshape(1 if same else self.L, self.b * self.M)  # (1 or L, N)
         norms = stack("norms").view(self.L, len(self.pts), self.b, self.n)
         self.finite = (norms < float("inf")).all(1)  # a norm is >= 0, inf or NaN: finite iff < inf
         self.m = self.mask & self.finite
@@ -355,8 +498,14 @@ class _Stacked:
         return rows[0].arena.bufs[rows[0].key]
 
     def sub(self, t: torch.Tensor) -> torch.Tensor:
-        """(L, b, n, ...) -> (L, N, ...): the null's tokens (a strided view)."""
-        return t.reshape(self.L, self.b * self.n, *t.shape[3:])[:, :: self.s]
+        """(L, b, n, ...) -> (L, N, ...): the null's tokens (N = b*M), zero (False) in empty slots."""
+        t = t.reshape(self.L, self.b * self.n, *t.shape[3:])
+        if self.flat is not None and self.flat.dim() == 1:
+            t = t.index_select(1, self.flat)
+        elif self.flat is not None:  # layers whose grids are not one object: each its own positions
+            t = t.gather(1, self.flat.view(self.L, -1, *([1] * (t.dim() - 2))).expand(-1, -1, *t.shape[2:]))
+        ok = self.okf.view(*self.okf.shape, *([1] * (t.dim() - 2)))
+        return t & ok if t.dtype == torch.bool else torch.where(ok, t, 0.0)
 
     def run(self) -> list[tuple[dict, torch.Tensor]]:
         A, Z = self._align()
@@ -405,7 +554,7 @@ class _Stacked:
         N = ms.shape[1]
         # The null alignments are 0 off m (inv is 0) except on non-finite tokens, where they are NaN:
         # no token off m is ever "up", and the sums are nansums, so no where() over the big tensor is needed.
-        inv_s = self.inv[:, nulls].reshape(L, len(nulls), -1)[..., :: self.s]  # (L, P_null, N)
+        inv_s = torch.stack([self.sub(self.inv[:, j]) for j in nulls], 1)  # (L, P_null, N), 0 in empty slots
         Zall = self._null_align(self.Pn, inv_s.reshape(L, -1))  # every null point at once
         haar_sum = Zall["haar"].reshape(L, len(nulls), N, *Zall["haar"].shape[2:]).nansum(2)  # (L, P_null, n_k, K)
         Z = {}
@@ -425,14 +574,13 @@ class _Stacked:
             E = P[..., : red.haar_start]
             out["eig"] = torch.sqrt(torch.bmm(E * E, self.S)) * inv[..., None]  # (L, N, T*m)
         H = P[..., red.haar_start : red.haar_start + red.K * red.k_max].reshape(L, N, red.K, red.k_max)
-        cum = _cum_norm(H).transpose(2, 3)  # (L, N, k_max, K)
-        ks = [k - 1 for k in red.ks]
-        cum = cum[:, :, ks[0] : ks[-1] + 1] if ks == list(range(ks[0], ks[-1] + 1)) else cum[:, :, ks]
+        cum = _prefix_norms(H, red.ks).transpose(2, 3)  # (L, N, n_k, K)
         out["haar"] = cum * inv[..., None, None]  # (L, N, n_k, K)
+        fks = sorted({k for _, _, k in red.fnull_targets})
         for key in red.fkeys:
             s = red.f_start[key]
             Fp = P[..., s : s + red.Kf * red.k_max].reshape(L, N, red.Kf, red.k_max)
-            out["f:" + key] = _cum_norm(Fp) * inv[..., None, None]  # (L, N, Kf, k_max)
+            out["f:" + key] = _prefix_norms(Fp, fks) * inv[..., None, None]  # (L, N, Kf, len(fks))
         return out
 
     def _mid_sums(self, A, Z, ms, cols, st) -> torch.Tensor:
@@ -462,19 +610,22 @@ class _Stacked:
         else:
             st["eig_up"] = torch.zeros(L, red.T, 0, device=dev)
         st["fnull_up"] = torch.zeros(L, red.T, red.Kf, device=dev)
+        fks = sorted({k for _, _, k in red.fnull_targets})
         for ti, fkey, k in red.fnull_targets:
-            key = "f:" + fkey
-            st["fnull_up"][:, ti] = up(zmid[key][..., k - 1], zref[key][..., k - 1]).sum(1, dtype=f32)
+            key, j = "f:" + fkey, fks.index(k)
+            st["fnull_up"][:, ti] = up(zmid[key][..., j], zref[key][..., j]).sum(1, dtype=f32)
         # per-row counters for the cluster-robust intervals
-        row_of = torch.arange(0, self.b * self.n, self.s, device=dev) // self.n  # (N,)
         f64 = torch.float64
-        per_row = lambda v: torch.zeros(L, self.b, *v.shape[2:], dtype=f64, device=dev).index_add_(1, row_of, v.to(f64))  # noqa: E731
+        per_row = lambda v: v.reshape(L, self.b, self.M, *v.shape[2:]).sum(2, dtype=f64)  # noqa: E731  (L, b, ...)
         rows = torch.zeros(L, self.b, len(_ROW), red.T, dtype=f64, device=dev)
         rows[:, :, 0, :] = self.m.sum(2, dtype=f64)[..., None]
         rows[:, :, 1, :] = u_t.sum(2, dtype=f64)
         rows[:, :, 2, :] = per_row(msf)[..., None]
         rows[:, :, 3, :] = per_row(u_s)
-        rows[:, :, 4, :] = (per_row(u_h.sum(-1)) / red.K)[..., red.k_index]  # (L, b, T): mean over draws
+        ubar = per_row(u_h.sum(-1)) / red.K  # (L, b, n_k): mean over draws, per k
+        rows[:, :, 4, :] = (
+            ubar if red.k_index == list(range(red.T)) else torch.stack([ubar[..., j] for j in red.k_index], -1)
+        )
         return rows
 
     def _consensus(self, A, cols) -> None:

@@ -17,7 +17,7 @@ import torch
 from ..models.base import as_tokens
 from ..spectra.compute import layer_stacked, spectra
 from . import stats as M
-from .reduce import LayerReducer, pad_to_stack, reduce_many
+from .reduce import Grid, LayerReducer, pad_to_stack, reduce_many
 
 BUFFER_TOKENS = 256  # single-position forwards reduced together; bounds the buffer's memory
 
@@ -66,20 +66,35 @@ class MonitorState:
             red = LayerReducer(tgts, haar, fnull, self.null_stride, m=self.m)
             self._layers[i] = {"targets": tgts, "meta": meta, "reducer": red, "rp": ad.reading_points(i)}
             self._state[i] = M.zero_state(len(tgts), len(red.ks), self.K, max(red.m, 0), red.Kf)
+            self._zero.add(i)  # replaced, not added to, by the first forward: no zeros copied to the device
         self._arenas = pad_to_stack([info["reducer"] for info in self._layers.values()])  # one kind reduces together
 
     def _seed(self, layer: int, which: int) -> int:
         return (self.null_seed * 1_000_003 + layer * 101 + which) % (2**63)
 
     # ---- reduction ----
-    def _valid_mask(self, x: torch.Tensor, layer: int) -> torch.Tensor:
-        """The (b, n) bool mask of x's valid tokens: made once per stack and shape in a forward and shared by
-        its layers (slicing and casting the call's mask per layer cost three ops a layer)."""
+    def _valid_mask(self, x: torch.Tensor, layer: int) -> Grid:
+        """x's valid tokens and their indices in their sequences (a ``Grid``): made once per stack and shape
+        in a forward and shared by its layers, with its null subsample."""
         stack = self.adapter.layers[layer].stack
         key = (stack, x.shape[:2], x.device)
         if key not in self._masks:
-            self._masks[key] = self._make_mask(x, stack)
+            mask = self._make_mask(x, stack)
+            self._masks[key] = Grid(mask, self._valid_before(stack, mask) + mask.cumsum(1) - 1)
         return self._masks[key]
+
+    def _valid_before(self, stack, mask: torch.Tensor) -> torch.Tensor:
+        """(b, 1) int64: valid tokens each sequence had before this forward (a KV cache's earlier
+        positions), from the call's own mask where it covers them, else counted by the monitor
+        over the open sequences' forwards. Device ops only."""
+        b, n = mask.shape
+        full = self._stack_masks[stack] if stack in self._stack_masks else self._mask
+        if full is not None and full.shape[0] == b and full.shape[1] > n:
+            return full[:, : full.shape[1] - n].to(mask.device).sum(1, keepdim=True)
+        seen = self._seen.get(stack)
+        if seen is not None and seen.shape[0] == b and seen.device == mask.device:
+            return seen
+        return torch.zeros(b, 1, dtype=torch.int64, device=mask.device)
 
     def _make_mask(self, x: torch.Tensor, stack) -> torch.Tensor:
         b, n = x.shape[:2]
@@ -112,15 +127,15 @@ class MonitorState:
             with torch.no_grad():
                 base = rp.post_norm.forward(pre)  # LN_t(pre), without running anyone's hooks
         if getattr(self.adapter.layers[layer], "masked", True):
-            mask = self._valid_mask(pre, layer)
+            grid = self._valid_mask(pre, layer)
         else:  # a tower the forward's attention_mask does not describe: all its tokens count
-            mask = torch.ones(pre.shape[:2], dtype=torch.bool, device=pre.device)
+            grid = Grid(torch.ones(pre.shape[:2], dtype=torch.bool, device=pre.device))
         if pre.shape[1] == 1 and self.sink_path is None and not self.keep_tokens:
-            self._pending_raw[layer] = (points, mask, base)  # reduced in batches once the forward ends
+            self._pending_raw[layer] = (points, grid, base)  # reduced in batches once the forward ends
             return
-        self._pending[layer] = info["reducer"].project(points, mask, base)  # reduced when the forward ends
+        self._pending[layer] = info["reducer"].project(points, grid, base)  # reduced when the forward ends
         if self.keep_tokens:
-            self._record_tokens(layer, points, mask)
+            self._record_tokens(layer, points, grid.mask)
 
     def _commit(self) -> None:
         """The forward ended: its layers are reduced together, and their sums count, all at once."""
@@ -130,12 +145,14 @@ class MonitorState:
             self._add(layer, sums, rows)
         for layer, item in self._pending_raw.items():
             buf = self._buf.setdefault(layer, [])
-            if buf and buf[0][1].shape[0] != item[1].shape[0]:
+            if buf and buf[0][1].mask.shape[0] != item[1].mask.shape[0]:
                 self._flush(layer)
                 buf = self._buf.setdefault(layer, [])
             buf.append(item)
-            if sum(mk.shape[0] for _, mk, _ in buf) >= BUFFER_TOKENS:
+            if sum(g.mask.shape[0] for _, g, _ in buf) >= BUFFER_TOKENS:
                 self._flush(layer)
+        for (stack, _, _), grid in self._masks.items():  # the open sequences' valid tokens so far
+            self._seen[stack] = grid.vi[:, -1:] + 1
         if self.sink_path is not None and self._pending:
             line = {"forward": self.n_forwards + 1, "stats": []}
             for layer, (sums, _) in sorted(self._pending.items()):
@@ -149,8 +166,10 @@ class MonitorState:
 
     def _add(self, layer: int, sums: dict, rows: torch.Tensor) -> None:
         st = self._state[layer]
+        fresh = layer in self._zero
+        self._zero.discard(layer)
         for k, v in sums.items():
-            st[k] = st[k].to(v.device) + v
+            st[k] = v if fresh else st[k].to(v.device) + v
         if rows is None:
             return
         open_rows = self._rows.get(layer)
@@ -170,6 +189,7 @@ class MonitorState:
 
         Layers whose counters have one shape and device are folded together, in one op each."""
         self._flush()
+        self._seen = {}
         groups: dict[tuple, list[int]] = {}
         for layer, rows in self._rows.items():
             groups.setdefault((rows.shape, rows.device), []).append(layer)
@@ -189,7 +209,7 @@ class MonitorState:
                 points = {p: cat([b[0][p] for b in buf]) for p in buf[0][0]}
                 red = self._layers[i]["reducer"]
                 items.append(
-                    (i, red, red.project(points, torch.cat([b[1] for b in buf], 1), cat([b[2] for b in buf]), False))
+                    (i, red, red.project(points, Grid.cat([b[1] for b in buf]), cat([b[2] for b in buf]), False))
                 )
         for (i, _, _), (sums, rows) in zip(items, reduce_many([(r, pr) for _, r, pr in items])):
             self._add(i, sums, rows)
@@ -297,6 +317,7 @@ class MonitorState:
         """Replace the statistics with a saved state (``state_dict`` of a monitor of the same layout)."""
         self._prepare()
         self._check_layout(state)
+        self._zero.clear()
         self._rows, self._buf = {}, {}
         for i in self._layers:
             self._state[i] = {k: torch.tensor(v, dtype=torch.float64) for k, v in state["layers"][str(i)].items()}
@@ -305,6 +326,7 @@ class MonitorState:
         """Add a saved state (another batch, process or run with the same layout) to this one."""
         self._prepare()
         self._check_layout(state)
+        self._zero.clear()
         for i in self._layers:
             other = {k: torch.tensor(v, dtype=torch.float64) for k, v in state["layers"][str(i)].items()}
             self._state[i] = M.merge_states(self._state[i], other)
@@ -340,15 +362,30 @@ class MonitorState:
             at += n
 
 
-def continues(kwargs) -> bool:
-    """True when this forward extends the previous one's sequences (a KV-cache step)."""
-    cp = kwargs.get("cache_position")
-    if isinstance(cp, torch.Tensor) and cp.numel():
-        return bool(cp.reshape(-1)[0] > 0)
+def continues(args, kwargs) -> bool:
+    """True when this forward extends the previous one's sequences (a KV-cache step).
+
+    Read without waiting for the device where possible: a mask wider than the positions computed,
+    a cache whose length is a host int, a ``cache_position`` on the CPU. Only a cache that keeps its
+    length on the device, with no such mask, costs one read.
+    """
     past = kwargs.get("past_key_values", kwargs.get("cache"))  # transformers 5 passes `cache`
-    if past is None:
+    cp = kwargs.get("cache_position")
+    if past is None and not isinstance(cp, torch.Tensor):
         return False
-    try:
-        return int(past.get_seq_length()) > 0
-    except (AttributeError, TypeError):
-        return bool(past)
+    mask = kwargs.get("attention_mask")
+    x = kwargs.get("input_ids", kwargs.get("inputs_embeds", args[0] if args else None))
+    if isinstance(mask, torch.Tensor) and mask.dim() == 2 and isinstance(x, torch.Tensor) and x.dim() >= 2:
+        return mask.shape[1] > x.shape[1]
+    if isinstance(cp, torch.Tensor) and cp.numel() and cp.device.type == "cpu":
+        return bool(cp.reshape(-1)[0] > 0)
+    if past is not None:
+        try:
+            length = past.get_seq_length()
+        except (AttributeError, TypeError):
+            return bool(past)
+        if isinstance(length, int):
+            return length > 0
+        if not isinstance(cp, torch.Tensor):
+            return int(length) > 0
+    return bool(cp.numel() and cp.reshape(-1)[0] > 0)

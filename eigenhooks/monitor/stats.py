@@ -184,6 +184,8 @@ def merge_states(a: dict, b: dict) -> dict:
 
 
 _CLU = ("n_clu", "clu_u2", "clu_un", "clu_n2", "clu_w2", "clu_wn", "clu_ns2")
+_CLU_SLICE = slice(_T[_CLU[0]], _T[_CLU[-1]] + 1)
+assert [_T[f] for f in _CLU] == list(range(_CLU_SLICE.start, _CLU_SLICE.stop)), "the cluster fields must be adjacent"
 
 
 def close_rows(tgt: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
@@ -195,7 +197,7 @@ def close_rows(tgt: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
     w = us - ubar
     add = torch.stack([(n > 0).double(), u * u, u * n, n * n, w * w, w * ns, ns * ns], -1).sum(-3)  # (..., T, 7)
     tgt = tgt.clone()
-    tgt[..., [_T[f] for f in _CLU]] += add
+    tgt[..., _CLU_SLICE] += add  # a slice, not a list: no index tensor made on the host each time
     return tgt
 
 
