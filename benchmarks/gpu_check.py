@@ -13,18 +13,31 @@ Checks, each printed with its figures and a PASS / FAIL / SKIP line:
    process on the same batches; ``device_map`` across 2 GPUs equals the single-device
    monitor. With 1 GPU both say "skipped: 1 GPU".
 
+5. ``--scale``: Llama-3.2-1B and Llama-3.1-8B shapes built from their configs with random
+   weights on the GPU (bf16; no download). For each: ``eh.monitor`` entry time cold (empty disk
+   cache, empty memo) and warm (disk cache); host syncs inside the monitor's hooks during a
+   forward and a generation (every hook runs under ``torch.cuda.set_sync_debug_mode("warn")``,
+   each warning counted; the whole forward's own syncs are counted apart, so the model's are not
+   blamed on the monitor); the forward (1B: 8x1024, 8B: 4x2048) and ``generate`` (4x(128+64),
+   4x(128+32)) ratios monitored / plain, alternated and synchronised (min over reps, and the
+   median of paired ratios); extra peak memory; whether every statistic is finite; and, on the
+   1B shape, the bf16 hi/lo projections against the float32 path on the same forward.
+
 Everything is offline (zoo models; SmolLM2 must be fetched already, else its checks are
-skipped and say so). Figures go to ``$OUT/gpu_check.json`` when OUT is set. Exit 1 if any
-check fails; without CUDA it prints "no CUDA device: nothing checked" and exits 0.
+skipped and say so). Figures go to ``$OUT/gpu_check.json`` when OUT is set (rewritten after
+every check, so a run cut short keeps what it measured). Exit 1 if any check fails; without
+CUDA it prints "no CUDA device: nothing checked" and exits 0.
 
-The functions take a ``device`` so that ``tests/test_gpu_check.py`` runs them on the CPU.
+The functions take a ``device`` so that ``tests/test_gpu_check.py`` runs them on the CPU
+(``--cpu``: tiny shapes stand in for the Llama ones).
 
-Usage: python benchmarks/gpu_check.py [--reps 10]
+Usage: python benchmarks/gpu_check.py [--reps 10] [--scale] [--cpu]
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import sys
@@ -309,6 +322,299 @@ def run_checks(device="cuda:0", reps: int = 10, models: list[str] | None = None)
     return figures
 
 
+# ---- 5. at scale: Llama-1B / Llama-8B shapes with random weights ----
+
+SHAPES = {
+    # Llama-3.2-1B and Llama-3.1-8B (their configs' attention and MLP shapes)
+    "llama-1b": dict(hidden_size=2048, intermediate_size=8192, num_hidden_layers=16, num_attention_heads=32,
+                     num_key_value_heads=8, vocab_size=128256, head_dim=64),
+    "llama-8b": dict(hidden_size=4096, intermediate_size=14336, num_hidden_layers=32, num_attention_heads=32,
+                     num_key_value_heads=8, vocab_size=128256, head_dim=128),
+}  # fmt: skip
+# What each shape runs: forward batch x seq, generate batch x (prompt + new), reps, and its goals.
+PLAN = {
+    "llama-1b": dict(fwd=(8, 1024), gen=(4, 128, 64), reps=10, goal_fwd=1.05, goal_gen=1.05, goal_cold=10.0),
+    "llama-8b": dict(fwd=(4, 2048), gen=(4, 128, 32), reps=6, goal_fwd=1.03, goal_gen=1.05, goal_cold=30.0),
+}
+GOAL_WARM = 3.0
+# Stand-ins for a dry run on the CPU: the same code paths, tiny shapes.
+CPU_SHAPES = {
+    "llama-1b": dict(hidden_size=128, intermediate_size=256, num_hidden_layers=3, num_attention_heads=8,
+                     num_key_value_heads=2, vocab_size=512, head_dim=16),
+    "llama-8b": dict(hidden_size=192, intermediate_size=256, num_hidden_layers=2, num_attention_heads=6,
+                     num_key_value_heads=2, vocab_size=512, head_dim=32),
+}  # fmt: skip
+CPU_PLAN = {k: dict(v, fwd=(2, 64), gen=(2, 16, 6), reps=2) for k, v in PLAN.items()}
+
+
+def build_shape(shape: dict, device, dtype):
+    """A LlamaForCausalLM of this shape with random weights, on device, eval mode (nothing downloaded)."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    cfg = LlamaConfig(**shape, max_position_embeddings=4096, rope_theta=500000.0, tie_word_embeddings=False)
+    torch.manual_seed(0)
+    with torch.device(device):
+        model = LlamaForCausalLM(cfg).to(dtype)
+    return model.eval()
+
+
+def _timed(fn, dev) -> float:
+    sync(dev)
+    t = time.perf_counter()
+    fn()
+    sync(dev)
+    return time.perf_counter() - t
+
+
+def paired(plain_fn, mon_fn, reps: int, dev) -> dict:
+    """Alternated, synchronised timings: min over reps of each, and the median of paired ratios."""
+    import statistics
+
+    p, m = [], []
+    for _ in range(reps):
+        p.append(_timed(plain_fn, dev))
+        m.append(_timed(mon_fn, dev))
+    ratios = [b / a for a, b in zip(p, m)]
+    return {
+        "plain_min_ms": 1e3 * min(p),
+        "monitored_min_ms": 1e3 * min(m),
+        "ratio_min": min(m) / min(p),
+        "ratio_median": statistics.median(ratios),
+        "reps": reps,
+    }
+
+
+@contextlib.contextmanager
+def count_syncs(dev):
+    """Count the host syncs torch's sync debug mode reports (CUDA only) inside the block: {'n': ...}."""
+    import warnings
+
+    box = {"n": 0, "where": []}
+    if torch.device(dev).type != "cuda":
+        yield box
+        return
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        before = torch.cuda.get_sync_debug_mode()
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            yield box
+        finally:
+            torch.cuda.set_sync_debug_mode(before)
+    hits = [w for w in caught if "synchroniz" in str(w.message).lower()]
+    box["n"] = len(hits)
+    box["where"] = sorted({f"{Path(w.filename).name}:{w.lineno}" for w in hits})[:8]
+
+
+def guard_hooks(mon, box: dict, dev) -> None:
+    """Run each of the monitor's hook entry points under the sync debug mode, counting into box.
+
+    The hooks look these methods up on the instance at call time, so wrapping them there (before
+    ``__enter__`` registers the model-level ones) covers every hook and nothing of the model's own."""
+    import functools
+    import warnings
+
+    if torch.device(dev).type != "cuda":
+        return
+    for name in ("_on_model_start", "_on_model_end", "_on_tap"):
+        fn = getattr(mon, name)
+
+        @functools.wraps(fn)
+        def wrapped(*a, _fn=fn, **k):
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                before = torch.cuda.get_sync_debug_mode()
+                torch.cuda.set_sync_debug_mode("warn")
+                try:
+                    return _fn(*a, **k)
+                finally:
+                    torch.cuda.set_sync_debug_mode(before)
+                    hits = [w for w in caught if "synchroniz" in str(w.message).lower()]
+                    box["n"] += len(hits)
+                    box["where"].extend(f"{Path(w.filename).name}:{w.lineno}" for w in hits[:2])
+
+        setattr(mon, name, wrapped)
+
+
+def _entry(model, dev) -> tuple[float, float]:
+    """eh.monitor entry: cold (fresh disk cache, empty memo) and warm (disk cache, empty memo), seconds."""
+    import warnings
+
+    import eigenhooks as eh
+    from eigenhooks.spectra import clear_memo
+
+    os.environ["EIGENHOOKS_CACHE"] = tempfile.mkdtemp(prefix="eh-scale-cache-")
+    times = []
+    for _ in range(2):
+        clear_memo()
+        mon = eh.monitor(model)
+        times.append(_timed(mon.__enter__, dev))
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", eh.MeasurementWarning)  # entered to be timed, not to measure
+            mon.__exit__(None, None, None)
+    return times[0], times[1]
+
+
+def _split_vs_float32(model, batch: dict) -> dict:
+    """The bf16 hi/lo projections against the float32 path, on the same forward: max |diff| per column."""
+    import eigenhooks as eh
+    from eigenhooks.monitor import reduce
+
+    out = {}
+    for mode in ("split", "float32"):
+        saved = dict(reduce._OUT_DTYPE)
+        if mode == "float32":
+            for k in list(reduce._OUT_DTYPE):
+                reduce._OUT_DTYPE[k] = False
+            reduce._OUT_DTYPE.setdefault((next(model.parameters()).device.type, torch.bfloat16), False)
+        try:
+            with eh.monitor(model) as mon, torch.no_grad():
+                model(**batch)
+            out[mode] = mon.summary()
+        finally:
+            reduce._OUT_DTYPE.clear()
+            reduce._OUT_DTYPE.update(saved)
+    cols = ["gamma_pre", "gamma_mid", "rho", "null_rho_lo", "null_rho_hi", "rho_percentile", "p_null", "lift"]
+    d = {c: float((out["split"][c] - out["float32"][c]).abs().max()) for c in cols}
+    d["n_tokens_equal"] = bool((out["split"]["n_tokens"] == out["float32"]["n_tokens"]).all())
+    d["ok"] = d["n_tokens_equal"] and d["gamma_pre"] <= 1e-4 and d["rho"] <= 0.01
+    return d
+
+
+def scale_check(name: str, device, shape: dict, plan: dict, figures: dict, out: str | None) -> None:
+    """One shape: entry, syncs, forward and generate ratios, memory, finiteness. Figures into figures[name]."""
+    import copy
+
+    import eigenhooks as eh
+
+    dev = torch.device(device)
+    dtype = torch.bfloat16
+    f = figures.setdefault(name, {})
+    t = time.perf_counter()
+    model = build_shape(shape, dev, dtype)
+    plain = copy.deepcopy(model)
+    sync(dev)
+    f["build_s"] = time.perf_counter() - t
+    cold, warm = _entry(model, dev)
+    f.update(entry_cold_s=cold, entry_warm_s=warm)
+    ok_entry = dev.type != "cuda" or (cold <= plan["goal_cold"] and warm <= GOAL_WARM)
+    check_line(
+        f"{name} monitor entry",
+        ok_entry,
+        f"cold {cold:.2f} s (goal <= {plan['goal_cold']:.0f}), warm {warm:.2f} s (goal <= {GOAL_WARM:.0f})",
+    )
+    _save(figures, out)
+
+    b, n = plan["fwd"]
+    g = torch.Generator().manual_seed(1)
+    ids = torch.randint(0, shape["vocab_size"], (b, n), generator=g).to(dev)
+    batch = {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
+    gb, gp, gn = plan["gen"]
+    gbatch = {"input_ids": ids[:gb, :gp], "attention_mask": torch.ones_like(ids[:gb, :gp])}
+
+    def fwd(m):
+        def f_():
+            with torch.no_grad():
+                m(**batch)
+
+        return f_
+
+    def gen(m):
+        def f_():
+            with torch.no_grad():
+                m.generate(**gbatch, max_new_tokens=gn, min_new_tokens=gn, do_sample=False, pad_token_id=0)
+
+        return f_
+
+    fwd(plain)(), fwd(plain)()
+    with count_syncs(dev) as plain_syncs:
+        fwd(plain)()
+    f["plain_forward_syncs"] = plain_syncs["n"]
+    base_peak = peak = 0
+    if dev.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(dev)
+        fwd(plain)()
+        base_peak = torch.cuda.max_memory_allocated(dev)
+    hook_syncs = {"n": 0, "where": []}
+    guarded = eh.monitor(model)
+    guard_hooks(guarded, hook_syncs, dev)
+    with guarded:
+        fwd(model)()  # the first forward too: constants are made at entry
+        gen(model)()
+    f["hook_syncs"] = hook_syncs["n"]
+    f["hook_sync_sites"] = sorted(set(hook_syncs["where"]))[:8]
+    check_line(
+        f"{name} host syncs inside the monitor's hooks (1 forward + 1 generate)",
+        hook_syncs["n"] == 0,
+        f"{hook_syncs['n']} {f['hook_sync_sites']} (the plain forward itself: {plain_syncs['n']})",
+    )
+    from eigenhooks.monitor import reduce
+
+    f["split_projections"] = {f"{k[0]}/{str(k[1])[6:]}": v for k, v in reduce._OUT_DTYPE.items()}
+    with eh.monitor(model) as mon:  # a monitor without the guard, for the timings (entry: the memo)
+        fwd(model)()
+        if dev.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(dev)
+            fwd(model)()
+            peak = torch.cuda.max_memory_allocated(dev)
+        f["extra_peak_GiB"] = (peak - base_peak) / 2**30
+        f["forward"] = r = paired(fwd(plain), fwd(model), plan["reps"], dev)
+        check_line(
+            f"{name} forward {b}x{n} bf16 monitored/plain",
+            dev.type != "cuda" or r["ratio_min"] <= plan["goal_fwd"],
+            f"plain {r['plain_min_ms']:.1f} ms, monitored {r['monitored_min_ms']:.1f} ms, ratio(min) {r['ratio_min']:.3f}, "
+            f"ratio(median pair) {r['ratio_median']:.3f} (goal <= {plan['goal_fwd']}); extra peak {f['extra_peak_GiB']:.2f} GiB",
+        )
+        _save(figures, out)
+        gen(model)(), gen(plain)()
+        f["generate"] = r = paired(gen(plain), gen(model), max(3, plan["reps"] // 2), dev)
+        check_line(
+            f"{name} generate {gb}x({gp}+{gn}) monitored/plain",
+            dev.type != "cuda" or r["ratio_min"] <= plan["goal_gen"],
+            f"plain {r['plain_min_ms']:.0f} ms, monitored {r['monitored_min_ms']:.0f} ms, ratio(min) {r['ratio_min']:.3f}, "
+            f"ratio(median pair) {r['ratio_median']:.3f} (goal <= {plan['goal_gen']})",
+        )
+    s = mon.summary()
+    cols = [
+        c
+        for c in ("gamma_pre", "gamma_mid", "gamma_post", "rho", "null_rho_lo", "null_rho_hi", "p_null")
+        if c in s.columns
+    ]
+    f["rows"], f["all_finite"] = len(s), bool(s[cols].notna().all().all())
+    f["n_tokens"] = int(s["n_tokens"].max())
+    check_line(f"{name} statistics finite", f["all_finite"], f"{len(s)} rows, n_tokens {f['n_tokens']}")
+    f["ok"] = bool(ok_entry and f["all_finite"] and f["hook_syncs"] == 0)
+    _save(figures, out)
+    if name == "llama-1b" and dev.type == "cuda":
+        d = _split_vs_float32(model, batch)
+        figures["bf16_split_vs_float32"] = d
+        check_line("bf16 hi/lo projections vs float32 path (llama-1b, one forward)", d["ok"], _fmt(d))
+    del model, plain
+    if dev.type == "cuda":
+        torch.cuda.empty_cache()
+    _save(figures, out)
+
+
+def _save(figures: dict, out: str | None) -> None:
+    if out:
+        Path(out, "gpu_check.json").write_text(json.dumps(figures, indent=1, default=str))
+
+
+def run_scale(device, figures: dict, out: str | None, shapes: list[str] | None = None) -> None:
+    cpu = torch.device(device).type != "cuda"
+    for name in shapes or list(SHAPES):
+        t = time.perf_counter()
+        try:
+            scale_check(
+                name, device, (CPU_SHAPES if cpu else SHAPES)[name], (CPU_PLAN if cpu else PLAN)[name], figures, out
+            )
+        except Exception as e:  # one shape's failure is reported, the next still runs
+            figures.setdefault(name, {}).update(ok=False, error=f"{type(e).__name__}: {e}")
+            check_line(f"{name} at scale", False, f"{type(e).__name__}: {e}")
+        figures[name]["seconds"] = time.perf_counter() - t
+        _save(figures, out)
+
+
 def _failed(figures: dict) -> list[str]:
     return [k for k, v in figures.items() if isinstance(v, dict) and v.get("ok") is False]
 
@@ -318,6 +624,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--reps", type=int, default=10)
     p.add_argument("--models", nargs="+", help="zoo models to check (default: gpt2-tiny, and SmolLM2 if fetched)")
     p.add_argument("--cpu", action="store_true", help="dry run of the script's flow on the CPU (checks no GPU)")
+    p.add_argument(
+        "--scale", action="store_true", help="also the Llama-1B / Llama-8B shapes (tiny stand-ins with --cpu)"
+    )
+    p.add_argument("--shapes", nargs="+", choices=sorted(SHAPES), help="with --scale: which shapes (default: all)")
+    p.add_argument("--only-scale", action="store_true", help="with --scale: skip the zoo-model checks")
     a = p.parse_args(argv)
     for k in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE", "TRANSFORMERS_OFFLINE"):
         os.environ.setdefault(k, "1")
@@ -334,12 +645,18 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.perf_counter()
     n_gpu = torch.cuda.device_count() if torch.cuda.is_available() else 0
     print(f"torch {torch.__version__}, CUDA {torch.version.cuda}, {n_gpu} GPU(s)", flush=True)
-    figures = run_checks("cpu" if a.cpu else "cuda:0", a.reps, a.models)
+    device = "cpu" if a.cpu else "cuda:0"
+    figures = {} if a.only_scale else run_checks(device, a.reps, a.models)
+    _save(figures, out)
+    if a.scale:
+        import transformers
+
+        figures.update(torch=torch.__version__, transformers=transformers.__version__, cores=os.cpu_count())
+        run_scale(device, figures, out, a.shapes)
     figures["seconds"] = time.perf_counter() - t0
     failed = _failed(figures)
     print(f"{'FAIL' if failed else 'PASS'} gpu_check: {len(failed)} failed {failed} in {figures['seconds']:.0f} s")
-    if out:
-        Path(out, "gpu_check.json").write_text(json.dumps(figures, indent=1, default=str))
+    _save(figures, out)
     return 1 if failed else 0
 
 

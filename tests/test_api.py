@@ -19,7 +19,7 @@ def test_cache_hit_skips_computation(monkeypatch):
     def boom(*a, **k):
         raise AssertionError("recomputed despite a cache hit")
 
-    monkeypatch.setattr(compute, "layer_spectrum", boom)
+    monkeypatch.setattr(compute, "layer_spectra", boom)
     compute.clear_memo()  # the disk cache is what is tested here, not the in-process memo
     second = eh.spectra(model, heads=True)
     for a, b in zip(first, second):
@@ -110,14 +110,14 @@ def test_one_layer_runs_inline(monkeypatch, layers, inline):
 
     model = build("gpt2")
     seen = []
-    real = compute.layer_spectrum
+    real = compute.layer_spectra
 
     def spy(*a, **k):
         seen.append(threading.current_thread() is threading.main_thread())
         return real(*a, **k)
 
-    monkeypatch.setattr(compute, "layer_spectrum", spy)
-    monkeypatch.setattr(compute.os, "cpu_count", lambda: 2)
+    monkeypatch.setattr(compute, "layer_spectra", spy)
+    monkeypatch.setattr(compute, "_cores", lambda: 2)
     specs = eh.spectra(model, layers=layers, cache=False)
     assert seen and all(s == inline for s in seen), seen
     ref = [eh.layer_spectrum(compute.layer_factors(eh.get_adapter(model), s.layer)[0]) for s in specs]
@@ -131,6 +131,6 @@ def test_inline_job_error_propagates(monkeypatch):
     def boom(*a, **k):
         raise RuntimeError("eig failed")
 
-    monkeypatch.setattr(compute, "layer_spectrum", boom)
+    monkeypatch.setattr(compute, "layer_spectra", boom)
     with pytest.raises(RuntimeError, match="eig failed"):
         eh.spectra(model, layers=[0], cache=False)

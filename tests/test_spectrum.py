@@ -250,7 +250,7 @@ def test_fast_path_never_runs_a_full_eig(monkeypatch):
 def _spectra_calls(monkeypatch):
     """Count eig runs and weight hashes behind eh.spectra."""
     calls = {"eig": 0, "hash": 0}
-    real_eig, real_key = compute.layer_spectrum, disk.cache_key
+    real_eig, real_key = compute.layer_spectra, disk.cache_keys
 
     def eig(*a, **k):
         calls["eig"] += 1
@@ -260,8 +260,8 @@ def _spectra_calls(monkeypatch):
         calls["hash"] += 1
         return real_key(*a, **k)
 
-    monkeypatch.setattr(compute, "layer_spectrum", eig)
-    monkeypatch.setattr(disk, "cache_key", key)
+    monkeypatch.setattr(compute, "layer_spectra", eig)
+    monkeypatch.setattr(disk, "cache_keys", key)
     return calls
 
 

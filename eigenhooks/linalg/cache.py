@@ -60,32 +60,40 @@ def _dense_view(t: torch.Tensor) -> tuple[torch.Tensor, tuple[int, ...]]:
     return t.contiguous(), tuple(range(t.dim()))
 
 
-def _feed(h, t: torch.Tensor) -> None:
-    """Hash dtype, shape, layout and bytes of t (the layout is keyed, so equal keys mean equal values)."""
+def _feed(hs, t: torch.Tensor) -> None:
+    """Hash dtype, shape, layout and bytes of t into one hasher or each of a list (the layout is keyed,
+    so equal keys mean equal values)."""
     t, order = _dense_view(t.detach().to("cpu"))
-    h.update(f"{t.dtype}{tuple(t.shape)}{order}".encode())
-    if t.numel():
-        h.update(t.reshape(-1).view(torch.uint8).numpy())  # a buffer over t's memory, no copy
+    head = f"{t.dtype}{tuple(t.shape)}{order}".encode()
+    buf = t.reshape(-1).view(torch.uint8).numpy() if t.numel() else None  # a buffer over t's memory, no copy
+    for h in hs if isinstance(hs, list) else [hs]:
+        h.update(head)
+        if buf is not None:
+            h.update(buf)
 
 
 def cache_key(factors: Factors, extra: torch.Tensor | None, options: dict) -> str:
+    """The cache key of one spectrum; see ``cache_keys``."""
+    return cache_keys(factors, extra, [options])[0]
+
+
+def cache_keys(factors: Factors, extra: torch.Tensor | None, options: list[dict]) -> list[str]:
     """Hash of the weights that define F (and the options that shape the result).
 
     Args:
         factors: the layer's (O, V) factors.
         extra: the folded norm scale (d,) for ``ov_ln``, else None.
-        options: every option that changes the spectrum (variant, rank, top, ...).
+        options: for each key, every option that changes the spectrum (variant, rank, top, ...).
 
     Returns:
-        40 hex digits.
+        one key of 40 hex digits per options dict; the weights are copied to the host once for all.
     """
-    h = hashlib.sha256()  # ~2x blake2b's speed here (SHA extensions)
-    h.update(json.dumps({"format": CACHE_FORMAT, **options}, sort_keys=True).encode())
-    for t in (factors.O_heads, factors.V_groups, factors.group_of_head):
-        _feed(h, t)
-    if extra is not None:
-        _feed(h, extra)
-    return h.hexdigest()[:40]
+    hs = [hashlib.sha256() for _ in options]  # ~2x blake2b's speed here (SHA extensions)
+    for h, o in zip(hs, options):
+        h.update(json.dumps({"format": CACHE_FORMAT, **o}, sort_keys=True).encode())
+    for t in (factors.O_heads, factors.V_groups, factors.group_of_head) + ((extra,) if extra is not None else ()):
+        _feed(hs, t)
+    return [h.hexdigest()[:40] for h in hs]
 
 
 def _checksum(tensors: dict[str, torch.Tensor], meta: str, key: str) -> str:

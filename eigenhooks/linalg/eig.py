@@ -193,6 +193,25 @@ def real_eigvals(M: torch.Tensor) -> torch.Tensor:
     return torch.from_numpy(np.asarray(w, dtype=np.complex128))
 
 
+# More wanted eigenvectors than this: one full eigen-decomposition (values and vectors together)
+# costs less than eigenvalues plus an inverse iteration (an LU) for each vector. The monitor asks
+# for 2 * eig_top = 32 vectors under two ranking rules at once; the CLI's spectra for 4.
+FULL_EIG_VECTORS = 8
+
+
+def full_eig(M: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """All eigenvalues and right eigenvectors of a real square float64 matrix: (n,), (n, n) complex128.
+
+    LAPACK ``dgeev`` through scipy (``check_finite=False``: callers check V O once); columns are unit
+    vectors, M v_i = w_i v_i.
+    """
+    import scipy.linalg
+
+    A = np.array(M.detach().cpu().numpy(), order="F")  # a private Fortran copy LAPACK may overwrite
+    w, vr = scipy.linalg.eig(A, overwrite_a=True, check_finite=False)
+    return torch.from_numpy(np.asarray(w, np.complex128)), torch.from_numpy(np.asarray(vr, np.complex128))
+
+
 def _matmul(A: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
     """A @ x for a real A and a real or complex x, without a complex copy of A."""
     if not x.is_complex():
@@ -304,7 +323,8 @@ def _small_side(O: torch.Tensor, V: torch.Tensor, top: int, ranks: tuple[str, ..
     """
     d, r = O.shape
     M = _finite(V @ O)  # (r, r)
-    mu = real_eigvals(M)  # (r,) complex128
+    full = top * len(ranks) > FULL_EIG_VECTORS and r > 0
+    mu, Y_all = full_eig(M) if full else (real_eigvals(M), None)  # (r,) complex128 [, (r, r)]
     eigenvalues = torch.cat([mu, torch.zeros(d - r, dtype=mu.dtype)])  # (d,)
     zero_tol = 1e-12 * max(float(mu.abs().max()), 1e-300) if r else 0.0
     want = _leading(eigenvalues, top, ranks)
@@ -313,7 +333,8 @@ def _small_side(O: torch.Tensor, V: torch.Tensor, top: int, ranks: tuple[str, ..
     vals = mu[nonzero]
     vecs = torch.zeros(d, 0, dtype=torch.complex128)
     if nonzero:
-        Y = _dense_top_vectors(M, vals, len(nonzero))  # (r, c): M y = mu y
+        # (r, c): M y = mu y, from the full decomposition or by inverse iteration for each
+        Y = Y_all[:, nonzero] if full else _dense_top_vectors(M, vals, len(nonzero))
         vecs = _matmul(O, Y)  # (d, c): v = O y
         vecs = vecs / torch.linalg.vector_norm(vecs, dim=0)
     if n_zero:
@@ -333,7 +354,8 @@ def eig_factored(
     V O (r x r), with eigenvectors v = O y; the other d - r eigenvalues are 0. Either way,
     only eigenvalues are computed for the whole matrix (``eigvals``), and eigenvectors only
     for the leading ones, by shifted inverse iteration (a full ``eig`` is the fallback when
-    an inverse-iteration residual is poor).
+    an inverse-iteration residual is poor). When more than ``FULL_EIG_VECTORS`` vectors are
+    wanted (top times the ranking rules), one full ``eig`` gives them all at once instead.
 
     Args:
         O: (d, r) float64. V: (r, d) float64.
@@ -351,6 +373,10 @@ def eig_factored(
     # The dense path keeps torch's eigvals: on GPT-2-small (12 dense 768 x 768 layers) it was
     # faster inside eh.spectra (3.9-4.2 s against 4.9-5.5 s with scipy), while on its own
     # a 768 x 768 eigvals takes the same time with either.
+    if top * len(ranks) > FULL_EIG_VECTORS:
+        eigenvalues, all_vecs = full_eig(F)
+        cand = _leading(eigenvalues, top, ranks, extra=1)
+        return eigenvalues, all_vecs[:, cand], eigenvalues[cand]
     eigenvalues = torch.linalg.eigvals(F)
     cand = _leading(eigenvalues, top, ranks, extra=1)
     vals = eigenvalues[cand]
@@ -439,6 +465,35 @@ def head_spectra(factors: Factors) -> list[HeadSpectrum]:
     return out
 
 
+def layer_spectra(
+    factors: Factors,
+    *,
+    ranks: tuple[str, ...] = ("modulus",),
+    layer: int = 0,
+    variant: str = "ov",
+    top: int = DEFAULT_TOP,
+    threshold: float = DEFAULT_THRESHOLD,
+    heads: bool = False,
+) -> dict[str, LayerSpectrum]:
+    """``layer_spectrum`` under several ranking rules, from one eigen-decomposition: {rank: spectrum}."""
+    for rank in ranks:
+        rank_scores(torch.zeros(1), rank)  # validates rank
+    O, V = factors.stacked(torch.float64)
+    try:
+        eigenvalues, vecs, vals = eig_factored(O, V, top=top, ranks=tuple(ranks))
+    except NonFiniteError as e:
+        raise NonFiniteError(f"layer {layer}: {e}") from None
+    out = {
+        rank: principal(eigenvalues, vecs, vals, layer=layer, variant=variant, rank=rank, top=top, threshold=threshold)
+        for rank in ranks
+    }
+    if heads:
+        per_head = head_spectra(factors)
+        for spec in out.values():
+            spec.heads = per_head
+    return out
+
+
 def layer_spectrum(
     factors: Factors,
     *,
@@ -464,13 +519,6 @@ def layer_spectrum(
         >>> layer_spectrum(f).lambda_1
         (3+0j)
     """
-    rank_scores(torch.zeros(1), rank)  # validates rank
-    O, V = factors.stacked(torch.float64)
-    try:
-        eigenvalues, vecs, vals = eig_factored(O, V, top=top, ranks=(rank,))
-    except NonFiniteError as e:
-        raise NonFiniteError(f"layer {layer}: {e}") from None
-    spec = principal(eigenvalues, vecs, vals, layer=layer, variant=variant, rank=rank, top=top, threshold=threshold)
-    if heads:
-        spec.heads = head_spectra(factors)
-    return spec
+    return layer_spectra(
+        factors, ranks=(rank,), layer=layer, variant=variant, top=top, threshold=threshold, heads=heads
+    )[rank]

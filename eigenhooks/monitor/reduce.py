@@ -88,9 +88,11 @@ def _has_out_dtype(device: torch.device, dtype: torch.dtype) -> bool:
     if key not in _OUT_DTYPE:
         ok = device.type == "cuda" and dtype in (torch.bfloat16, torch.float16)
         if ok:
-            try:
+            try:  # the very calls _mm and _bmm make
                 a = torch.zeros(2, 2, device=device, dtype=dtype)
-                ok = torch.mm(a, a, out_dtype=torch.float32).dtype == torch.float32
+                o = torch.empty(2, 2, device=device, dtype=torch.float32)
+                torch.mm(a, a, out_dtype=torch.float32, out=o)
+                ok = o.dtype == torch.float32 and torch.bmm(a[None], a[None], out_dtype=torch.float32).dtype == o.dtype
             except (RuntimeError, TypeError, NotImplementedError):
                 ok = False
         _OUT_DTYPE[key] = ok
@@ -101,9 +103,12 @@ def _mm(X: torch.Tensor, B, out: torch.Tensor) -> None:
     """out (float32) = X @ B: B is (d, C) float32, or (2, d, C) hi/lo halves in X's dtype."""
     if B.dim() == 2:
         torch.mm(X if X.dtype == torch.float32 else X.float(), B, out=out)
-    else:
+        return
+    try:
         torch.mm(X, B[0], out_dtype=torch.float32, out=out)
         out.add_(torch.mm(X, B[1], out_dtype=torch.float32))
+    except RuntimeError:  # a shape or layout the half path refuses: the float32 path, same numbers to ~2^-16
+        torch.mm(X.float(), B[0].float() + B[1].float(), out=out)
 
 
 def _norms(X: torch.Tensor, out: torch.Tensor) -> None:
@@ -304,7 +309,10 @@ def _bmm(w: torch.Tensor, X: torch.Tensor, out: torch.Tensor) -> None:
     elif _has_out_dtype(X.device, X.dtype):  # w as hi + lo halves in X's dtype, one bmm for both
         hi = w.to(X.dtype)
         W = torch.cat([hi, (w - hi.float()).to(X.dtype)], 1)  # (b, 2, n)
-        torch.bmm(W, X, out_dtype=torch.float32).sum(1, keepdim=True, out=out)
+        try:
+            torch.bmm(W, X, out_dtype=torch.float32).sum(1, keepdim=True, out=out)
+        except RuntimeError:
+            torch.bmm(w, X.float(), out=out)
     else:
         torch.bmm(w, X.float(), out=out)
 
@@ -321,6 +329,7 @@ def pad_to_stack(reducers: list[LayerReducer]) -> list[Arena]:
     for rs in kinds.values():
         width = max(r.haar_start for r in rs)
         arena = Arena(len(rs))
+        arena.reds = rs
         for i, r in enumerate(rs):
             r.pad_eig(width)
             r.arena, r.row = arena, i
@@ -341,6 +350,7 @@ class Arena:
 
     def __init__(self, size: int):
         self.size = size
+        self.reds: list[LayerReducer] = []  # its reducers, in row order
         self.bufs: dict[tuple, dict[str, torch.Tensor]] = {}
         self.views: dict[tuple, dict[int, tuple]] = {}  # key -> row -> (its row of bufs, per-point views)
         self.taken: set[tuple] = set()
@@ -412,6 +422,19 @@ def reduce_many(items: list[tuple[LayerReducer, dict]]) -> list[tuple[dict, torc
         if pr["slot"] is not None:
             pr["slot"].give_back()
     return out
+
+
+def warm(arenas: list[Arena], where: dict[int, tuple[torch.device, torch.dtype]]) -> None:
+    """Make the device constants before the first forward: each reducer's bases on its layer's device
+    in its activations' dtype, and each arena's stacked eigen-slot constants. {id(reducer): (device,
+    dtype)}, as the model's weights suggest; a forward on another device or dtype makes its own."""
+    for arena in arenas:
+        for r in arena.reds:
+            if id(r) in where:
+                r._on(*where[id(r)])
+        devs = {where[id(r)][0] for r in arena.reds if id(r) in where}
+        if arena.reds and arena.reds[0].m and len(devs) == 1 and len(where) and all(id(r) in where for r in arena.reds):
+            _group_constants(arena.reds, devs.pop())
 
 
 def _group_constants(reds: list[LayerReducer], dev: torch.device) -> tuple[torch.Tensor, torch.Tensor]:

@@ -15,9 +15,9 @@ from pathlib import Path
 import torch
 
 from ..models.base import as_tokens
-from ..spectra.compute import layer_stacked, spectra
+from ..spectra.compute import layer_stacked, spectra_by_rank
 from . import stats as M
-from .reduce import Grid, LayerReducer, pad_to_stack, reduce_many
+from .reduce import Grid, LayerReducer, pad_to_stack, reduce_many, warm
 
 BUFFER_TOKENS = 256  # single-position forwards reduced together; bounds the buffer's memory
 
@@ -33,11 +33,16 @@ class MonitorState:
             return
         ad = self.adapter
         top = max(4, 2 * self.m)
-        specs = {}
+        wanted: dict[str, list[str]] = {}  # variant -> ranking rules: one eigen-decomposition a layer for all
         for _name, variant, rank, _per in self.target_defs:
-            key = (variant or "ov", rank or "modulus")
-            if key not in specs:
-                specs[key] = spectra(ad, variant=key[0], rank=key[1], top=top)
+            ranks = wanted.setdefault(variant or "ov", [])
+            if (rank or "modulus") not in ranks:
+                ranks.append(rank or "modulus")
+        specs = {
+            (variant, rank): layer_specs
+            for variant, ranks in wanted.items()
+            for rank, layer_specs in spectra_by_rank(ad, variant, tuple(ranks), top=top).items()
+        }
         for i in range(ad.n_layers):
             tgts, meta = [], []
             for name, variant, rank, per in self.target_defs:
@@ -68,6 +73,7 @@ class MonitorState:
             self._state[i] = M.zero_state(len(tgts), len(red.ks), self.K, max(red.m, 0), red.Kf)
             self._zero.add(i)  # replaced, not added to, by the first forward: no zeros copied to the device
         self._arenas = pad_to_stack([info["reducer"] for info in self._layers.values()])  # one kind reduces together
+        warm(self._arenas, {id(info["reducer"]): _where(ad, i) for i, info in self._layers.items() if _where(ad, i)})
 
     def _seed(self, layer: int, which: int) -> int:
         return (self.null_seed * 1_000_003 + layer * 101 + which) % (2**63)
@@ -149,7 +155,7 @@ class MonitorState:
                 self._flush(layer)
                 buf = self._buf.setdefault(layer, [])
             buf.append(item)
-            if sum(g.mask.shape[0] for _, g, _ in buf) >= BUFFER_TOKENS:
+            if len(buf) * item[1].mask.shape[0] >= BUFFER_TOKENS:  # one batch size per buffer (see above)
                 self._flush(layer)
         for (stack, _, _), grid in self._masks.items():  # the open sequences' valid tokens so far
             self._seen[stack] = grid.vi[:, -1:] + 1
@@ -360,6 +366,16 @@ class MonitorState:
             n = v.numel()
             self._state[i][k] = flat[at : at + n].reshape(v.shape).to(v.device)
             at += n
+
+
+def _where(adapter, i: int) -> tuple[torch.device, torch.dtype] | None:
+    """The device and floating dtype of layer i's attention weights: where its activations will be."""
+    ly = adapter.layers[i]
+    for m in (ly.o_proj, ly.attn_out, ly.block):
+        p = next((p for p in m.parameters() if p.is_floating_point()), None) if isinstance(m, torch.nn.Module) else None
+        if p is not None and p.device.type != "meta":
+            return p.device, p.dtype
+    return None
 
 
 def continues(args, kwargs) -> bool:

@@ -10,12 +10,21 @@ import os
 import weakref
 from collections import OrderedDict
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
 
 from ..linalg import cache as disk
-from ..linalg.eig import DEFAULT_THRESHOLD, DEFAULT_TOP, RANKS, Factors, LayerSpectrum, NonFiniteError, layer_spectrum
+from ..linalg.eig import (
+    DEFAULT_THRESHOLD,
+    DEFAULT_TOP,
+    RANKS,
+    Factors,
+    LayerSpectrum,
+    NonFiniteError,
+    layer_spectra,
+)
 from ..models import Adapter, get_adapter
 from ..models.offload import onloaded, source_modules
 from ..models.probe import apply_attention_many, probe_matrices
@@ -92,65 +101,139 @@ def spectra(
         >>> [s.kind for s in eh.spectra(model)]  # doctest: +SKIP
         ['real-dominant', 'complex-dominant', ...]
     """
-    if rank not in RANKS:
-        raise ValueError(f"rank must be one of {RANKS}, got {rank!r}")
+    return spectra_by_rank(
+        model, variant, (rank,), layers=layers, heads=heads, top=top, threshold=threshold, cache=cache
+    )[rank]
+
+
+def spectra_by_rank(
+    model,
+    variant: str = "ov",
+    ranks: tuple[str, ...] = RANKS,
+    *,
+    layers: list[int] | None = None,
+    heads: bool = False,
+    top: int = DEFAULT_TOP,
+    threshold: float = DEFAULT_THRESHOLD,
+    cache: bool = True,
+) -> dict[str, list[LayerSpectrum]]:
+    """``spectra`` under several ranking rules: {rank: one LayerSpectrum per layer}.
+
+    Each layer is read, hashed and eigen-decomposed once for all the rules (they rank the same
+    eigenvalues of the same F); each rule's spectrum is cached on its own, as ``spectra`` caches it.
+    """
+    for rank in ranks:
+        if rank not in RANKS:
+            raise ValueError(f"rank must be one of {RANKS}, got {rank!r}")
     if variant not in VARIANTS:
         raise ValueError(f"variant must be one of {VARIANTS}, got {variant!r}")
     adapter = get_adapter(model)
     idx = list(range(adapter.n_layers)) if layers is None else [_check_layer(adapter, i) for i in layers]
     options = {
-        "variant": variant,
-        "rank": rank,
-        "top": top,
-        "threshold": threshold,
-        "heads": heads,
-        "norm_position": adapter.norm_position,
+        rank: {
+            "variant": variant,
+            "rank": rank,
+            "top": top,
+            "threshold": threshold,
+            "heads": heads,
+            "norm_position": adapter.norm_position,
+        }
+        for rank in dict.fromkeys(ranks)
     }
     reps: dict[int, int] = {}  # shared-weight group -> the layer computed for it
     for i in idx:
         reps.setdefault(adapter.layers[i].group, i)
     found = _compute_groups(adapter, reps, options, cache)
-    return [
-        _relabel(found[adapter.layers[i].group], i)
-        if reps[adapter.layers[i].group] != i
-        else found[adapter.layers[i].group]
-        for i in idx
-    ]
+    return {
+        rank: [
+            _relabel(found[rank][adapter.layers[i].group], i)
+            if reps[adapter.layers[i].group] != i
+            else found[rank][adapter.layers[i].group]
+            for i in idx
+        ]
+        for rank in options
+    }
 
 
-def _compute_groups(adapter: Adapter, reps: dict[int, int], options: dict, cache: bool) -> dict[int, LayerSpectrum]:
-    """One spectrum per shared-weight group, layer by layer: memo, then disk cache, then eig.
+def _cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
+@contextmanager
+def _blas_threads(n: int):
+    """Limit the BLAS / LAPACK threads of torch and numpy/scipy to n while the layers run side by side,
+    so that workers x BLAS threads never exceed the cores (16 workers each using all 16 cores' BLAS
+    was most of a 75 s entry on an H200 machine)."""
+    before = torch.get_num_threads()
+    try:
+        from threadpoolctl import threadpool_limits
+    except ImportError:  # then numpy/scipy keep their own threads; torch's are still limited
+        threadpool_limits = None
+    torch.set_num_threads(n)
+    try:
+        if threadpool_limits is None:
+            yield
+        else:
+            with threadpool_limits(limits=n):
+                yield
+    finally:
+        torch.set_num_threads(before)
+
+
+def _compute_groups(
+    adapter: Adapter, reps: dict[int, int], options: dict[str, dict], cache: bool
+) -> dict[str, dict[int, LayerSpectrum]]:
+    """{rank: one spectrum per shared-weight group}, layer by layer: memo, then disk cache, then eig.
 
     The eigen-decompositions run a few layers at a time (LAPACK's eig is mostly serial, so
-    layers side by side use the cores it leaves idle); at most ``workers`` layers wait in
-    flight, so an offloaded model holds only that many layers' factors at once.
+    layers side by side use the cores it leaves idle), each with cores // workers BLAS threads;
+    at most ``workers`` layers wait in flight, so an offloaded model holds only that many
+    layers' factors at once. A layer missing under several rules is decomposed once for all.
     """
-    found: dict[int, LayerSpectrum] = {}
-    memo_keys: dict[int, tuple] = {}
-    workers = max(1, min(len(reps), os.cpu_count() or 1))
+    ranks = list(options)
+    found: dict[str, dict[int, LayerSpectrum]] = {r: {} for r in ranks}
+    memo_keys: dict[tuple[str, int], tuple] = {}
+    cores = _cores()
+    workers = max(1, min(len(reps), cores))
     inflight: set[Future] = set()
+
+    def collect(futures) -> None:
+        for f in futures:
+            g, specs = f.result()
+            for r, spec in specs.items():
+                found[r][g] = spec
+
     # One layer (or one core): compute inline. LAPACK's eigvals is ~40% slower in a worker
     # thread than in the main one (measured with MKL here), so a pool only pays with >1 job.
-    with _Inline() if workers == 1 else ThreadPoolExecutor(workers) as ex:
+    with _blas_threads(max(1, cores // workers)), _Inline() if workers == 1 else ThreadPoolExecutor(workers) as ex:
         for g, i in reps.items():
-            mkey = _memo_key(adapter, i, options) if cache else None
-            hit = _memo_get(mkey)
-            if hit is not None:
-                found[g] = hit
+            missing = []
+            for r in ranks:
+                mkey = _memo_key(adapter, i, options[r]) if cache else None
+                hit = _memo_get(mkey)
+                if hit is not None:
+                    found[r][g] = hit
+                    continue
+                missing.append(r)
+                if mkey is not None:
+                    memo_keys[(r, g)] = mkey
+            if not missing:
                 continue
-            job = _read_layer(adapter, i, options, cache)
-            if isinstance(job, LayerSpectrum):  # a disk-cache hit
-                found[g] = _memo_put(mkey, job)
+            job = _read_layer(adapter, i, {r: options[r] for r in missing}, cache)
+            for r, spec in job.hits.items():  # disk-cache hits
+                found[r][g] = spec
+            if not job.todo:
                 continue
-            if mkey is not None:
-                memo_keys[g] = mkey
             if len(inflight) >= workers:
                 done, inflight = wait(inflight, return_when=FIRST_COMPLETED)
-                found.update(f.result() for f in done)
-            inflight.add(ex.submit(_compute_layer, g, i, job, options, cache, _layer_name(adapter, i)))
-        found.update(f.result() for f in inflight)
-    for g, mkey in memo_keys.items():
-        _memo_put(mkey, found[g])
+                collect(done)
+            inflight.add(ex.submit(_compute_layer, g, i, job, cache, _layer_name(adapter, i)))
+        collect(inflight)
+    for (r, g), mkey in memo_keys.items():
+        _memo_put(mkey, found[r][g])
     return found
 
 
@@ -172,8 +255,19 @@ class _Inline:
         return f
 
 
-def _read_layer(adapter: Adapter, i: int, options: dict, cache: bool):
-    """Layer i's (factors, disk-cache key, folded norm scale), or its cached spectrum.
+@dataclass
+class _Job:
+    """One layer's work: the spectra found in the disk cache, and the rules still to compute."""
+
+    factors: Factors | None
+    w: torch.Tensor | None
+    keys: dict[str, str | None]
+    hits: dict[str, LayerSpectrum]
+    todo: dict[str, dict]
+
+
+def _read_layer(adapter: Adapter, i: int, options: dict[str, dict], cache: bool) -> _Job:
+    """Layer i's factors, disk-cache keys and cached spectra, for each ranking rule in ``options``.
 
     Offloaded weights are brought in for this layer only; what the eig needs is copied out
     (as the stacked float64 Ô, V, or every head's factors when per-head spectra are asked)
@@ -182,22 +276,23 @@ def _read_layer(adapter: Adapter, i: int, options: dict, cache: bool):
     weight it was.
     """
     ly = adapter.layers[i]
-    with onloaded(adapter.model, _weight_modules(adapter, i, options["variant"])) as loaded:
-        factors, w = layer_factors(adapter, i, options["variant"])
+    some = next(iter(options.values()))
+    with onloaded(adapter.model, _weight_modules(adapter, i, some["variant"])) as loaded:
+        factors, w = layer_factors(adapter, i, some["variant"])
         if factors.O_heads.device.type == "meta" or factors.V_groups.device.type == "meta":
             raise ValueError(
                 f"layer {i} ({ly.name or adapter.family}): its attention weights are still on the meta device "
                 "after loading its offloaded modules; the adapter reads weights from a module that holds none. "
                 "Dispatch the model with its attention modules offloaded whole, or report the model class."
             )
-        key = disk.cache_key(factors, w, options) if cache else None
-        spec = disk.load_spectrum(key, i) if cache else None
-        if spec is not None:
-            return spec
-        if loaded:
-            factors = _copy_out(factors, options["heads"])
+        keys = disk.cache_keys(factors, w, list(options.values())) if cache else [None] * len(options)
+        keys = dict(zip(options, keys))
+        hits = {r: spec for r in options if cache and (spec := disk.load_spectrum(keys[r], i)) is not None}
+        todo = {r: o for r, o in options.items() if r not in hits}
+        if todo and loaded:
+            factors = _copy_out(factors, some["heads"])
             w = None if w is None else w.clone()
-    return factors, key, w
+    return _Job(factors if todo else None, w, keys, hits, todo)
 
 
 def layer_stacked(adapter: Adapter, i: int, variant: str = "ov") -> tuple[torch.Tensor, torch.Tensor]:
@@ -243,24 +338,24 @@ def _copy_out(factors: Factors, heads: bool) -> Factors:
     return Factors.from_stacked(O, V, G, G)
 
 
-def _compute_layer(g: int, i: int, job, options: dict, cache: bool, name: str) -> tuple[int, LayerSpectrum]:
-    factors, key, w = job
-    o = options
+def _compute_layer(g: int, i: int, job: _Job, cache: bool, name: str) -> tuple[int, dict[str, LayerSpectrum]]:
+    o = next(iter(job.todo.values()))
     try:
-        spec = layer_spectrum(
-            factors,
+        specs = layer_spectra(
+            job.factors,
+            ranks=tuple(job.todo),
             layer=i,
             variant=o["variant"],
-            rank=o["rank"],
             top=o["top"],
             threshold=o["threshold"],
             heads=o["heads"],
         )
     except NonFiniteError:
-        raise ValueError(_non_finite_message(i, name, factors, w)) from None
+        raise ValueError(_non_finite_message(i, name, job.factors, job.w)) from None
     if cache:
-        disk.save_spectrum(spec, key)
-    return g, spec
+        for r, spec in specs.items():
+            disk.save_spectrum(spec, job.keys[r])
+    return g, specs
 
 
 # --- the in-process memo: identity and version of the parameters, never their content ---
