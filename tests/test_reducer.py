@@ -186,3 +186,30 @@ def test_a_layer_with_fewer_eigen_subspaces_stacks_with_the_others(reducers):
     eig = got[1][0]["eig_up"]
     assert torch.isnan(eig[:, -1]).all() and torch.isfinite(eig[:, :-1]).all()
     assert torch.equal(eig[:, :-1], got[0][0]["eig_up"][:, :-1])
+
+
+def test_the_half_precision_split_path_gives_the_float32_statistics(monkeypatch):
+    """On CUDA, half-precision activations are projected on [B_hi | B_lo] (bf16 halves of each float32
+    basis, products accumulated in float32) and the halves are added in the stacked reduction. The CPU
+    has no float32-output half matmul, so here the same layout runs through its float32 fallback: the
+    split bases, the doubled buffers, the hi/lo consensus weights and the folding are all exercised,
+    and the statistics must equal the plain float32 path's to the split's precision (~2^-16)."""
+    from eigenhooks.monitor import reduce
+
+    model, tok = eh.zoo.load("gpt2-tiny", dtype=torch.bfloat16)
+    tok.pad_token = tok.eos_token
+    batch = tok(["def f(x):\n    return x + 1", "class A:\n    pass", "import os"], return_tensors="pt", padding=True)
+
+    def run(split: bool):
+        monkeypatch.setitem(reduce._OUT_DTYPE, ("cpu", torch.bfloat16), split)
+        with eh.monitor(model) as mon, torch.no_grad():
+            model(**batch)
+        red = mon._layers[0]["reducer"]
+        assert any(B.dtype == (torch.bfloat16 if split else torch.float32) for B, _ in red._dev.values())
+        return mon.summary()
+
+    plain, split = run(False), run(True)
+    for col in ("gamma_pre", "gamma_mid", "gamma_post", "consensus_pre", "consensus_mid"):
+        assert (plain[col] - split[col]).abs().max() < 2e-5, col
+    for col in ("n_tokens", "rho", "null_rho_lo", "null_rho_hi", "p_null", "eig_rank"):
+        assert (plain[col] - split[col]).abs().max() <= 1.5 / plain["n_tokens"].min(), col  # a token may flip

@@ -75,9 +75,9 @@ class Grid:
 
 
 def _split(B: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """(2, ...) B_hi, B_lo in ``dtype`` with B_hi + B_lo = B to ~16 bits (B float32)."""
+    """(d, 2C) [B_hi | B_lo] in ``dtype`` with B_hi + B_lo = B to ~16 bits (B (d, C) float32)."""
     hi = B.to(dtype)
-    return torch.stack([hi, (B - hi.float()).to(dtype)])
+    return torch.cat([hi, (B - hi.float()).to(dtype)], 1)
 
 
 _OUT_DTYPE: dict[tuple, bool] = {}  # (device type, dtype) -> torch.mm(..., out_dtype=float32) works
@@ -99,16 +99,16 @@ def _has_out_dtype(device: torch.device, dtype: torch.dtype) -> bool:
     return _OUT_DTYPE[key]
 
 
-def _mm(X: torch.Tensor, B, out: torch.Tensor) -> None:
-    """out (float32) = X @ B: B is (d, C) float32, or (2, d, C) hi/lo halves in X's dtype."""
-    if B.dim() == 2:
+def _mm(X: torch.Tensor, B: torch.Tensor, out: torch.Tensor) -> None:
+    """out (float32) = X @ B: B is (d, C) float32, or (d, 2C) [B_hi | B_lo] in X's half dtype, whose two
+    halves of out the stacked reduction adds (one op for every layer, not one per matmul)."""
+    if B.dtype == torch.float32:
         torch.mm(X if X.dtype == torch.float32 else X.float(), B, out=out)
         return
     try:
-        torch.mm(X, B[0], out_dtype=torch.float32, out=out)
-        out.add_(torch.mm(X, B[1], out_dtype=torch.float32))
-    except RuntimeError:  # a shape or layout the half path refuses: the float32 path, same numbers to ~2^-16
-        torch.mm(X.float(), B[0].float() + B[1].float(), out=out)
+        torch.mm(X, B, out_dtype=torch.float32, out=out)
+    except (RuntimeError, TypeError):  # a layout the half path refuses: float32, the same numbers to ~2^-16
+        torch.mm(X.float(), B.float(), out=out)
 
 
 def _norms(X: torch.Tensor, out: torch.Tensor) -> None:
@@ -225,7 +225,7 @@ class LayerReducer:
 
     def _on(self, device: torch.device, dtype: torch.dtype):
         """(Bt, Bn) for activations of this device and dtype, made once: float32 (d, C), or
-        their (2, d, C) hi/lo halves in the activations' half dtype on CUDA."""
+        [B_hi | B_lo] (d, 2C) in the activations' half dtype on CUDA."""
         key = (device, dtype if _has_out_dtype(device, dtype) else torch.float32)
         if key not in self._dev:
             f = lambda t: t.to(device, torch.float32)  # noqa: E731
@@ -274,9 +274,10 @@ class LayerReducer:
         N = ok.numel()
         nulls = [X for p, X in zip(names, Xs) if p != "post"]
         cons = [X for p, X in zip(names, X3) if consensus and p != "base"]
+        h = 1 if Bt.dtype == torch.float32 else 2  # halves (hi, lo) of each product, added in reduce_many
         shapes = {"norms": (len(Xs), b * n), "Pt": (len(Xs), b * n, Bt.shape[-1]), "Pn": (len(nulls) * N, Bn.shape[-1])}
         if cons:
-            shapes["sv"] = (len(cons), b, 1, self.d)
+            shapes["sv"] = (len(cons), b, h, self.d)
         key = (b, n, tuple(names), consensus, Bt.dtype, pre.device)  # the device last: _Row reads it
         slot = self.arena.take(self.row, key) if self.arena is not None else None
         if slot:
@@ -293,9 +294,13 @@ class LayerReducer:
         if cons:  # weights 1/||x|| on the valid tokens; a non-finite reading makes its sequence's sum NaN,
             # and reduce_many leaves out every sequence with a non-finite valid token
             w = grid.mask.reshape(1, b * n) / out["norms"][: len(cons)].clamp_min(1e-30)
-            for wj, X, o in zip(w.view(len(cons), b, 1, n).unbind(0), cons, parts["sv"]):
+            w = w.view(len(cons), b, 1, n)
+            if h == 2:  # [w_hi; w_lo] in the activations' dtype, for all points at once: (P_c, b, 2, n)
+                hi = w.to(pre.dtype)
+                w = torch.cat([hi, (w - hi.float()).to(pre.dtype)], 2)
+            for wj, X, o in zip(w.unbind(0), cons, parts["sv"]):
                 _bmm(wj, X, o)
-        return dict(out, grid=grid, names=tuple(names), shape=(b, n, s), consensus=consensus, slot=slot)
+        return dict(out, grid=grid, names=tuple(names), shape=(b, n, s), consensus=consensus, slot=slot, halves=h)
 
     def __call__(self, points, mask, base=None, consensus: bool = True):
         """Both stages for this layer alone: (state sums like ``zero_state``, rows (b, 5, T))."""
@@ -303,18 +308,14 @@ class LayerReducer:
 
 
 def _bmm(w: torch.Tensor, X: torch.Tensor, out: torch.Tensor) -> None:
-    """out (b, 1, d) float32 = w (b, 1, n) float32 @ X (b, n, d), X in any dtype."""
-    if X.dtype == torch.float32:
-        torch.bmm(w, X, out=out)
-    elif _has_out_dtype(X.device, X.dtype):  # w as hi + lo halves in X's dtype, one bmm for both
-        hi = w.to(X.dtype)
-        W = torch.cat([hi, (w - hi.float()).to(X.dtype)], 1)  # (b, 2, n)
-        try:
-            torch.bmm(W, X, out_dtype=torch.float32).sum(1, keepdim=True, out=out)
-        except RuntimeError:
-            torch.bmm(w, X.float(), out=out)
-    else:
-        torch.bmm(w, X.float(), out=out)
+    """out (b, h, d) float32 = w (b, h, n) @ X (b, n, d): w float32 (h = 1), or [w_hi; w_lo] in X's dtype."""
+    if w.dtype == torch.float32:
+        torch.bmm(w, X if X.dtype == torch.float32 else X.float(), out=out)
+        return
+    try:
+        torch.bmm(w, X, out_dtype=torch.float32, out=out)
+    except (RuntimeError, TypeError):
+        torch.bmm(w.float(), X.float(), out=out)
 
 
 def pad_to_stack(reducers: list[LayerReducer]) -> list[Arena]:
@@ -410,7 +411,7 @@ def reduce_many(items: list[tuple[LayerReducer, dict]]) -> list[tuple[dict, torc
     """
     groups: dict[tuple, list[int]] = {}
     for i, (red, pr) in enumerate(items):
-        key = (red.layout, pr["shape"], pr["names"], pr["consensus"], pr["grid"].mask.device)
+        key = (red.layout, pr["shape"], pr["names"], pr["consensus"], pr["halves"], pr["grid"].mask.device)
         groups.setdefault(key, []).append(i)
     out: list = [None] * len(items)
     for idx in groups.values():
@@ -502,11 +503,14 @@ class _Stacked:
         self.bad = self.mask & ~self.finite  # valid tokens with a non-finite reading at some point
         self.dev = self.m.device
         self.inv = torch.where(self.m[:, None], norms.clamp_min(1e-30), float("inf")).reciprocal()  # (L, P, b, n)
-        self.Pn = stack("Pn")  # (L, P_null * N, C)
-        self.Pt = stack("Pt").view(self.L, len(self.pts), self.b, self.n, -1)  # (L, P, b, n, target columns)
+        h = prs[0]["halves"]
+        fold = (lambda t: t) if h == 1 else (lambda t: torch.add(*t.chunk(2, -1)))  # noqa: E731  hi + lo products
+        self.Pn = fold(stack("Pn"))  # (L, P_null * N, C)
+        self.Pt = fold(stack("Pt")).view(self.L, len(self.pts), self.b, self.n, -1)  # (L, P, b, n, target columns)
         self.sv = {}  # point -> (L, b, d), the sums of unit vectors
         if "sv" in prs[0]:
-            sv = stack("sv")[..., 0, :]  # (L, P_c, b, d)
+            sv = stack("sv")
+            sv = sv[..., 0, :] if h == 1 else sv.sum(-2)  # (L, P_c, b, d)
             self.sv = {p: sv[:, j] for j, p in enumerate(q for q in self.pts if q != "base")}
         if self.red.m:  # (L, eig columns, T*m): which eigen-columns make each (target, j); (L, T, m) valid
             self.S, self.eig_valid = _group_constants(self.reds, self.dev)

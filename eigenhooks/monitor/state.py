@@ -15,7 +15,7 @@ from pathlib import Path
 import torch
 
 from ..models.base import as_tokens
-from ..spectra.compute import layer_stacked, spectra_by_rank
+from ..spectra.compute import layer_stacked, parallel_map, spectra_by_rank
 from . import stats as M
 from .reduce import Grid, LayerReducer, pad_to_stack, reduce_many, warm
 
@@ -43,37 +43,48 @@ class MonitorState:
             for variant, ranks in wanted.items()
             for rank, layer_specs in spectra_by_rank(ad, variant, tuple(ranks), top=top).items()
         }
-        for i in range(ad.n_layers):
-            tgts, meta = [], []
-            for name, variant, rank, per in self.target_defs:
-                if per is not None and i not in per:
-                    continue
-                s = specs[(variant or "ov", rank or "modulus")][i]
-                eig = M.eig_subspaces(s.eigenvalues, s.eigenvectors, self.m + (1 if per is None else 0))
-                if per is None:
-                    U, eig = s.basis, eig[1:]  # the target is F's own top subspace: rank it among the others
-                else:
-                    U = per[i]
-                v1 = U[:, 0] if U.shape[1] == 1 else None
-                fkey = variant or "ov"
-                tgts.append(M.TargetSpec(name, U, v1, eig, fkey if self.Kf else None))
-                meta.append({"target": name, "variant": variant, "rank": rank, "spec": s if per is None else None})
-            if not tgts:
+        # each layer's bases and null frames, layers side by side (torch releases the GIL); an offloaded
+        # model's layers are brought in one at a time, in order
+        offloaded = any(p.device.type == "meta" for p in ad.model.parameters())
+        built = parallel_map(lambda i: self._build_layer(i, specs), range(ad.n_layers), serial=offloaded)
+        for i, layer in enumerate(built):
+            if layer is None:
                 continue
-            k_max = max(t.k for t in tgts)
-            haar = M.haar_frames(ad.width(i), k_max, self.K, self._seed(i, 0))
-            fnull = {}
-            for fkey in sorted({t.fnull for t in tgts if t.fnull}):
-                O, V = layer_stacked(ad, i, fkey)
-                fnull[fkey] = M.power_step_frames(
-                    lambda G, O=O, V=V: O @ (V @ G), ad.width(i), k_max, self.Kf, self._seed(i, 1 + len(fnull))
-                )
-            red = LayerReducer(tgts, haar, fnull, self.null_stride, m=self.m)
+            tgts, meta, red = layer
             self._layers[i] = {"targets": tgts, "meta": meta, "reducer": red, "rp": ad.reading_points(i)}
             self._state[i] = M.zero_state(len(tgts), len(red.ks), self.K, max(red.m, 0), red.Kf)
             self._zero.add(i)  # replaced, not added to, by the first forward: no zeros copied to the device
         self._arenas = pad_to_stack([info["reducer"] for info in self._layers.values()])  # one kind reduces together
         warm(self._arenas, {id(info["reducer"]): _where(ad, i) for i, info in self._layers.items() if _where(ad, i)})
+
+    def _build_layer(self, i: int, specs: dict):
+        """Layer i's targets, their metadata and its reducer (bases, Haar and F-null frames); None if no target."""
+        ad = self.adapter
+        tgts, meta = [], []
+        for name, variant, rank, per in self.target_defs:
+            if per is not None and i not in per:
+                continue
+            s = specs[(variant or "ov", rank or "modulus")][i]
+            eig = M.eig_subspaces(s.eigenvalues, s.eigenvectors, self.m + (1 if per is None else 0))
+            if per is None:
+                U, eig = s.basis, eig[1:]  # the target is F's own top subspace: rank it among the others
+            else:
+                U = per[i]
+            v1 = U[:, 0] if U.shape[1] == 1 else None
+            fkey = variant or "ov"
+            tgts.append(M.TargetSpec(name, U, v1, eig, fkey if self.Kf else None))
+            meta.append({"target": name, "variant": variant, "rank": rank, "spec": s if per is None else None})
+        if not tgts:
+            return None
+        k_max = max(t.k for t in tgts)
+        haar = M.haar_frames(ad.width(i), k_max, self.K, self._seed(i, 0))
+        fnull = {}
+        for fkey in sorted({t.fnull for t in tgts if t.fnull}):
+            O, V = layer_stacked(ad, i, fkey)
+            fnull[fkey] = M.power_step_frames(
+                lambda G, O=O, V=V: O @ (V @ G), ad.width(i), k_max, self.Kf, self._seed(i, 1 + len(fnull))
+            )
+        return tgts, meta, LayerReducer(tgts, haar, fnull, self.null_stride, m=self.m)
 
     def _seed(self, layer: int, which: int) -> int:
         return (self.null_seed * 1_000_003 + layer * 101 + which) % (2**63)

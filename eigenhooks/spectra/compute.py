@@ -183,6 +183,16 @@ def _blas_threads(n: int):
         torch.set_num_threads(before)
 
 
+def parallel_map(fn, items, serial: bool = False) -> list:
+    """[fn(x) for x in items], side by side in threads (cores // workers BLAS threads each) unless serial."""
+    items = list(items)
+    workers = max(1, min(len(items), _cores()))
+    if serial or workers == 1:
+        return [fn(x) for x in items]
+    with _blas_threads(max(1, _cores() // workers)), ThreadPoolExecutor(workers) as ex:
+        return list(ex.map(fn, items))
+
+
 def _compute_groups(
     adapter: Adapter, reps: dict[int, int], options: dict[str, dict], cache: bool
 ) -> dict[str, dict[int, LayerSpectrum]]:
@@ -199,6 +209,7 @@ def _compute_groups(
     cores = _cores()
     workers = max(1, min(len(reps), cores))
     inflight: set[Future] = set()
+    offloaded = any(p.device.type == "meta" for p in adapter.model.parameters())
 
     def collect(futures) -> None:
         for f in futures:
@@ -222,15 +233,21 @@ def _compute_groups(
                     memo_keys[(r, g)] = mkey
             if not missing:
                 continue
-            job = _read_layer(adapter, i, {r: options[r] for r in missing}, cache)
-            for r, spec in job.hits.items():  # disk-cache hits
-                found[r][g] = spec
-            if not job.todo:
-                continue
             if len(inflight) >= workers:
                 done, inflight = wait(inflight, return_when=FIRST_COMPLETED)
                 collect(done)
-            inflight.add(ex.submit(_compute_layer, g, i, job, cache, _layer_name(adapter, i)))
+            opts, name = {r: options[r] for r in missing}, _layer_name(adapter, i)
+            if offloaded:  # brought in here, one layer at a time, in order; decomposed in the pool
+                job = _read_layer(adapter, i, opts, cache)
+                inflight.add(ex.submit(_compute_layer, g, i, job, cache, name))
+            else:  # read, hashed, looked up and decomposed in the pool, layers side by side
+                inflight.add(
+                    ex.submit(
+                        lambda g=g, i=i, o=opts, n=name: _compute_layer(
+                            g, i, _read_layer(adapter, i, o, cache), cache, n
+                        )
+                    )
+                )
         collect(inflight)
     for (r, g), mkey in memo_keys.items():
         _memo_put(mkey, found[r][g])
@@ -339,6 +356,9 @@ def _copy_out(factors: Factors, heads: bool) -> Factors:
 
 
 def _compute_layer(g: int, i: int, job: _Job, cache: bool, name: str) -> tuple[int, dict[str, LayerSpectrum]]:
+    """{rank: spectrum} of one layer: its disk-cache hits, and the rest from one decomposition."""
+    if not job.todo:
+        return g, dict(job.hits)
     o = next(iter(job.todo.values()))
     try:
         specs = layer_spectra(
@@ -355,7 +375,7 @@ def _compute_layer(g: int, i: int, job: _Job, cache: bool, name: str) -> tuple[i
     if cache:
         for r, spec in specs.items():
             disk.save_spectrum(spec, job.keys[r])
-    return g, specs
+    return g, {**job.hits, **specs}
 
 
 # --- the in-process memo: identity and version of the parameters, never their content ---
