@@ -31,6 +31,7 @@ import torch
 
 from ..linalg.eig import RANKS
 from ..models import Adapter, get_adapter
+from . import fingerprint as FP
 from . import stats as M
 from .lens import MonitorLens, lens_string_mask
 from .state import MonitorState, continues
@@ -98,6 +99,8 @@ class Monitor(MonitorState, MonitorLens):
         self.null_stride = null_stride or 1
         self.adapter: Adapter = get_adapter(model)
         self.model = self.adapter.model
+        self._fingerprint: dict | None = None  # what the sums mean (fingerprint.py), set once prepared
+        self._target_vectors: dict[str, dict[int, str]] = {}  # custom target -> {layer: digest of its vector}
         self.target_defs = [self._parse_target(t) for t in targets]
         names = [d[0] for d in self.target_defs]
         if len(set(names)) != len(names):
@@ -147,8 +150,10 @@ class Monitor(MonitorState, MonitorLens):
                 if not isinstance(layer, int) or not 0 <= layer < ad.n_layers:
                     raise M.TargetError(f"target {name!r}: layer key {layer!r} is not in 0..{ad.n_layers - 1}")
                 per[layer] = M.check_target(name, u, ad.width(layer))
+                self._target_vectors.setdefault(name, {})[layer] = FP.vector_digest(u)
             return (name, None, None, per)
         checked = {d: M.check_target(name, U, d) for d in sorted({ad.width(i) for i in range(ad.n_layers)})}
+        self._target_vectors[name] = dict.fromkeys(range(ad.n_layers), FP.vector_digest(U))
         return (name, None, None, {i: checked[ad.width(i)] for i in range(ad.n_layers)})
 
     # ---- lifecycle ----

@@ -206,6 +206,24 @@ def layer_stacked(adapter: Adapter, i: int, variant: str = "ov") -> tuple[torch.
         return layer_factors(adapter, i, variant)[0].stacked(torch.float64)
 
 
+def weights_digest(adapter: Adapter, i: int) -> str:
+    """Hash of the weights that define layer i's F in every variant: O, V and the attention norm's scale.
+
+    The bytes as stored (dtype and layout included), so equal digests mean equal weights and a
+    digest never depends on how the spectrum was computed. A layer with no weight rule (its F
+    comes from the probe) hashes the parameters of its block. Offloaded weights are brought in
+    for this layer only. 40 hex digits.
+    """
+    ly = adapter.layers[i]
+    meta = {"digest": "weights", "norm_position": adapter.norm_position}
+    if ly.factors is None:
+        mods = [ly.block, ly.attn_in, ly.attn_out, ly.o_proj, ly.norm]
+        with onloaded(adapter.model, mods):
+            return disk.tensors_digest(_layer_parameters(adapter, i), {**meta, "probe": True})
+    with onloaded(adapter.model, _weight_modules(adapter, i, "ov_ln")):
+        return disk.cache_key(adapter.factors(i), adapter.norm_weight(i), meta)
+
+
 def _weight_modules(adapter: Adapter, i: int, variant: str) -> list:
     """The modules whose weights layer i's factors (and, for ov_ln, its norm) are read from.
 
