@@ -289,3 +289,21 @@ def test_all_reduce_of_matching_ranks_sums(reduced, gpt2):
     for key in alone[0]:
         name = f"{key[0]}/{key[1]}"
         assert res[0]["stats"][name] == res[1]["stats"][name] == alone[0][key]["n"] + alone[1][key]["n"]
+
+
+@pytest.mark.parametrize("family", ["llama", "bert"])
+def test_an_offloaded_copy_of_the_model_has_the_same_fingerprint(family, tiny):
+    """The weights are hashed as stored, brought in layer by layer: offloading changes nothing."""
+    accelerate = pytest.importorskip("accelerate")
+    plain = tiny(family, dtype=torch.float32)
+    off = tiny(family, dtype=torch.float32)
+    accelerate.cpu_offload(off, execution_device="cpu")
+    ids = torch.tensor([[1, 2, 3, 4, 5]])
+    with eh.monitor(off, null_draws=8, fnull_draws=4, eig_top=4) as mon, torch.no_grad():
+        off(input_ids=ids)
+    merged = _fresh(plain)
+    merged.merge_state_dict(mon.state_dict())
+    assert merged.stats == mon.stats
+    other = tiny(family, dtype=torch.float32, seed=1)
+    with pytest.raises(ValueError, match=r"layer 0, weights: \w{8} here vs \w{8} in the state; layer 1, weights"):
+        _fresh(other).merge_state_dict(mon.state_dict())

@@ -132,7 +132,8 @@ def differences(ours: dict, theirs, here: str, there: str) -> list[str]:
             cmp(f"target {name!r}, k", ta["k"], tb.get("k"), i)
             if ta["k"] == tb.get("k"):
                 cmp(f"target {name!r}, vector", ta["vector"], tb.get("vector"), i)
-    for line, layers in per_layer.items():
+    order = lambda item: (not item[0].startswith("weights"), item[1][0])  # noqa: E731 (other weights explain the rest)
+    for line, layers in sorted(per_layer.items(), key=order):
         out.append(f"{'layer' if len(layers) == 1 else 'layers'} {', '.join(map(str, layers))}, {line}")
     return out
 
