@@ -54,7 +54,7 @@ def layer_index(layer, n_layers: int, what: str = "layer") -> int:
     if isinstance(layer, torch.Tensor):
         if layer.dim() == 0 and not (layer.is_floating_point() or layer.is_complex() or layer.dtype == torch.bool):
             value = int(layer)
-    elif not isinstance(layer, bool) and type(layer).__name__ != "bool_":  # numpy's bool has __index__
+    elif not isinstance(layer, bool) and type(layer).__name__ != "bool_":  # numpy < 2: np.bool_ has __index__
         try:
             value = operator.index(layer)
         except TypeError:
