@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 import torch
 
 from ..linalg.eig import LayerSpectrum
-from ..models import get_adapter
+from ..models import get_adapter, layer_index
 from ..models.base import StopForward, UnsupportedModelError
 from ..models.family import token_inputs
 from ..monitor.stats import alignment
@@ -159,16 +159,18 @@ def iterate(
 
     Returns:
         A Trajectory.
+
+    Raises:
+        TypeError: layer not an int (numpy and 0-d torch integers are; bools are not).
+        IndexError: layer out of range (negative counts from the end).
+        ValueError: bad mode, steps or inputs; a layer that cannot be iterated.
     """
     if mode not in ("model", "paper"):
         raise ValueError(f"mode must be 'model' or 'paper', got {mode!r}")
     if not isinstance(steps, int) or steps <= 0:
         raise ValueError(f"steps must be a positive integer, got {steps!r}")
     ad = get_adapter(model)
-    n_layers = ad.n_layers
-    if not -n_layers <= layer < n_layers:
-        raise IndexError(f"layer {layer} is out of range for a model with {n_layers} attention layers")
-    layer %= n_layers
+    layer = layer_index(layer, ad.n_layers)
     ly = ad.layers[layer]
     _check_iterable(ad, layer)
     dev = next(ad.model.parameters()).device

@@ -96,6 +96,20 @@ def cache_keys(factors: Factors, extra: torch.Tensor | None, options: list[dict]
     return [h.hexdigest()[:40] for h in hs]
 
 
+def tensors_digest(tensors: list[torch.Tensor], meta: dict | None = None) -> str:
+    """Hash of each tensor's dtype, shape, layout and bytes, and of ``meta``: equal digests mean equal values.
+
+    Exact, not rounded: a monitor's fingerprint uses it for weights and target vectors, which
+    every process reads bit for bit the same (unlike eigenvectors, whose last bits depend on the
+    machine). 40 hex digits.
+    """
+    h = hashlib.sha256()
+    h.update(json.dumps(meta or {}, sort_keys=True).encode())
+    for t in tensors:
+        _feed(h, t)
+    return h.hexdigest()[:40]
+
+
 def _checksum(tensors: dict[str, torch.Tensor], meta: str, key: str) -> str:
     """BLAKE2 of the key, the metadata and every tensor (name, dtype, shape, bytes)."""
     h = hashlib.blake2b(digest_size=20)

@@ -10,7 +10,16 @@ from __future__ import annotations
 
 import torch
 
-from .base import Adapter, Layer, LayoutError, ReadingPoints, Tap, UnsupportedConfigError, UnsupportedModelError
+from .base import (
+    Adapter,
+    Layer,
+    LayoutError,
+    ReadingPoints,
+    Tap,
+    UnsupportedConfigError,
+    UnsupportedModelError,
+    layer_index,
+)
 from .hf import FAMILIES, generic_adapter, hf_adapter, is_hf_model, supported_families
 from .lens import is_lens_model, lens_adapter
 from .offload import empty_meta_parameters
@@ -24,6 +33,7 @@ __all__ = [
     "UnsupportedConfigError",
     "UnsupportedModelError",
     "get_adapter",
+    "layer_index",
     "supported_families",
 ]
 

@@ -7,6 +7,7 @@ Everything downstream (spectra, monitor, dynamics, steering) talks to this inter
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Literal
@@ -34,6 +35,38 @@ class LayoutError(UnsupportedModelError):
 
 
 UnsupportedConfigError = LayoutError  # the name the GPT-lineage rules use
+
+
+def layer_index(layer, n_layers: int, what: str = "layer") -> int:
+    """``layer`` as an index in 0..n_layers-1, negative counting from the end (-1: the last).
+
+    Python, numpy and 0-d torch integers are ints; bools are not (``True`` would be layer 1).
+
+    Args:
+        layer: the index given. n_layers: the model's attention layers. what: the argument's
+            name, for the messages.
+
+    Raises:
+        TypeError: not an integer (a float, a bool, a string, a tensor of another shape or dtype).
+        IndexError: out of range.
+    """
+    value = None
+    if isinstance(layer, torch.Tensor):
+        if layer.dim() == 0 and not (layer.is_floating_point() or layer.is_complex() or layer.dtype == torch.bool):
+            value = int(layer)
+    elif not isinstance(layer, bool) and type(layer).__name__ != "bool_":  # numpy < 2: np.bool_ has __index__
+        try:
+            value = operator.index(layer)
+        except TypeError:
+            pass
+    if value is None:
+        raise TypeError(f"{what} must be an int (negative counts from the end), got {layer!r} ({type(layer).__name__})")
+    if not -n_layers <= value < n_layers:
+        raise IndexError(
+            f"{what} {value} is out of range for a model with {n_layers} attention layers: "
+            f"use 0..{n_layers - 1} or -{n_layers}..-1"
+        )
+    return value % n_layers
 
 
 @dataclass(frozen=True)

@@ -2,6 +2,7 @@
 
 Owns ``Monitor`` and ``monitor()`` (``hooks``), the TransformerLens side of the hooks (``lens``),
 the state that persists across forwards with ``state_dict`` / merge / ``all_reduce`` (``state``),
+the fingerprint of what its sums mean, compared before any merge (``fingerprint``),
 the two-stage reduction of a forward's readings to sums on the device (``reduce``), and the
 statistics with their nulls: alignment, Haar and structured null frames, Monte-Carlo p-values,
 BH, cluster-robust intervals, verdicts (``stats``). It may import ``spectra``, ``zoo``,

@@ -30,7 +30,9 @@ from pathlib import Path
 import torch
 
 from ..linalg.eig import RANKS
-from ..models import Adapter, get_adapter
+from ..models import Adapter, get_adapter, layer_index
+from ..spectra.compute import VARIANTS
+from . import fingerprint as FP
 from . import stats as M
 from .lens import MonitorLens, lens_string_mask
 from .reduce import Grid
@@ -69,6 +71,19 @@ def _is_builtin(t) -> bool:
     return len(t) == 2 and isinstance(t[1], str)
 
 
+def _target_list(targets) -> list:
+    """``targets`` as a list, refusing what is no list of targets (one line, naming the argument)."""
+    if isinstance(targets, str):
+        raise ValueError(f"targets must be a list of targets, got the string {targets!r}; e.g. [('ov', 'modulus')]")
+    if isinstance(targets, tuple) and len(targets) == 2 and isinstance(targets[0], str):
+        raise ValueError(f"targets is one target: wrap it in a list, targets=[{targets!r}]")
+    if not isinstance(targets, list | tuple):
+        raise ValueError(f"targets must be a list of targets, e.g. [('ov', 'modulus')], got {targets!r}")
+    if not targets:
+        raise ValueError("targets is empty: at least one target is needed, e.g. [('ov', 'modulus')]")
+    return list(targets)
+
+
 class Monitor(MonitorState, MonitorLens):
     """Streaming alignment statistics for every attention layer of a model.
 
@@ -99,7 +114,9 @@ class Monitor(MonitorState, MonitorLens):
         self.null_stride = null_stride or 1
         self.adapter: Adapter = get_adapter(model)
         self.model = self.adapter.model
-        self.target_defs = [self._parse_target(t) for t in targets]
+        self._fingerprint: dict | None = None  # what the sums mean (fingerprint.py), set once prepared
+        self._target_vectors: dict[str, dict[int, str]] = {}  # custom target -> {layer: digest of its vector}
+        self.target_defs = [self._parse_target(t) for t in _target_list(targets)]
         names = [d[0] for d in self.target_defs]
         if len(set(names)) != len(names):
             raise ValueError(f"target names must be unique, got {names}")
@@ -132,26 +149,43 @@ class Monitor(MonitorState, MonitorLens):
 
     # ---- targets ----
     def _parse_target(self, t):
+        """(name, variant, rank, None) for a built-in target, (name, None, None, {layer: U}) for a custom one."""
+        shape = "a target is (variant, rank), e.g. ('ov', 'modulus'), or (name, tensor | {layer: tensor})"
+        if isinstance(t, str):
+            raise ValueError(f"{shape}, got the string {t!r}")
+        if not isinstance(t, tuple | list) or len(t) != 2:
+            raise ValueError(f"{shape}, got {tuple(t) if isinstance(t, list) else t!r}")
         t = tuple(t)
-        if len(t) != 2:
-            raise ValueError(f"a target is (variant, rank) or (name, tensor | {{layer: tensor}}), got {t!r}")
         if _is_builtin(t):
             variant, rank = t
+            if variant not in VARIANTS:
+                raise ValueError(f"variant must be one of {VARIANTS}, got {variant!r} in target {t!r}")
             if rank not in RANKS:
-                raise ValueError(f"rank must be one of {RANKS}, got {rank!r}")
+                raise ValueError(f"rank must be one of {RANKS}, got {rank!r} in target {t!r}")
             return (f"{variant}/{rank}", variant, rank, None)
         name, U = t
         if not isinstance(name, str) or not name:
             raise ValueError(f"a custom target's name must be a non-empty string, got {name!r}")
         ad = self.adapter
         if isinstance(U, dict):
-            per = {}
-            for layer, u in U.items():
-                if not isinstance(layer, int) or not 0 <= layer < ad.n_layers:
-                    raise M.TargetError(f"target {name!r}: layer key {layer!r} is not in 0..{ad.n_layers - 1}")
+            if not U:
+                raise M.TargetError(f"target {name!r}: an empty dict measures no layer; give {{layer: tensor}}")
+            per, given = {}, {}
+            for key, u in U.items():
+                try:
+                    layer = layer_index(key, ad.n_layers, f"target {name!r}: layer key")
+                except (TypeError, IndexError) as e:
+                    raise M.TargetError(str(e)) from None
+                if layer in per:
+                    raise M.TargetError(
+                        f"target {name!r}: layer keys {given[layer]!r} and {key!r} are both layer {layer}"
+                    )
+                given[layer] = key
                 per[layer] = M.check_target(name, u, ad.width(layer))
-            return (name, None, None, per)
+                self._target_vectors.setdefault(name, {})[layer] = FP.vector_digest(u)
+            return (name, None, None, dict(sorted(per.items())))
         checked = {d: M.check_target(name, U, d) for d in sorted({ad.width(i) for i in range(ad.n_layers)})}
+        self._target_vectors[name] = dict.fromkeys(range(ad.n_layers), FP.vector_digest(U))
         return (name, None, None, {i: checked[ad.width(i)] for i in range(ad.n_layers)})
 
     # ---- lifecycle ----
@@ -489,9 +523,11 @@ def monitor(
 
     Args:
         model: HF or TransformerLens model (or an Adapter).
-        targets: built-in (variant, rank) pairs — default ('ov', 'modulus') and ('ov', 'residual')
-            — and custom (name, tensor): a unit vector (d,), an orthonormal basis (d, k), or a
-            dict {layer: tensor}. Rows are labelled 'ov/modulus', 'ov/residual' or the name.
+        targets: a non-empty list of built-in (variant, rank) pairs — default ('ov', 'modulus')
+            and ('ov', 'residual') — and custom (name, tensor): a unit vector (d,), an orthonormal
+            basis (d, k), in any float dtype (orthonormal to its precision), or a complex one (the
+            real subspace span(Re v, Im v), e.g. ``spec.v_1``), or a dict {layer: tensor} (int keys,
+            negative from the end). Rows are labelled 'ov/modulus', 'ov/residual' or the name.
         reading_points: which of 'pre', 'mid', 'post' to read ('pre' is required).
         tokens: also keep per-token alignments (``mon.token_records``), for plots.
         attention_mask: (batch, seq) mask overriding the one passed to the model call. Encoder-decoders:
@@ -508,6 +544,10 @@ def monitor(
         sink: a .jsonl path; one line (the forward's target sums) is appended per forward.
         attach: register hooks on enter (TransformerLens users may set False and pass
             ``mon.fwd_hooks()`` to ``run_with_hooks``).
+
+    Raises:
+        ValueError: no targets, a malformed target list, an unknown variant or rank, names not unique.
+        TargetError: a custom target of the wrong shape, not orthonormal, or with a bad layer key.
 
     Example:
         >>> model, tok = eh.zoo.load("gpt2-tiny")          # doctest: +SKIP

@@ -16,6 +16,7 @@ import torch
 
 from ..models.base import as_tokens
 from ..spectra.compute import layer_stacked, parallel_map, spectra_by_rank
+from . import fingerprint as FP
 from . import stats as M
 from .reduce import Grid, LayerReducer, pad_to_stack, reduce_many, warm
 
@@ -314,58 +315,92 @@ class MonitorState:
         return path
 
     def _layout(self) -> dict:
-        return {
-            "null_seed": self.null_seed,
-            "null_draws": self.K,
-            "fnull_draws": self.Kf,
-            "eig_top": self.m,
-            "null_stride": self.null_stride,
-            "targets": [d[0] for d in self.target_defs],
-        }
+        """The fingerprint of what the sums mean (fingerprint.py), computed once the monitor is prepared.
+
+        Kept from its first call: the bases were fixed by ``_prepare``, so later edits of the
+        weights (a steer block active at save time) do not change what the sums measured.
+        """
+        self._prepare()
+        if self._fingerprint is None:
+            self._fingerprint = FP.fingerprint(self, self._target_vectors)
+        return self._fingerprint
 
     def state_dict(self) -> dict:
-        """The whole streaming state (open sequences folded in) as plain lists: JSON-able, mergeable."""
+        """The whole streaming state (open sequences folded in) as plain lists: JSON-able, mergeable.
+
+        Returns:
+            {"fingerprint": what the sums mean (weights, targets, reading points, null settings),
+            "layers": {"i": {name: nested lists}}}.
+        """
         self._prepare()
         self._flush()
         layers = {str(i): {k: v.tolist() for k, v in self._current_state(i).items()} for i in self._layers}
-        return {"layout": self._layout(), "layers": layers}
+        return {"fingerprint": self._layout(), "layers": layers}
 
     def load_state_dict(self, state: dict) -> None:
-        """Replace the statistics with a saved state (``state_dict`` of a monitor of the same layout)."""
+        """Replace the statistics with a saved state (``state_dict`` of a monitor that means the same).
+
+        Raises:
+            ValueError: the state comes from other weights, targets, reading points or null
+                settings, predates the fingerprint, or is malformed; the message names what differs.
+        """
         self._prepare()
-        self._check_layout(state)
+        other = self._check_layout(state)
         self._zero.clear()
         self._rows, self._buf = {}, {}
         for i in self._layers:
-            self._state[i] = {k: torch.tensor(v, dtype=torch.float64) for k, v in state["layers"][str(i)].items()}
+            self._state[i] = other[i]
 
     def merge_state_dict(self, state: dict) -> None:
-        """Add a saved state (another batch, process or run with the same layout) to this one."""
+        """Add a saved state (another batch, process or run of a monitor that means the same) to this one.
+
+        Raises:
+            ValueError: as ``load_state_dict``; a refused state adds nothing.
+        """
         self._prepare()
-        self._check_layout(state)
+        other = self._check_layout(state)
         self._zero.clear()
         for i in self._layers:
-            other = {k: torch.tensor(v, dtype=torch.float64) for k, v in state["layers"][str(i)].items()}
-            self._state[i] = M.merge_states(self._state[i], other)
+            self._state[i] = M.merge_states(self._state[i], other[i])
 
-    def _check_layout(self, state: dict) -> None:
-        if state.get("layout") != self._layout():
-            raise ValueError(
-                f"state layout {state.get('layout')} does not match this monitor's {self._layout()}: "
-                "use the same targets, null_seed, null_draws, fnull_draws and eig_top"
+    def _check_layout(self, state) -> dict[int, dict[str, torch.Tensor]]:
+        """The state's sums as float64 tensors, once its fingerprint, layers, keys and shapes all match."""
+        if not isinstance(state, dict):
+            raise ValueError(f"a monitor state is the dict state_dict() returns, got {type(state).__name__}")
+        if "fingerprint" not in state:
+            what = (
+                "predates the fingerprint (saved by an older eigenhooks)" if "layout" in state else "has no fingerprint"
             )
+            raise ValueError(
+                f"this state {what}: it does not record the model's weights, the target vectors or the reading "
+                "points, so it cannot be checked against this monitor; recompute it with this version"
+            )
+        diffs = FP.differences(self._layout(), state["fingerprint"], "here", "in the state")
+        if diffs:
+            raise ValueError(
+                f"the state's layout differs from this monitor's: {FP.mismatch(diffs)}. Merge only states of the "
+                "same model weights, targets, reading points and null settings"
+            )
+        return FP.parse_layers(state, self._state)
 
     def all_reduce(self, group=None) -> None:
         """Sum the whole state across the ranks of ``group`` with torch.distributed (gloo or NCCL).
 
-        Every rank must call it with a monitor of the same layout (same targets and seeds, so
-        the null draws agree). Open sequences end here. Afterwards every rank holds the total.
+        Every rank must call it with a monitor that means the same (same weights, targets,
+        reading points and null settings, so the null draws agree): the ranks' fingerprints are
+        compared first, and any difference raises on every rank with the same message. Open
+        sequences end here. Afterwards every rank holds the total.
+
+        Raises:
+            RuntimeError: torch.distributed is not initialised.
+            ValueError: the ranks' monitors differ; the message names the first rank that differs
+                from rank 0 and how.
         """
         import torch.distributed as dist
 
         if not dist.is_available() or not dist.is_initialized():
             raise RuntimeError("all_reduce needs torch.distributed initialised (torchrun, or dist.init_process_group)")
-        self._prepare()
+        self._check_ranks(dist, group)
         self._end_sequences()
         backend = dist.get_backend(group)
         dev = torch.device("cuda", torch.cuda.current_device()) if backend == "nccl" else torch.device("cpu")
@@ -377,6 +412,27 @@ class MonitorState:
             n = v.numel()
             self._state[i][k] = flat[at : at + n].reshape(v.shape).to(v.device)
             at += n
+
+    def _check_ranks(self, dist, group) -> None:
+        """Raise the same ValueError on every rank unless all ranks' fingerprints agree.
+
+        Short digests go round first; only when they differ do the whole fingerprints, to name
+        the difference. Every rank takes the same branch, so none waits on a collective alone.
+        """
+        fp = self._layout()
+        world = dist.get_world_size(group)
+        digests: list = [None] * world
+        dist.all_gather_object(digests, FP.digest(fp), group=group)
+        if len(set(digests)) == 1:
+            return
+        fps: list = [None] * world
+        dist.all_gather_object(fps, fp, group=group)
+        r = next(r for r in range(world) if digests[r] != digests[0])
+        diffs = FP.differences(fps[0], fps[r], "on rank 0", f"on rank {r}")
+        raise ValueError(
+            f"all_reduce: rank {r} differs from rank 0, so their sums cannot be added: {FP.mismatch(diffs)}. "
+            "Every rank needs the same model weights, targets, reading points and null settings"
+        )
 
 
 def _where(adapter, i: int) -> tuple[torch.device, torch.dtype] | None:

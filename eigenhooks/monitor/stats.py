@@ -126,26 +126,85 @@ def eig_subspaces(eigenvalues: torch.Tensor, eigenvectors: torch.Tensor, m: int)
     return out
 
 
+def rounding(dtype: torch.dtype, d: int) -> float:
+    """How far rounding to ``dtype`` moves a d-dimensional orthonormal basis (max |U^T U - I|).
+
+    Rounding each entry moves each entry of U^T U by about eps at most, whatever d (float16 and
+    bfloat16 unit vectors measure <= 1.01 eps for d = 16..16384, normalised in float64 or in their
+    own dtype, whose sums torch accumulates in float32); a normalisation accumulated in the dtype
+    itself adds ~sqrt(d) eps (float32: 5 eps at d = 16384). So 4 eps + sqrt(d)/16 eps; 0 for
+    integer dtypes (exact).
+    """
+    eps = torch.finfo(dtype).eps if dtype.is_floating_point or dtype.is_complex else 0.0
+    return eps * (4 + math.sqrt(d) / 16)
+
+
+def target_tolerance(dtype: torch.dtype, d: int) -> float:
+    """How far from orthonormal a target given in ``dtype`` may be: its ``rounding``, and never less
+    than 1e-4, the tolerance float32 and float64 targets have always had."""
+    return max(1e-4, rounding(dtype, d))
+
+
 def check_target(name: str, U, d: int) -> torch.Tensor:
-    """Validate a custom target: a unit vector (d,) or an orthonormal basis (d, k); (d, k) float64.
+    """Validate a custom target and return the orthonormal (d, k) float64 basis of the subspace it spans.
+
+    A real target is a unit vector (d,) or an orthonormal basis (d, k), in any float dtype; it
+    must be orthonormal within ``target_tolerance`` of its dtype, and is then replaced by the
+    nearest exactly orthonormal basis (the polar factor, u / |u| for a vector), so the monitor
+    measures the subspace it spans. A complex target (``LayerSpectrum.v_1`` of a complex pair)
+    must be unit (orthonormal columns, U^H U = I) and stands for the real subspace
+    span(Re U, Im U), as the monitor's own complex targets do (``eig_subspaces``): k = 2 for a
+    complex v, k = 1 for a real vector stored as complex or turned by a phase e^{i theta}
+    (then with the sign of its larger part, real or imaginary).
 
     Raises:
-        TargetError: wrong shape, non-finite values, or not orthonormal (within 1e-4).
+        TargetError: not a tensor, wrong shape, non-finite values, or not orthonormal.
     """
-    U = torch.as_tensor(U).detach().to("cpu", torch.float64)
-    if U.dim() == 1:
-        U = U[:, None]
-    if U.dim() != 2 or U.shape[0] != d or not 1 <= U.shape[1] <= d:
+    try:
+        given = torch.as_tensor(U).detach().to("cpu")
+    except (TypeError, ValueError, RuntimeError) as e:
         raise TargetError(
-            f"target {name!r}: expected a unit vector ({d},) or an orthonormal basis ({d}, k), got shape {tuple(U.shape)}"
+            f"target {name!r}: expected a unit vector ({d},) or an orthonormal basis ({d}, k) as a tensor, "
+            f"got {type(U).__name__} ({e})"
+        ) from None
+    X = given.to(torch.complex128 if given.is_complex() else torch.float64)
+    if X.dim() == 1:
+        X = X[:, None]
+    if X.dim() != 2 or X.shape[0] != d or not 1 <= X.shape[1] <= d:
+        raise TargetError(
+            f"target {name!r}: expected a unit vector ({d},) or an orthonormal basis ({d}, k), got shape {tuple(X.shape)}"
         )
-    if not torch.isfinite(U).all():
+    if not torch.isfinite(X).all():
         raise TargetError(f"target {name!r} has non-finite entries")
-    err = float((U.T @ U - torch.eye(U.shape[1], dtype=U.dtype)).abs().max())
-    if err > 1e-4:
-        hint = "divide it by its norm" if U.shape[1] == 1 else "orthonormalise it, e.g. torch.linalg.qr(U).Q"
-        raise TargetError(f"target {name!r} is not orthonormal (max |U^T U - I| = {err:.2g}); {hint}")
-    return U
+    tol = target_tolerance(given.dtype, d)
+    err = float((X.mH @ X - torch.eye(X.shape[1], dtype=X.dtype)).abs().max())
+    if err > tol:
+        hint = "divide it by its norm" if X.shape[1] == 1 else "orthonormalise it, e.g. torch.linalg.qr(U).Q"
+        raise TargetError(
+            f"target {name!r} is not orthonormal (max |U^H U - I| = {err:.2g}, tolerance {tol:.2g} for "
+            f"{str(given.dtype).replace('torch.', '')}); {hint}"
+        )
+    if not X.is_complex():
+        W, _, Vh = torch.linalg.svd(X, full_matrices=False)
+        return W @ Vh  # the polar factor: the nearest orthonormal basis, each column kept near the given one
+    return _real_span(X, rounding(given.dtype, d))
+
+
+def _real_span(X: torch.Tensor, noise: float) -> torch.Tensor:
+    """Orthonormal (d, r) float64 basis of span(Re X, Im X) for a complex (d, k) X; r <= 2k.
+
+    Directions whose singular value is under the rounding of X's dtype (an imaginary part that is
+    rounding, not signal) are dropped; one direction left from one vector takes the sign of that
+    vector's larger part.
+    """
+    R = torch.cat([X.real, X.imag], 1)  # (d, 2k)
+    W, S, _ = torch.linalg.svd(R, full_matrices=False)
+    r = max(1, int((S > noise * S[0]).sum()))
+    B = W[:, :r]
+    if r == 1 and X.shape[1] == 1:
+        ref = X.real[:, 0] if X.real.norm() >= X.imag.norm() else X.imag[:, 0]
+        B = B * (1.0 if float(B[:, 0] @ ref) >= 0 else -1.0)
+    return B.contiguous()
 
 
 @dataclass

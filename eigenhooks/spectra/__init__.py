@@ -6,6 +6,6 @@ disk cache, and ``verify`` (F from the weights against F from the model's own fo
 identical-token probe). It may import ``zoo``, ``models`` and ``linalg``.
 """
 
-from .compute import Verification, clear_memo, layer_factors, layer_stacked, spectra, verify
+from .compute import Verification, clear_memo, layer_factors, layer_stacked, spectra, verify, weights_digest
 
-__all__ = ["Verification", "clear_memo", "layer_factors", "layer_stacked", "spectra", "verify"]
+__all__ = ["Verification", "clear_memo", "layer_factors", "layer_stacked", "spectra", "verify", "weights_digest"]

@@ -25,7 +25,7 @@ from ..linalg.eig import (
     NonFiniteError,
     layer_spectra,
 )
-from ..models import Adapter, get_adapter
+from ..models import Adapter, get_adapter, layer_index
 from ..models.offload import onloaded, source_modules
 from ..models.probe import apply_attention_many, probe_matrices
 
@@ -93,6 +93,8 @@ def spectra(
 
     Raises:
         ValueError: unknown variant or rank, non-finite weights, empty meta-device weights.
+        TypeError: layers is not a list of ints (numpy and 0-d torch integers count; bools do not).
+        IndexError: a layer out of range (negative counts from the end).
         UnsupportedModelError: the model's attention cannot be found.
 
     Example:
@@ -128,7 +130,7 @@ def spectra_by_rank(
     if variant not in VARIANTS:
         raise ValueError(f"variant must be one of {VARIANTS}, got {variant!r}")
     adapter = get_adapter(model)
-    idx = list(range(adapter.n_layers)) if layers is None else [_check_layer(adapter, i) for i in layers]
+    idx = _layer_list(adapter, layers)
     options = {
         rank: {
             "variant": variant,
@@ -318,6 +320,24 @@ def layer_stacked(adapter: Adapter, i: int, variant: str = "ov") -> tuple[torch.
         return layer_factors(adapter, i, variant)[0].stacked(torch.float64)
 
 
+def weights_digest(adapter: Adapter, i: int) -> str:
+    """Hash of the weights that define layer i's F in every variant: O, V and the attention norm's scale.
+
+    The bytes as stored (dtype and layout included), so equal digests mean equal weights and a
+    digest never depends on how the spectrum was computed. A layer with no weight rule (its F
+    comes from the probe) hashes the parameters of its block. Offloaded weights are brought in
+    for this layer only. 40 hex digits.
+    """
+    ly = adapter.layers[i]
+    meta = {"digest": "weights", "norm_position": adapter.norm_position}
+    if ly.factors is None:
+        mods = [ly.block, ly.attn_in, ly.attn_out, ly.o_proj, ly.norm]
+        with onloaded(adapter.model, mods):
+            return disk.tensors_digest(_layer_parameters(adapter, i), {**meta, "probe": True})
+    with onloaded(adapter.model, _weight_modules(adapter, i, "ov_ln")):
+        return disk.cache_key(adapter.factors(i), adapter.norm_weight(i), meta)
+
+
 def _weight_modules(adapter: Adapter, i: int, variant: str) -> list:
     """The modules whose weights layer i's factors (and, for ov_ln, its norm) are read from.
 
@@ -465,11 +485,13 @@ def _relabel(spec: LayerSpectrum, layer: int) -> LayerSpectrum:
     return replace(spec, layer=layer)
 
 
-def _check_layer(adapter: Adapter, i: int) -> int:
-    n = adapter.n_layers
-    if not -n <= i < n:
-        raise IndexError(f"layer {i} is out of range for a model with {n} attention layers")
-    return i % n
+def _layer_list(adapter: Adapter, layers) -> list[int]:
+    """``layers`` (None: all) as a list of indices in 0..n_layers-1, each checked."""
+    if layers is None:
+        return list(range(adapter.n_layers))
+    if isinstance(layers, str | bytes | dict) or not hasattr(layers, "__iter__"):
+        raise TypeError(f"layers must be a list of layer indices (or None: all), got {layers!r}; e.g. layers=[0, -1]")
+    return [layer_index(i, adapter.n_layers, "layers: layer") for i in layers]
 
 
 def _layer_name(adapter: Adapter, i: int) -> str:
@@ -526,13 +548,17 @@ def verify(model, layers: list[int] | None = None, n_tokens: int = 2) -> list[Ve
     verified by that check alone, so no row is NaN.
 
     Args:
+        layers: indices to verify (default: all; negative counts from the end).
         n_tokens: length of the identical-token probe sequence (1 skips the softmax).
 
     Returns:
         One Verification per layer.
+
+    Raises:
+        TypeError: layers is not a list of ints. IndexError: a layer out of range.
     """
     adapter = get_adapter(model)
-    idx = list(range(adapter.n_layers)) if layers is None else [_check_layer(adapter, i) for i in layers]
+    idx = _layer_list(adapter, layers)
     probed = probe_matrices(adapter, idx, n_tokens=n_tokens)
     lin = _linearity(adapter, idx, probed, n_tokens)
     dtype = str(next(adapter.model.parameters()).dtype).replace("torch.", "")

@@ -17,7 +17,7 @@ import math
 
 import torch
 
-from ..models import get_adapter
+from ..models import get_adapter, layer_index
 
 log = logging.getLogger(__name__)
 OBJECTIVES = ("probability", "logit")
@@ -125,9 +125,13 @@ def token(model, tokenizer, text: str, objective: str = "probability") -> torch.
 
 @torch.no_grad()
 def contrast(model, tokenizer, pos_prompts: list[str], neg_prompts: list[str], layer: int = -1) -> torch.Tensor:
-    """Mean residual (output of block ``layer``, all real tokens) of pos minus that of neg, unit."""
+    """Mean residual (output of block ``layer``, all real tokens) of pos minus that of neg, unit.
+
+    Raises:
+        TypeError: layer not an int. IndexError: layer out of range. ValueError: no prompts on a side.
+    """
     ad = get_adapter(model)
-    block = ad.layers[layer].block
+    block = ad.layers[layer_index(layer, ad.n_layers)].block
 
     def mean_residual(prompts):
         total, count = None, 0

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 import torch
 
 from ..linalg.eig import Factors, layer_spectrum
-from ..models import Adapter, UnsupportedModelError, get_adapter
+from ..models import Adapter, UnsupportedModelError, get_adapter, layer_index
 from ..models.base import StopForward
 from ..models.probe import input_embeddings
 from . import rank1
@@ -253,10 +253,7 @@ class Steer:
 
     def _check_layer(self, layer: int, allow_shared: bool) -> int:
         ad = self.adapter
-        n = ad.n_layers
-        if not -n <= layer < n:
-            raise IndexError(f"layer {layer} is out of range for a model with {n} attention layers")
-        layer %= n
+        layer = layer_index(layer, ad.n_layers)
         shared = next(g for g in ad.shared_groups() if layer in g)
         if len(shared) > 1 and not allow_shared:
             raise ValueError(
@@ -536,6 +533,7 @@ def steer(
 
     Raises:
         ValueError: bad direction, strength, method or mode; V u = 0; a shared layer.
+        TypeError: layer not an int (numpy and 0-d torch integers are; bools are not).
         IndexError: layer out of range.
 
     Example:
