@@ -6,10 +6,14 @@ summary.parquet), spectra.json, the plots and report.html.
 
 A run folder never lies about itself:
 
-- the run is built in a hidden sibling folder (``.NAME.tmp-PID``) and renamed to ``out`` at
+- the run is built in a hidden sibling folder (``.NAME.tmp-TAG-PID``) and renamed to ``out`` at
   the end, so a killed run (even SIGKILL) never mixes with an earlier one;
 - ``out`` is refused if it already holds a run, unless ``overwrite=True`` (``--overwrite``);
   the old run stays intact until the new one is renamed in;
+- a finished run is never replaced by a run that did not ask to replace it: of two runs into
+  one ``out`` the first to finish gets it, the other ends in ``out-2`` and fails saying where
+  both are (``folder.RunFolder``); the default ``out`` is ``runs/MODEL-YYYYmmdd-HHMMSS-XXXX``
+  (4 random hex digits), so runs started in the same second do not meet;
 - meta.json is written first, with ``status: running`` and the current ``stage``, and ends
   as ``complete``, ``interrupted`` (Ctrl-C at any stage: what was measured is kept) or
   ``failed`` (with the error). While the final files are written a second Ctrl-C waits.
@@ -23,6 +27,7 @@ from __future__ import annotations
 
 import os
 import platform
+import secrets
 import sys
 import time
 from dataclasses import dataclass
@@ -75,10 +80,14 @@ class _Study:
 
 
 def _test_pause(stage: str) -> None:
-    """Test hook: EIGENHOOKS_TEST_PAUSE=STAGE[,STAGE] sleeps there (EIGENHOOKS_TEST_PAUSE_S s), for signal tests."""
+    """Test hook: EIGENHOOKS_TEST_PAUSE=STAGE[,STAGE] sleeps there (EIGENHOOKS_TEST_PAUSE_S s), for signal
+    and race tests; with EIGENHOOKS_TEST_RESUME=FILE it goes on as soon as FILE exists."""
     if stage in os.environ.get("EIGENHOOKS_TEST_PAUSE", "").split(","):
         print(f"eigenhooks-test: paused at {stage}", file=sys.stderr, flush=True)
-        time.sleep(float(os.environ.get("EIGENHOOKS_TEST_PAUSE_S", "60")))
+        resume = os.environ.get("EIGENHOOKS_TEST_RESUME")
+        end = time.monotonic() + float(os.environ.get("EIGENHOOKS_TEST_PAUSE_S", "60"))
+        while time.monotonic() < end and not (resume and os.path.exists(resume)):
+            time.sleep(min(0.05, max(end - time.monotonic(), 0)))
 
 
 def _check_nulls(nulls: dict | None) -> dict:
@@ -160,7 +169,9 @@ def run(
     meta["nulls"] = nulls
     folder = None
     if ctx.rank == 0:
-        folder = RunFolder(_default_out(model) if out is None else Path(out), overwrite=overwrite)
+        folder = RunFolder(
+            _default_out(model) if out is None else Path(out), overwrite=overwrite, named=out is not None
+        )
         folder.open(meta)
     st = _Study(folder)
     status, error = "complete", None
@@ -298,7 +309,13 @@ def _model_meta(m) -> dict:
 
 
 def _default_out(model: str) -> Path:
-    return Path("runs") / f"{Path(model).name}-{time.strftime('%Y%m%d-%H%M%S')}"
+    """runs/MODEL-YYYYmmdd-HHMMSS-XXXX: the start second and 4 random hex digits, so that runs started
+    in one second (by one process or several) get folders of their own; a free name is taken."""
+    for _ in range(100):
+        p = Path("runs") / f"{Path(model).name}-{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(2)}"
+        if not p.exists():
+            return p
+    return p  # 100 names in use: RunFolder says so
 
 
 def _seq_len(model, wanted: int = 128) -> int:
