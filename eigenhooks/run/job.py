@@ -20,7 +20,12 @@ A run folder never lies about itself:
 
 Under ``torchrun --nproc-per-node N`` every rank reads the same token stream, keeps the
 batches ``i % N == rank``, and the monitors are summed with ``Monitor.all_reduce``; rank
-0 writes the folder, with ``world_size`` and ``tokens_per_rank`` in meta.json.
+0 writes the folder, with ``world_size``, ``tokens_per_rank`` and ``forwards_per_rank`` in
+meta.json (``forwards`` counts every rank's). Each rank's monitor writes its per-forward lines
+(rank 0 into stats.jsonl, the others into a temporary file), and at the end rank 0 gathers
+them (``distributed.gather_jsonl``) into the one stats.jsonl, rank by rank, each line with
+its ``rank``. A run stopped before that (Ctrl-C, an error) records rank 0's part only, and
+meta.json says so (``ranks_recorded``).
 """
 
 from __future__ import annotations
@@ -29,6 +34,7 @@ import os
 import platform
 import secrets
 import sys
+import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -71,6 +77,7 @@ class _Study:
         self.first: torch.Tensor | None = None
         self.tokens = 0  # tokens this rank fed to the model
         self.tokens_per_rank: list[int] | None = None
+        self.forwards_per_rank: list[int] | None = None  # set once the ranks are gathered
         self.seconds = 0.0
 
     def stage(self, name: str) -> None:
@@ -210,24 +217,47 @@ def _study(st: _Study, model, texts, torch_dtype, ctx, backend, max_tokens, batc
     st.specs = {rank: eh.spectra(st.model, variant=v, rank=rank) for v, rank in TARGETS}
     st.stage("forwards")
     batches = TokenBatches(st.tok, texts, max_tokens, _seq_len(st.model), batch_size)
-    sink = st.folder.path / "stats.jsonl" if st.folder is not None else None
-    st.mon = eh.monitor(st.model, targets=TARGETS, sink=sink, **nulls)
-    t0 = time.perf_counter()
+    sink = _sink(st, ctx)
     try:
-        _forwards(st, batches, ctx, backend, progress and ctx.rank == 0)
+        st.mon = eh.monitor(st.model, targets=TARGETS, sink=sink, **nulls)
+        t0 = time.perf_counter()
+        try:
+            _forwards(st, batches, ctx, backend, progress and ctx.rank == 0)
+        finally:
+            st.seconds = time.perf_counter() - t0
+        if ctx.rank == 0:
+            batches.warn_unknown(f"the text fed to {model}")
+        if ctx.world > 1:
+            st.stage("reduce")
+            _reduce(st, sink)
     finally:
-        st.seconds = time.perf_counter() - t0
-    if ctx.rank == 0:
-        batches.warn_unknown(f"the text fed to {model}")
-    if ctx.world > 1:
-        st.stage("reduce")
-        st.mon.all_reduce()
-        st.tokens_per_rank = D.gather_ints(st.tokens)
+        if st.folder is None and sink is not None:
+            sink.unlink(missing_ok=True)
     st.stage("summary")
     st.summary = st.mon.summary()
     if st.folder is not None:
         st.stage("plots")
         _plots(st.folder.path, st, backend)
+
+
+def _sink(st: _Study, ctx) -> Path | None:
+    """Where this rank's monitor writes one line per forward: stats.jsonl in the folder on rank 0,
+    a private temporary file on the other ranks (gathered into stats.jsonl by ``_reduce``)."""
+    if st.folder is not None:
+        return st.folder.path / "stats.jsonl"
+    if ctx.world == 1:
+        return None
+    fd, name = tempfile.mkstemp(prefix=f"eigenhooks-stats-rank{ctx.rank}-", suffix=".jsonl")
+    os.close(fd)
+    return Path(name)
+
+
+def _reduce(st: _Study, sink: Path | None) -> None:
+    """Sum the monitors over the ranks and bring every rank's counts and per-forward lines to rank 0."""
+    st.mon.all_reduce()
+    st.tokens_per_rank = D.gather_ints(st.tokens)
+    st.forwards_per_rank = D.gather_ints(st.mon.n_forwards)
+    D.gather_jsonl(sink, sink if st.folder is not None else None)
 
 
 def _forwards(st: _Study, batches: TokenBatches, ctx, backend: str, progress: bool) -> None:
@@ -265,16 +295,20 @@ def _finish(st: _Study, folder: RunFolder, status: str, error, ctx) -> None:
 
 def _result_meta(st: _Study, ctx, status: str, error) -> dict:
     n_tokens = int(st.summary["n_tokens"].max()) if st.summary is not None and len(st.summary) else 0
+    forwards = st.mon.n_forwards if st.mon is not None else 0
     meta = {
-        "forwards": st.mon.n_forwards if st.mon is not None else 0,
+        "forwards": sum(st.forwards_per_rank) if st.forwards_per_rank else forwards,
         "n_tokens": n_tokens,
         "seconds": round(st.seconds, 3),
         "tokens_per_s": round(n_tokens / st.seconds, 1) if st.seconds > 0 and n_tokens else None,
         "world_size": ctx.world,
         "tokens_per_rank": st.tokens_per_rank or [st.tokens],
+        "forwards_per_rank": st.forwards_per_rank or [forwards],
         "interrupted": status == "interrupted",
         "finished": time.strftime("%Y-%m-%d %H:%M:%S"),
     }
+    if ctx.world > 1 and st.forwards_per_rank is None:
+        meta["ranks_recorded"] = "rank 0 only: the run stopped before the ranks were gathered"
     if error is not None:
         meta["error"] = f"{type(error).__name__}: {error}"
     return meta
