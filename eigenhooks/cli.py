@@ -226,6 +226,9 @@ def run(
     eig_top: Annotated[
         int | None, typer.Option(help="F's top eigen-subspaces the target is ranked among (default 16)")
     ] = None,
+    dist_timeout: Annotated[
+        float, typer.Option(help="under torchrun: seconds to wait for the other ranks (start and each exchange)")
+    ] = 300.0,
     debug: DebugOpt = False,
 ) -> None:
     """The whole study: spectra, a monitored pass, a table, plots and report.html in a run folder.
@@ -255,6 +258,7 @@ def run(
                 "eig_top": eig_top,
             },
             command=["eigenhooks", *sys.argv[1:]],
+            dist_timeout=dist_timeout,
         )
     except Exception as e:
         _fail(e, debug)

@@ -30,6 +30,7 @@ meta.json says so (``ranks_recorded``).
 
 from __future__ import annotations
 
+import math
 import os
 import platform
 import secrets
@@ -116,10 +117,12 @@ def _check_nulls(nulls: dict | None) -> dict:
     return full
 
 
-def _check_sizes(max_tokens, batch_size) -> None:
+def _check_sizes(max_tokens, batch_size, dist_timeout) -> None:
     for flag, v in (("--max-tokens", max_tokens), ("--batch-size", batch_size)):
         if isinstance(v, bool) or not isinstance(v, int) or v < 1:
             raise ValueError(f"{flag} must be a positive integer, got {v!r}")
+    if isinstance(dist_timeout, bool) or not isinstance(dist_timeout, int | float) or not 0 < dist_timeout < math.inf:
+        raise ValueError(f"--dist-timeout must be a positive number of seconds, got {dist_timeout!r}")
 
 
 def run(
@@ -139,6 +142,7 @@ def run(
     nulls: dict | None = None,
     progress: bool = True,
     command: list[str] | None = None,
+    dist_timeout: float = 300.0,
 ) -> RunResult:
     """Run the whole study on a model and write a run folder.
 
@@ -157,21 +161,25 @@ def run(
             ``null_stride``, ``fnull_draws``, ``eig_top`` (see ``eh.monitor``; default: its
             defaults). Recorded in meta.json. More Haar draws lower p_null's floor 2/(K+1):
             with 30 layers, one layer alone can pass BH at 0.05 from K >= 1200.
+        dist_timeout: under torchrun, seconds to wait for the other ranks, at the start and at
+            every collective (``--dist-timeout``); a process given WORLD_SIZE > 1 with no peers
+            says what it waits for after a second and fails in one line after this long.
 
     Returns:
         RunResult (status 'complete' or 'interrupted'; a failure raises).
 
     Raises:
-        ValueError: a size below 1, an unknown dtype.
+        ValueError: a size below 1, a dist_timeout that is not a positive number, an unknown dtype.
+        RuntimeError: under torchrun, the other ranks did not come within ``dist_timeout``.
         RunFolderError: ``out`` already holds a run (and ``overwrite`` is False).
         DataLoadError: text or dataset problems. Any other error of the run, after the
             folder is marked ``failed``.
     """
-    _check_sizes(max_tokens, batch_size)
+    _check_sizes(max_tokens, batch_size, dist_timeout)
     nulls = _check_nulls(nulls)
     torch_dtype = _dtype(dtype)
     texts = iter_texts(text, file, dataset)  # checks the source now, reads it lazily
-    ctx = D.setup(device)
+    ctx = D.setup(device, timeout=dist_timeout)
     meta = _base_meta(model, backend, seed, max_tokens, batch_size, command, ctx)
     meta["nulls"] = nulls
     folder = None
