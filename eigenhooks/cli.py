@@ -8,7 +8,9 @@ and exit code 1; ``--debug`` shows the traceback.
 from __future__ import annotations
 
 import json
+import re
 import sys
+from pathlib import Path
 from typing import Annotated
 
 import typer
@@ -44,7 +46,13 @@ DebugOpt = Annotated[bool, typer.Option("--debug", help="show tracebacks")]
 
 
 def _quiet_libraries() -> None:
-    """Keep transformers' progress bars and warnings off stdout/stderr (tables and JSON stay clean)."""
+    """Keep transformers' progress bars and warnings, and datasets' log lines, off stdout/stderr
+    (tables and JSON stay clean; a file datasets cannot read is our one line, not its log line first)."""
+    import os
+
+    os.environ.setdefault("DATASETS_VERBOSITY", "critical")  # read when --dataset first imports datasets
+    if "datasets" in sys.modules:
+        sys.modules["datasets"].utils.logging.set_verbosity(50)  # logging.CRITICAL
     try:
         from transformers.utils import logging as hf_logging
 
@@ -54,11 +62,42 @@ def _quiet_libraries() -> None:
         pass
 
 
-def _fail(e: BaseException, debug: bool) -> None:
+def _fail(e: BaseException, debug: bool, command: str | None = None) -> None:
+    """One line on stderr and exit 1 (``--debug``: the traceback); ``command`` names its flags in it."""
     if debug:
         raise e
-    typer.echo(f"eigenhooks: error: {e}", err=True)
+    typer.echo(f"eigenhooks: error: {_as_flags(str(e), command)}", err=True)
     raise typer.Exit(1)
+
+
+# library names of a command's inputs that differ from its option's name
+_ALIASES = {"steer": {"direction": "--toward"}}
+
+
+def _as_flags(msg: str, command: str | None) -> str:
+    """A library message as a command-line user needs it: the running command's options named
+    by their flags, not their Python arguments (``allow_shared=True`` -> ``--allow-shared``,
+    ``gap_ratio`` -> ``--gap-ratio``, ``alpha=5.0`` -> ``--alpha 5.0``, ``mode must`` -> ``--mode must``).
+
+    Plain words (mode, layer, text ...) change only where they are an argument's name: before
+    ``=`` or ``must``, or next to another flag (``alpha and --gap-ratio``); words with an
+    underscore change everywhere.
+    """
+    cmd = typer.main.get_command(app).commands.get(command) if command else None
+    if cmd is None:
+        return msg
+    flags = {p.name: p.opts[0] for p in cmd.params if p.param_type_name == "option" and p.opts[0][:2] == "--"}
+    flags.update(_ALIASES.get(command, {}))
+    for name, flag in flags.items():
+        n = rf"(?<![-\w.'\"]){re.escape(name)}"
+        msg = re.sub(rf"{n}=True\b", flag, msg)
+        msg = re.sub(rf"{n}=(?=\S)", flag + " ", msg)
+        msg = re.sub(rf"{n}\b(?=\s+must\b)" if "_" not in name else rf"{n}\b", flag, msg)
+    for name, flag in flags.items():  # "one of alpha and --gap-ratio", "--alpha or mode"
+        n = rf"(?<![-\w.'\"]){re.escape(name)}\b"
+        msg = re.sub(rf"{n}(?=,? (?:and|or) --)", flag, msg)
+        msg = re.sub(rf"(--[\w-]+,? (?:and|or) ){n}", rf"\g<1>{flag}", msg)
+    return msg
 
 
 def _c(z: complex, digits: int = 4) -> str:
@@ -103,7 +142,7 @@ def fetch(
         typer.echo(f"eigenhooks: fetch of {name} interrupted; nothing was kept, run it again", err=True)
         raise typer.Exit(130) from None
     except Exception as e:
-        _fail(e, debug)
+        _fail(e, debug, "fetch")
         return
     typer.echo(f"{path}  (SHA-256 {pin.sha256[:16]}... verified)")
     typer.echo(f"note: {pin.card['caveat']}")
@@ -128,7 +167,7 @@ def spectrum(
         m, _ = load_model(model, backend=backend)
         specs = spectra(m, variant=variant, rank=rank, heads=heads)
     except Exception as e:  # every library error becomes one line
-        _fail(e, debug)
+        _fail(e, debug, "spectrum")
         return
     records, rows = [], []
     for s in specs:
@@ -167,7 +206,7 @@ def verify(
         m, _ = load_model(model)
         res = _verify(m)
     except Exception as e:
-        _fail(e, debug)
+        _fail(e, debug, "verify")
         return
     records = [
         {
@@ -226,6 +265,9 @@ def run(
     eig_top: Annotated[
         int | None, typer.Option(help="F's top eigen-subspaces the target is ranked among (default 16)")
     ] = None,
+    dist_timeout: Annotated[
+        float, typer.Option(help="under torchrun: seconds to wait for the other ranks (start and each exchange)")
+    ] = 300.0,
     debug: DebugOpt = False,
 ) -> None:
     """The whole study: spectra, a monitored pass, a table, plots and report.html in a run folder.
@@ -255,9 +297,10 @@ def run(
                 "eig_top": eig_top,
             },
             command=["eigenhooks", *sys.argv[1:]],
+            dist_timeout=dist_timeout,
         )
     except Exception as e:
-        _fail(e, debug)
+        _fail(e, debug, "run")
         return
     from .run.table import rows as table_rows
 
@@ -305,7 +348,6 @@ def steer(
 ) -> None:
     """Top-k next tokens before and after a rank-1 steering of one layer, and the alignment change."""
     try:
-        import numpy as np
         import torch
 
         from . import steer as _steer
@@ -324,8 +366,13 @@ def steer(
         vocab = int(head.weight.shape[0])
         if not 1 <= top_k <= vocab:
             raise ValueError(f"--top-k must be in [1, {vocab}] (the vocabulary size), got {top_k}")
-        if toward.endswith(".npy"):
-            u, target = torch.from_numpy(np.load(toward)).double(), None
+        if toward.lower().endswith(".npy"):
+            u, target = _toward_npy(m, toward), None
+        elif Path(toward).expanduser().is_file():
+            raise ValueError(
+                f"--toward {toward} is a file, not a token: give a .npy file of a unit vector (numpy.save), "
+                "or a token such as ' return'"
+            )
         else:
             u, target = _direction.token(m, tok, toward), _direction.token_id(tok, toward)
         untrained = getattr(m, UNTRAINED_HEAD, False)  # load_model found no head in the checkpoint
@@ -340,7 +387,7 @@ def steer(
                 after = torch.softmax(m(**batch).logits[0, -1].double(), -1)
             rep = s.report(target_token=None if random_head else target)
     except Exception as e:
-        _fail(e, debug)
+        _fail(e, debug, "steer")
         return
     pb, ib = before.topk(top_k)
     pa, ia = after.topk(top_k)
@@ -373,6 +420,17 @@ def steer(
         typer.echo(f"p({toward!r}) at the last position: {rep.prob_before:.2e} -> {rep.prob_after:.2e}")
 
 
+def _toward_npy(model, path: str):
+    """--toward FILE.npy as a unit vector of the model's width; errors name the flag and the file."""
+    from .models import get_adapter
+    from .steer import direction
+
+    try:
+        return direction.from_npy(path, get_adapter(model).d_model)
+    except ValueError as e:
+        raise ValueError(f"--toward {e}") from e
+
+
 @app.command()
 def iterate(
     model: ModelArg = "albert-tiny",
@@ -391,7 +449,7 @@ def iterate(
         traj = dynamics.iterate(m, tok([text], return_tensors="pt"), layer=layer, steps=steps, mode=mode)
         pred, meas = dynamics.predict_limit(traj.spectrum), dynamics.classify_limit(traj)
     except Exception as e:
-        _fail(e, debug)
+        _fail(e, debug, "iterate")
         return
     s = traj.spectrum
     typer.echo(f"{model} layer {traj.layer}, {mode} mode, {steps} steps ({len(traj.final)} tokens)")
@@ -415,7 +473,7 @@ def report(
 
         typer.echo(str(build_report(run_dir)))
     except Exception as e:
-        _fail(e, debug)
+        _fail(e, debug, "report")
 
 
 def _cell(v) -> str:

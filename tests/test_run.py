@@ -164,7 +164,7 @@ def test_cli_bad_null_option_is_one_line(tmp_path):
     r = runner.invoke(app, ["run", "--max-tokens", "50", "--null-draws", "0", "--out", str(tmp_path / "r")])
     assert r.exit_code == 1
     lines = [x for x in r.output.strip().splitlines() if x.strip()]
-    assert len(lines) == 1 and "null_draws must be a positive int, got 0" in lines[0], r.output
+    assert len(lines) == 1 and "--null-draws must be a positive int, got 0" in lines[0], r.output
     assert not (tmp_path / "r").exists()  # refused before any work: no failed run folder left behind
     with pytest.raises(ValueError, match="unknown null settings"):
         run("gpt2-tiny", max_tokens=50, nulls={"null_drawz": 3}, out=tmp_path / "x", progress=False)

@@ -1,22 +1,38 @@
 """Run folders that never lie: built aside, renamed into place, with a status that is always true.
 
 ``RunFolder(out).open(meta)`` refuses an ``out`` that already holds a run (unless
-``overwrite``), builds the run in the hidden sibling ``.NAME.tmp-PID`` and writes meta.json
+``overwrite``), builds the run in the hidden sibling ``.NAME.tmp-TAG-PID`` and writes meta.json
 at once with ``status: running``. ``stage(name)`` records progress in meta.json.
 ``finish(status, ...)`` writes the tables, the final status and report.html, then renames
 the folder into place: a run killed at any point (even SIGKILL) leaves ``out`` as it was.
+
+A finished run is never replaced by another one that did not ask to replace it. The check at
+``open`` is not enough (two runs into one ``out`` both pass it), so the final rename decides:
+``os.rename`` of a folder fails when the target is a non-empty folder (POSIX), and a run folder
+always holds meta.json, so of two runs racing into a free ``out`` exactly one gets it. The
+renames of all runs into one parent folder hold an ``flock`` on that folder, so that an
+``--overwrite`` (two renames: the old run aside, the new one in) is never interleaved with
+another run's rename. ``--overwrite`` replaces only the run that was in ``out`` when this one
+opened. A run that loses the race goes to the first free sibling ``NAME-2``, ``NAME-3`` ...;
+``finish`` then raises ``RunFolderError`` naming both folders when ``out`` was named by the
+user, and warns (``RunFolderWarning``) when it was a default name.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
+import glob
 import json
 import logging
 import math
 import os
+import re
+import secrets
 import shutil
 import signal
 import threading
+import warnings
 from pathlib import Path
 
 log = logging.getLogger(__name__)
@@ -26,6 +42,13 @@ STATUSES = ("running", "complete", "interrupted", "failed")
 
 class RunFolderError(RuntimeError):
     """A run folder cannot be used; the message says why and what to do."""
+
+
+class RunFolderWarning(UserWarning):
+    """A run did not end in the folder first chosen for it (another run took it meanwhile)."""
+
+
+TAKEN = (errno.EEXIST, errno.ENOTEMPTY, errno.ENOTDIR, errno.EISDIR)  # os.rename onto a folder that is in use
 
 
 def holds_run(p: Path) -> bool:
@@ -64,18 +87,22 @@ class RunFolder:
     """One run's folder: refused or replaced, built aside, renamed in at the end.
 
     Attributes:
-        out: where the run ends up.
+        out: where the run ends up (a free sibling if another run took ``out`` meanwhile).
         path: where it is being written now (the hidden temporary sibling, then ``out``).
         meta: the content of meta.json.
         kept: False if ``finish`` discarded the run (nothing measured; ``out`` left as it was).
+        named: whether the user chose ``out`` (a run that loses it then fails) or it is a
+            default name (the run moves on to a free sibling and warns).
     """
 
-    def __init__(self, out: Path, overwrite: bool = False):
+    def __init__(self, out: Path, overwrite: bool = False, named: bool = True):
         self.out = Path(out)
         self.overwrite = overwrite
+        self.named = named
         self.path = self.out
         self.meta: dict = {}
         self.kept = True
+        self._replaces = None  # identity of the run in ``out`` at open that --overwrite may replace
 
     def open(self, meta: dict) -> None:
         """Check ``out``, create the temporary folder and write meta.json with status 'running'.
@@ -96,12 +123,14 @@ class RunFolder:
             raise RunFolderError(
                 f"--out {out} is a non-empty folder that holds no eigenhooks run: choose another --out"
             )
+        self._replaces = _identity(out) if holds_run(out) else None
         out.parent.mkdir(parents=True, exist_ok=True)
         self._clean_stale()
-        self.path = out.parent / f".{out.name}.tmp-{os.getpid()}"
-        shutil.rmtree(self.path, ignore_errors=True)
+        # a tag as well as the pid: two runs of one process (threads, a notebook) never share it
+        self.path = out.parent / f".{out.name}.tmp-{secrets.token_hex(3)}-{os.getpid()}"
         self.path.mkdir()
-        self.meta = {"status": "running", "stage": "start", "out": str(out), **meta}
+        run_id = secrets.token_hex(6)
+        self.meta = {"status": "running", "stage": "start", "out": str(out), "run_id": run_id, **meta}
         self.write_meta()
 
     @staticmethod
@@ -113,9 +142,10 @@ class RunFolder:
 
     def _clean_stale(self) -> None:
         """Remove temporary folders of earlier runs into the same ``out`` whose process is gone."""
-        for p in self.out.parent.glob(f".{self.out.name}.*-*"):
-            kind, _, pid = p.name.rpartition("-")
-            if kind.endswith((".tmp", ".old")) and pid.isdigit() and not _alive(int(pid)):
+        mine = re.compile(rf"\.{re.escape(self.out.name)}\.(?:tmp|old)-(?:[0-9a-f]+-)?(\d+)")
+        for p in self.out.parent.glob(f".{glob.escape(self.out.name)}.*-*"):
+            m = mine.fullmatch(p.name)
+            if m and not _alive(int(m.group(1))):
                 shutil.rmtree(p, ignore_errors=True)
 
     def write_meta(self) -> None:
@@ -135,6 +165,10 @@ class RunFolder:
             specs: rank -> list[LayerSpectrum], or None if the spectra were not computed.
             measured: whether any forward was measured. A run that measured nothing and did
                 not complete is discarded when it failed, or when ``out`` holds an earlier run.
+
+        Raises:
+            RunFolderError: another run took ``out`` (named by the user) while this one ran;
+                this run is then whole in a free sibling folder, which the message names.
         """
         if status not in STATUSES[1:]:
             raise ValueError(f"status must be one of {STATUSES[1:]}, got {status!r}")
@@ -155,20 +189,98 @@ class RunFolder:
                 build_report(self.path)
             except Exception as e:  # rebuilt with `eigenhooks report`; the status stays true
                 log.warning("report.html not written: %s", e)
-        self._swap_in()
+        wanted = self.out
+        other = self._swap_in()
+        if other is None:
+            return
+        said = (
+            f"{'--out ' if self.named else ''}{wanted} was taken by another run while this one ran "
+            f"({other}); this run (status {status}) is in {self.out}"
+        )
+        if self.named:
+            raise RunFolderError(f"{said}: move it, or run again with another --out")
+        warnings.warn(said, RunFolderWarning, stacklevel=2)
 
-    def _swap_in(self) -> None:
-        out = self.out
-        if out.is_dir() and not any(out.iterdir()):
-            out.rmdir()
-        if out.exists():  # overwrite: the old run goes only once the new one is in place
-            old = out.parent / f".{out.name}.old-{os.getpid()}"
-            os.replace(out, old)
-            os.replace(self.path, out)
+    def _swap_in(self) -> str | None:
+        """Rename the finished folder to ``out``; None, or what holds ``out`` if another run got there first."""
+        out, old, other = self.out, None, None
+        with _folder_lock(out.parent):
+            if self.overwrite and self._replaces is not None and _identity(out) == self._replaces:
+                old = out.parent / f".{out.name}.old-{secrets.token_hex(3)}-{os.getpid()}"
+                os.replace(out, old)  # the old run goes only once the new one is in place
+                os.rename(self.path, out)
+            elif not _rename_if_free(self.path, out):
+                other = _describe(out)
+                for i in range(2, 10_000):
+                    if _rename_if_free(self.path, out.with_name(f"{out.name}-{i}")):
+                        self.out = out.with_name(f"{out.name}-{i}")
+                        break
+                else:
+                    raise RunFolderError(f"{out} and {out.name}-2 ... -9999 are all taken; this run is in {self.path}")
+        if old is not None:
             shutil.rmtree(old, ignore_errors=True)
-        else:
-            os.replace(self.path, out)
-        self.path = out
+        if other is not None:  # meta.json says where the run is
+            self.meta["out"], self.meta["out_asked"] = str(self.out), str(out)
+            _write_json(self.out / "meta.json", self.meta)
+        self.path = self.out
+        return other
+
+
+def _rename_if_free(src: Path, dst: Path) -> bool:
+    """Rename folder src to dst unless dst is in use (a file, or a folder holding anything): atomic."""
+    try:
+        os.rename(src, dst)  # replaces an empty folder; fails on a non-empty one
+    except OSError as e:
+        if e.errno in TAKEN:
+            return False
+        raise
+    return True
+
+
+def _identity(p: Path) -> tuple | None:
+    """What tells one run folder from another in its place: the folder's inode and its run_id."""
+    try:
+        st = os.stat(p)
+    except OSError:
+        return None
+    try:
+        run_id = json.loads((p / "meta.json").read_text()).get("run_id")
+    except (OSError, ValueError, AttributeError):
+        run_id = None
+    return st.st_dev, st.st_ino, run_id
+
+
+def _describe(p: Path) -> str:
+    """A few words on what holds p (the pid, host and status of the run there)."""
+    try:
+        m = json.loads((p / "meta.json").read_text())
+    except (OSError, ValueError):
+        return "not an eigenhooks run" if p.exists() else "gone again"
+    return f"pid {m.get('pid', '?')} on {m.get('host', '?')}, started {m.get('started', '?')}, status {m.get('status', '?')}"
+
+
+@contextlib.contextmanager
+def _folder_lock(folder: Path):
+    """An exclusive flock on a folder, held while runs are renamed into it (released if the process dies).
+
+    Where flock is missing or refused (Windows; some network filesystems) the renames go
+    unlocked: each is still atomic, only an --overwrite may then interleave with another run.
+    """
+    try:
+        import fcntl
+
+        fd = os.open(folder, os.O_RDONLY)
+    except (ImportError, OSError):
+        yield
+        return
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        except OSError as e:
+            log.debug("no lock on %s (%s): renaming unlocked", folder, e)
+        yield
+    finally:
+        os.close(fd)  # closing the descriptor releases the lock
 
 
 def _write_tables(path: Path, summary, meta: dict) -> None:

@@ -6,24 +6,36 @@ summary.parquet), spectra.json, the plots and report.html.
 
 A run folder never lies about itself:
 
-- the run is built in a hidden sibling folder (``.NAME.tmp-PID``) and renamed to ``out`` at
+- the run is built in a hidden sibling folder (``.NAME.tmp-TAG-PID``) and renamed to ``out`` at
   the end, so a killed run (even SIGKILL) never mixes with an earlier one;
 - ``out`` is refused if it already holds a run, unless ``overwrite=True`` (``--overwrite``);
   the old run stays intact until the new one is renamed in;
+- a finished run is never replaced by a run that did not ask to replace it: of two runs into
+  one ``out`` the first to finish gets it, the other ends in ``out-2`` and fails saying where
+  both are (``folder.RunFolder``); the default ``out`` is ``runs/MODEL-YYYYmmdd-HHMMSS-XXXX``
+  (4 random hex digits), so runs started in the same second do not meet;
 - meta.json is written first, with ``status: running`` and the current ``stage``, and ends
   as ``complete``, ``interrupted`` (Ctrl-C at any stage: what was measured is kept) or
   ``failed`` (with the error). While the final files are written a second Ctrl-C waits.
 
 Under ``torchrun --nproc-per-node N`` every rank reads the same token stream, keeps the
 batches ``i % N == rank``, and the monitors are summed with ``Monitor.all_reduce``; rank
-0 writes the folder, with ``world_size`` and ``tokens_per_rank`` in meta.json.
+0 writes the folder, with ``world_size``, ``tokens_per_rank`` and ``forwards_per_rank`` in
+meta.json (``forwards`` counts every rank's). Each rank's monitor writes its per-forward lines
+(rank 0 into stats.jsonl, the others into a temporary file), and at the end rank 0 gathers
+them (``distributed.gather_jsonl``) into the one stats.jsonl, rank by rank, each line with
+its ``rank``. A run stopped before that (Ctrl-C, an error) records rank 0's part only, and
+meta.json says so (``ranks_recorded``).
 """
 
 from __future__ import annotations
 
+import math
 import os
 import platform
+import secrets
 import sys
+import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -66,6 +78,7 @@ class _Study:
         self.first: torch.Tensor | None = None
         self.tokens = 0  # tokens this rank fed to the model
         self.tokens_per_rank: list[int] | None = None
+        self.forwards_per_rank: list[int] | None = None  # set once the ranks are gathered
         self.seconds = 0.0
 
     def stage(self, name: str) -> None:
@@ -75,10 +88,14 @@ class _Study:
 
 
 def _test_pause(stage: str) -> None:
-    """Test hook: EIGENHOOKS_TEST_PAUSE=STAGE[,STAGE] sleeps there (EIGENHOOKS_TEST_PAUSE_S s), for signal tests."""
+    """Test hook: EIGENHOOKS_TEST_PAUSE=STAGE[,STAGE] sleeps there (EIGENHOOKS_TEST_PAUSE_S s), for signal
+    and race tests; with EIGENHOOKS_TEST_RESUME=FILE it goes on as soon as FILE exists."""
     if stage in os.environ.get("EIGENHOOKS_TEST_PAUSE", "").split(","):
         print(f"eigenhooks-test: paused at {stage}", file=sys.stderr, flush=True)
-        time.sleep(float(os.environ.get("EIGENHOOKS_TEST_PAUSE_S", "60")))
+        resume = os.environ.get("EIGENHOOKS_TEST_RESUME")
+        end = time.monotonic() + float(os.environ.get("EIGENHOOKS_TEST_PAUSE_S", "60"))
+        while time.monotonic() < end and not (resume and os.path.exists(resume)):
+            time.sleep(min(0.05, max(end - time.monotonic(), 0)))
 
 
 def _check_nulls(nulls: dict | None) -> dict:
@@ -100,10 +117,12 @@ def _check_nulls(nulls: dict | None) -> dict:
     return full
 
 
-def _check_sizes(max_tokens, batch_size) -> None:
+def _check_sizes(max_tokens, batch_size, dist_timeout) -> None:
     for flag, v in (("--max-tokens", max_tokens), ("--batch-size", batch_size)):
         if isinstance(v, bool) or not isinstance(v, int) or v < 1:
             raise ValueError(f"{flag} must be a positive integer, got {v!r}")
+    if isinstance(dist_timeout, bool) or not isinstance(dist_timeout, int | float) or not 0 < dist_timeout < math.inf:
+        raise ValueError(f"--dist-timeout must be a positive number of seconds, got {dist_timeout!r}")
 
 
 def run(
@@ -123,6 +142,7 @@ def run(
     nulls: dict | None = None,
     progress: bool = True,
     command: list[str] | None = None,
+    dist_timeout: float = 300.0,
 ) -> RunResult:
     """Run the whole study on a model and write a run folder.
 
@@ -141,26 +161,32 @@ def run(
             ``null_stride``, ``fnull_draws``, ``eig_top`` (see ``eh.monitor``; default: its
             defaults). Recorded in meta.json. More Haar draws lower p_null's floor 2/(K+1):
             with 30 layers, one layer alone can pass BH at 0.05 from K >= 1200.
+        dist_timeout: under torchrun, seconds to wait for the other ranks, at the start and at
+            every collective (``--dist-timeout``); a process given WORLD_SIZE > 1 with no peers
+            says what it waits for after a second and fails in one line after this long.
 
     Returns:
         RunResult (status 'complete' or 'interrupted'; a failure raises).
 
     Raises:
-        ValueError: a size below 1, an unknown dtype.
+        ValueError: a size below 1, a dist_timeout that is not a positive number, an unknown dtype.
+        RuntimeError: under torchrun, the other ranks did not come within ``dist_timeout``.
         RunFolderError: ``out`` already holds a run (and ``overwrite`` is False).
         DataLoadError: text or dataset problems. Any other error of the run, after the
             folder is marked ``failed``.
     """
-    _check_sizes(max_tokens, batch_size)
+    _check_sizes(max_tokens, batch_size, dist_timeout)
     nulls = _check_nulls(nulls)
     torch_dtype = _dtype(dtype)
     texts = iter_texts(text, file, dataset)  # checks the source now, reads it lazily
-    ctx = D.setup(device)
+    ctx = D.setup(device, timeout=dist_timeout)
     meta = _base_meta(model, backend, seed, max_tokens, batch_size, command, ctx)
     meta["nulls"] = nulls
     folder = None
     if ctx.rank == 0:
-        folder = RunFolder(_default_out(model) if out is None else Path(out), overwrite=overwrite)
+        folder = RunFolder(
+            _default_out(model) if out is None else Path(out), overwrite=overwrite, named=out is not None
+        )
         folder.open(meta)
     st = _Study(folder)
     status, error = "complete", None
@@ -199,24 +225,47 @@ def _study(st: _Study, model, texts, torch_dtype, ctx, backend, max_tokens, batc
     st.specs = {rank: eh.spectra(st.model, variant=v, rank=rank) for v, rank in TARGETS}
     st.stage("forwards")
     batches = TokenBatches(st.tok, texts, max_tokens, _seq_len(st.model), batch_size)
-    sink = st.folder.path / "stats.jsonl" if st.folder is not None else None
-    st.mon = eh.monitor(st.model, targets=TARGETS, sink=sink, **nulls)
-    t0 = time.perf_counter()
+    sink = _sink(st, ctx)
     try:
-        _forwards(st, batches, ctx, backend, progress and ctx.rank == 0)
+        st.mon = eh.monitor(st.model, targets=TARGETS, sink=sink, **nulls)
+        t0 = time.perf_counter()
+        try:
+            _forwards(st, batches, ctx, backend, progress and ctx.rank == 0)
+        finally:
+            st.seconds = time.perf_counter() - t0
+        if ctx.rank == 0:
+            batches.warn_unknown(f"the text fed to {model}")
+        if ctx.world > 1:
+            st.stage("reduce")
+            _reduce(st, sink)
     finally:
-        st.seconds = time.perf_counter() - t0
-    if ctx.rank == 0:
-        batches.warn_unknown(f"the text fed to {model}")
-    if ctx.world > 1:
-        st.stage("reduce")
-        st.mon.all_reduce()
-        st.tokens_per_rank = D.gather_ints(st.tokens)
+        if st.folder is None and sink is not None:
+            sink.unlink(missing_ok=True)
     st.stage("summary")
     st.summary = st.mon.summary()
     if st.folder is not None:
         st.stage("plots")
         _plots(st.folder.path, st, backend)
+
+
+def _sink(st: _Study, ctx) -> Path | None:
+    """Where this rank's monitor writes one line per forward: stats.jsonl in the folder on rank 0,
+    a private temporary file on the other ranks (gathered into stats.jsonl by ``_reduce``)."""
+    if st.folder is not None:
+        return st.folder.path / "stats.jsonl"
+    if ctx.world == 1:
+        return None
+    fd, name = tempfile.mkstemp(prefix=f"eigenhooks-stats-rank{ctx.rank}-", suffix=".jsonl")
+    os.close(fd)
+    return Path(name)
+
+
+def _reduce(st: _Study, sink: Path | None) -> None:
+    """Sum the monitors over the ranks and bring every rank's counts and per-forward lines to rank 0."""
+    st.mon.all_reduce()
+    st.tokens_per_rank = D.gather_ints(st.tokens)
+    st.forwards_per_rank = D.gather_ints(st.mon.n_forwards)
+    D.gather_jsonl(sink, sink if st.folder is not None else None)
 
 
 def _forwards(st: _Study, batches: TokenBatches, ctx, backend: str, progress: bool) -> None:
@@ -254,16 +303,20 @@ def _finish(st: _Study, folder: RunFolder, status: str, error, ctx) -> None:
 
 def _result_meta(st: _Study, ctx, status: str, error) -> dict:
     n_tokens = int(st.summary["n_tokens"].max()) if st.summary is not None and len(st.summary) else 0
+    forwards = st.mon.n_forwards if st.mon is not None else 0
     meta = {
-        "forwards": st.mon.n_forwards if st.mon is not None else 0,
+        "forwards": sum(st.forwards_per_rank) if st.forwards_per_rank else forwards,
         "n_tokens": n_tokens,
         "seconds": round(st.seconds, 3),
         "tokens_per_s": round(n_tokens / st.seconds, 1) if st.seconds > 0 and n_tokens else None,
         "world_size": ctx.world,
         "tokens_per_rank": st.tokens_per_rank or [st.tokens],
+        "forwards_per_rank": st.forwards_per_rank or [forwards],
         "interrupted": status == "interrupted",
         "finished": time.strftime("%Y-%m-%d %H:%M:%S"),
     }
+    if ctx.world > 1 and st.forwards_per_rank is None:
+        meta["ranks_recorded"] = "rank 0 only: the run stopped before the ranks were gathered"
     if error is not None:
         meta["error"] = f"{type(error).__name__}: {error}"
     return meta
@@ -298,7 +351,13 @@ def _model_meta(m) -> dict:
 
 
 def _default_out(model: str) -> Path:
-    return Path("runs") / f"{Path(model).name}-{time.strftime('%Y%m%d-%H%M%S')}"
+    """runs/MODEL-YYYYmmdd-HHMMSS-XXXX: the start second and 4 random hex digits, so that runs started
+    in one second (by one process or several) get folders of their own; a free name is taken."""
+    for _ in range(100):
+        p = Path("runs") / f"{Path(model).name}-{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(2)}"
+        if not p.exists():
+            return p
+    return p  # 100 names in use: RunFolder says so
 
 
 def _seq_len(model, wanted: int = 128) -> int:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 import math
+from pathlib import Path
 
 import torch
 
@@ -121,6 +122,73 @@ def token(model, tokenizer, text: str, objective: str = "probability") -> torch.
         return _unit(W[t].to(torch.float64), f"token {text!r}")
     with torch.enable_grad():
         return probability_direction(W, t)
+
+
+def from_npy(path, d: int, tol: float = 1e-3) -> torch.Tensor:
+    """A unit direction saved with ``numpy.save``: a (d,) array of real numbers, finite, of norm 1.
+
+    The file is read with ``allow_pickle=False``: a file that is not a plain .npy array is
+    refused, never unpickled.
+
+    Args:
+        path: the .npy file.
+        d: the model's width.
+        tol: how far from 1 the norm may be.
+
+    Returns:
+        (d,) float64 unit vector.
+
+    Raises:
+        ValueError: one line that starts with the path and says what is wrong with the file.
+
+    Example:
+        >>> np.save("u.npy", u / np.linalg.norm(u)); eh.direction.from_npy("u.npy", 576)  # doctest: +SKIP
+    """
+    import numpy as np
+
+    p = Path(path).expanduser()
+    how = f"save a unit vector of the model's width with numpy.save(path, u / np.linalg.norm(u)), u of shape ({d},)"
+    a = _read_npy(p, how)
+    if a.dtype.kind not in "fiu":
+        raise ValueError(f"{p} holds {a.dtype} values ({_KINDS.get(a.dtype.kind, 'not numbers')}): {how}")
+    if a.shape != (d,):
+        raise ValueError(f"{p} holds an array of shape {a.shape}, not a vector of the model's width ({d},): {how}")
+    u = torch.from_numpy(np.asarray(a, dtype=np.float64))
+    if not torch.isfinite(u).all():
+        raise ValueError(f"{p} holds {int((~torch.isfinite(u)).sum())} non-finite entries (NaN or inf): {how}")
+    n = float(torch.linalg.vector_norm(u))
+    if abs(n - 1) > tol:
+        raise ValueError(f"{p} holds a vector of norm {n:.4g}, not a unit vector: {how}")
+    return u / n
+
+
+_KINDS = {"c": "complex numbers", "b": "booleans", "U": "text", "S": "bytes", "O": "Python objects", "V": "records"}
+
+
+def _read_npy(p: Path, how: str):
+    """The array in p, or a ValueError naming p (np.load's own messages advise unpickling)."""
+    import zipfile
+
+    import numpy as np
+
+    if not p.exists():
+        raise ValueError(f"{p}: no such file")
+    if not p.is_file():
+        raise ValueError(f"{p} is a folder, not a .npy file")
+    if p.stat().st_size == 0:
+        raise ValueError(f"{p} is empty: {how}")
+    try:
+        a = np.load(p, allow_pickle=False)
+    except ValueError as e:  # no .npy header (numpy then suspects a pickle), object arrays, a cut body
+        if "Object arrays" in str(e):
+            raise ValueError(f"{p} holds Python objects, which are only stored pickled and never loaded: {how}") from e
+        raise ValueError(f"{p} is not a .npy array file, or is cut short: {how}") from e
+    except (OSError, EOFError, zipfile.BadZipFile) as e:
+        raise ValueError(f"{p} is not a .npy array file, or is cut short ({type(e).__name__}): {how}") from e
+    if not isinstance(a, np.ndarray):  # np.load opens a zip as an .npz archive of several arrays
+        a.close()
+        raise ValueError(f"{p} is an .npz archive, not one .npy array: {how}")
+    return a
 
 
 @torch.no_grad()
