@@ -393,3 +393,45 @@ def test_a_gguf_transformers_cannot_read_is_one_line(models, tmp_path):
     with pytest.raises(eh.ModelLoadError, match="transformers cannot load or dequantise alien.gguf: ") as e:
         eh.load_model(str(f))
     assert "\n" not in str(e.value)
+
+
+# --- eigenhooks cache info / clear --------------------------------------------------------------
+
+
+def _du(p: Path) -> int:
+    return sum(f.stat().st_size for f in p.rglob("*") if f.is_file())
+
+
+def test_cli_cache_info_and_clear(models, tmp_path, tiny, conversions):
+    path, _ = tiny
+    eh.spectra(eh.zoo.load("gpt2-tiny")[0])  # 4 layer spectra into the private cache
+    eh.load_model(str(path))
+    fetched = models / "some-model"
+    (fetched / "dense").mkdir(parents=True)  # a fetched file and the dense copy of older versions
+    (fetched / "some.gguf").write_bytes(b"GGUF" + bytes(1000))
+    (fetched / "dense" / "model.safetensors").write_bytes(bytes(5000))
+    runner = CliRunner()
+    r = runner.invoke(app, ["cache", "info", "--json"])
+    assert r.exit_code == 0, r.output
+    rows = {(x["kind"], x["name"]): x for x in json.loads(r.output)}
+    spectra_dir = Path(os.environ["EIGENHOOKS_CACHE"])
+    n_spectra = len(list(spectra_dir.glob("*.safetensors")))
+    assert n_spectra == 4 and rows[("spectra", "4 layer spectra")]["bytes"] == _du(spectra_dir)  # models: elsewhere
+    assert rows[("converted", "tiny.gguf")]["bytes"] == _du(entry_of(models))
+    assert rows[("converted", "tiny.gguf")]["source_sha256"] == digest._hash(path)
+    assert rows[("fetched", "some-model")]["bytes"] == 1004
+    assert rows[("old dense copy", "some-model")]["bytes"] == 5000
+    r = runner.invoke(app, ["cache", "info"])
+    assert r.exit_code == 0 and "tiny.gguf" in r.output and "total" in r.output
+
+    r = runner.invoke(app, ["cache", "clear", "--spectra"])
+    assert r.exit_code == 0 and "removed spectra: 4 layer spectra" in r.output
+    assert not list(spectra_dir.glob("*.safetensors")) and entry_of(models).is_dir()
+    r = runner.invoke(app, ["cache", "clear", "--models"])
+    assert r.exit_code == 0 and "removed converted: tiny.gguf" in r.output, r.output
+    assert not list((models / "converted").iterdir()) and not (fetched / "dense").exists()
+    assert (fetched / "some.gguf").is_file() and "fetched models are kept" in r.output
+    eh.load_model(str(path))
+    assert conversions == ["tiny.gguf", "tiny.gguf"]  # cleared: converted again
+    r = runner.invoke(app, ["cache", "clear"])
+    assert r.exit_code == 0 and "removed converted: tiny.gguf" in r.output

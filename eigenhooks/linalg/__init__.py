@@ -6,7 +6,7 @@ through its small side when H*d_head < d), the ranking rules, the gap and the pr
 numpy: it imports no other wing of eigenhooks, nor transformers or transformer_lens.
 """
 
-from .cache import cache_dir, cache_key, load_spectrum, save_spectrum
+from .cache import cache_dir, cache_key, load_spectrum, save_spectrum, spectrum_files
 from .eig import RANKS, Factors, HeadSpectrum, LayerSpectrum, NonFiniteError, layer_spectrum, rank_scores
 
 __all__ = [
@@ -21,4 +21,5 @@ __all__ = [
     "load_spectrum",
     "rank_scores",
     "save_spectrum",
+    "spectrum_files",
 ]

@@ -254,53 +254,84 @@ def _size(p: Path) -> int:
     return sum(q.stat().st_size for q in p.rglob("*") if q.is_file())
 
 
-def usage() -> dict:
-    """What the models folder holds: converted entries, fetched models, old dense copies, stamps."""
-    root = digest.models_dir()
-    out = {"models_dir": str(root), "converted": [], "fetched": [], "legacy": [], "other_bytes": 0}
-    for p in sorted(converted_dir().glob("*")) if converted_dir().is_dir() else []:
-        if p.name.startswith("."):
-            out["other_bytes"] += _size(p)
+def cache_info() -> list[dict]:
+    """One record per thing on disk: the spectra (together), each converted model, each fetched model.
+
+    Each record has ``kind`` ('spectra', 'converted', 'fetched', 'old dense copy' or 'bookkeeping'),
+    ``name``, ``bytes`` and ``path``; converted ones also the source's SHA-256, the transformers
+    version and when they were made.
+    """
+    from ..linalg.cache import cache_dir, spectrum_files
+
+    files = spectrum_files()
+    rows = [
+        {
+            "kind": "spectra",
+            "name": f"{len(files)} layer spectra",
+            "entries": len(files),
+            "bytes": sum(p.stat().st_size for p in files),
+            "path": str(cache_dir()),
+        }
+    ]
+    other = _size(digest.stamps_dir()) if digest.stamps_dir().is_dir() else 0
+    for p in sorted(converted_dir().iterdir()) if converted_dir().is_dir() else []:
+        if p.name.startswith("."):  # locks, and builds of processes at work or killed
+            other += _size(p)
             continue
         try:
             m = json.loads((p / MANIFEST).read_text())
         except (OSError, ValueError):
             m = {}
-        out["converted"].append(
+        rows.append(
             {
-                "path": str(p),
-                "source": m.get("source", "?"),
-                "source_sha256": m.get("source_sha256", "?"),
-                "transformers": m.get("transformers", "?"),
-                "created": m.get("created", "?"),
+                "kind": "converted",
+                "name": m.get("source", "? (no manifest: rebuilt on next load)"),
                 "bytes": _size(p),
+                "path": str(p),
+                "source_sha256": m.get("source_sha256"),
+                "transformers": m.get("transformers"),
+                "created": m.get("created"),
             }
         )
-    for p in sorted(root.glob("*/card.json")) if root.is_dir() else []:
-        d = p.parent
-        dense = d / "dense"  # the dense copy of versions before the converted store
-        if dense.is_dir():
-            out["legacy"].append({"path": str(dense), "bytes": _size(dense)})
-        out["fetched"].append(
-            {"name": d.name, "path": str(d), "bytes": _size(d) - (_size(dense) if dense.is_dir() else 0)}
-        )
-    if digest.stamps_dir().is_dir():
-        out["other_bytes"] += _size(digest.stamps_dir())
-    return out
+    root = digest.models_dir()
+    for d in sorted(root.iterdir()) if root.is_dir() else []:
+        if not d.is_dir() or d in (converted_dir(), digest.stamps_dir()):
+            continue
+        dense = d / "dense"  # the dense copy that versions before this store wrote beside a fetched file
+        legacy = _size(dense) if dense.is_dir() else 0
+        rows.append({"kind": "fetched", "name": d.name, "bytes": _size(d) - legacy, "path": str(d)})
+        if legacy:
+            rows.append({"kind": "old dense copy", "name": d.name, "bytes": legacy, "path": str(dense)})
+    if other:
+        rows.append({"kind": "bookkeeping", "name": "stamps, locks", "bytes": other, "path": str(root)})
+    return rows
 
 
-def clear() -> dict:
-    """Delete every converted entry, old dense copy and stamp; fetched files stay. Returns what went."""
-    before = usage()
-    removed = {"converted": len(before["converted"]), "legacy": len(before["legacy"])}
-    freed = sum(e["bytes"] for e in before["converted"] + before["legacy"]) + before["other_bytes"]
-    for p in sorted(converted_dir().glob("*")) if converted_dir().is_dir() else []:
-        if p.is_dir():
-            _discard(p)
-        else:
-            p.unlink(missing_ok=True)
-    for e in before["legacy"]:
-        _discard(Path(e["path"]))
-    shutil.rmtree(digest.stamps_dir(), ignore_errors=True)
-    digest.forget()
-    return {**removed, "bytes": freed}
+def clear_cache(spectra: bool = True, models: bool = True) -> list[dict]:
+    """Delete the spectra and/or the converted models (with old dense copies and stamps).
+
+    Fetched models stay: they are downloads, not a cache (``eigenhooks fetch NAME --force``
+    replaces one). Returns the records of ``cache_info`` that were removed.
+    """
+    from ..linalg.cache import spectrum_files
+
+    gone = []
+    for row in cache_info():
+        if row["kind"] == "spectra" and spectra:
+            for p in spectrum_files():
+                p.unlink(missing_ok=True)
+            gone.append(row)
+        elif row["kind"] in ("converted", "old dense copy") and models:
+            _discard(Path(row["path"]))
+            gone.append(row)
+        elif row["kind"] == "bookkeeping" and models:
+            shutil.rmtree(digest.stamps_dir(), ignore_errors=True)
+            for p in converted_dir().glob(".*"):
+                m = _FRESH.match(p.name)
+                if p.is_file():
+                    p.unlink(missing_ok=True)
+                elif not (m and _alive(int(m.group(2)))):  # a live process's build is left alone
+                    _discard(p)
+            digest.forget()
+            gone.append(row)
+    return gone
