@@ -409,13 +409,21 @@ def iterate(
 def report(
     run_dir: Annotated[str, typer.Argument(help="a run folder written by `eigenhooks run`")], debug: DebugOpt = False
 ) -> None:
-    """Rebuild report.html of a run folder."""
+    """Rebuild report.html of a run folder; a folder whose tables do not match its meta.json is marked damaged."""
     try:
-        from .run.report import build_report
+        from .run.report import build_report, inspect
 
-        typer.echo(str(build_report(run_dir)))
+        out = build_report(run_dir)
+        problems = inspect(run_dir)[2]
     except Exception as e:
         _fail(e, debug)
+        return
+    if problems:
+        typer.echo(
+            f"eigenhooks: error: {run_dir} is damaged: {'; '.join(problems)} (report.html says so at the top)", err=True
+        )
+        raise typer.Exit(1)
+    typer.echo(str(out))
 
 
 cache_app = typer.Typer(no_args_is_help=True, help="The on-disk cache: spectra and converted models.")
