@@ -435,3 +435,24 @@ def test_cli_cache_info_and_clear(models, tmp_path, tiny, conversions):
     assert conversions == ["tiny.gguf", "tiny.gguf"]  # cleared: converted again
     r = runner.invoke(app, ["cache", "clear"])
     assert r.exit_code == 0 and "removed converted: tiny.gguf" in r.output
+
+
+@pytest.mark.real
+def test_a_flipped_bit_in_a_copy_of_smollm2_is_refused(tmp_path, monkeypatch):
+    """The case of the issue, on the real file: a private copy, one bit flipped, the load refuses."""
+    import shutil
+
+    from eigenhooks.zoo import real
+
+    src = real.local_path("smollm2-135m")  # the shared fetched file is only read
+    dest = tmp_path / "models" / "smollm2-135m" / src.name
+    dest.parent.mkdir(parents=True)
+    shutil.copyfile(src, dest)
+    monkeypatch.setenv("EIGENHOOKS_MODELS", str(tmp_path / "models"))
+    assert real.require("smollm2-135m") == dest  # the copy verifies against the pin
+    _flip(dest, dest.stat().st_size // 2)  # inside the tensor data
+    with pytest.raises(
+        eh.zoo.FetchError, match="does not match its pinned SHA-256.*eigenhooks fetch smollm2-135m --force"
+    ):
+        eh.zoo.load("smollm2-135m")
+    assert not (tmp_path / "models" / "converted").exists()  # nothing was converted from it
