@@ -117,7 +117,7 @@ def _emit(title: str, columns: list[str], rows: list[list], as_json: bool, recor
 
     table = Table(title=title, header_style="bold")
     for c in columns:
-        table.add_column(c, justify="left" if c in ("kind", "rank") else "right", no_wrap=True)
+        table.add_column(c, justify="left" if c in ("kind", "rank", "name", "path") else "right", no_wrap=True)
     for r in rows:
         table.add_row(*[str(x) for x in r])
     Console(width=None if sys.stdout.isatty() else 160).print(table)
@@ -467,13 +467,67 @@ def iterate(
 def report(
     run_dir: Annotated[str, typer.Argument(help="a run folder written by `eigenhooks run`")], debug: DebugOpt = False
 ) -> None:
-    """Rebuild report.html of a run folder."""
+    """Rebuild report.html of a run folder; a folder whose tables do not match its meta.json is marked damaged."""
     try:
-        from .run.report import build_report
+        from .run.report import build_report, inspect
 
-        typer.echo(str(build_report(run_dir)))
+        out = build_report(run_dir)
+        problems = inspect(run_dir)[2]
     except Exception as e:
         _fail(e, debug, "report")
+        return
+    if problems:
+        typer.echo(
+            f"eigenhooks: error: {run_dir} is damaged: {'; '.join(problems)} (report.html says so at the top)", err=True
+        )
+        raise typer.Exit(1)
+    typer.echo(str(out))
+
+
+cache_app = typer.Typer(no_args_is_help=True, help="The on-disk cache: spectra and converted models.")
+app.add_typer(cache_app, name="cache")
+
+
+def _mb(n: int) -> str:
+    return f"{n / 2**20:.1f} MB"
+
+
+@cache_app.command("info")
+def cache_info(
+    as_json: Annotated[bool, typer.Option("--json", help="print JSON")] = False, debug: DebugOpt = False
+) -> None:
+    """What is cached and its size: spectra, converted models (GGUF files), fetched models."""
+    try:
+        from .zoo.store import cache_info as info
+
+        rows = info()
+    except Exception as e:
+        _fail(e, debug, "cache")
+        return
+    total = sum(r["bytes"] for r in rows)
+    table = [[r["kind"], r["name"], r.get("transformers") or "", _mb(r["bytes"]), r["path"]] for r in rows]
+    table.append(["total", "", "", _mb(total), ""])
+    _emit("eigenhooks cache", ["kind", "name", "transformers", "size", "path"], table, as_json, rows)
+
+
+@cache_app.command("clear")
+def cache_clear(
+    spectra: Annotated[bool, typer.Option("--spectra", help="only the spectra")] = False,
+    models: Annotated[bool, typer.Option("--models", help="only the converted models")] = False,
+    debug: DebugOpt = False,
+) -> None:
+    """Delete cached spectra and converted models (both unless one is named); fetched models stay."""
+    try:
+        from .zoo.store import clear_cache
+
+        both = not spectra and not models
+        gone = clear_cache(spectra=spectra or both, models=models or both)
+    except Exception as e:
+        _fail(e, debug, "cache")
+        return
+    for r in gone:
+        typer.echo(f"removed {r['kind']}: {r['name']} ({_mb(r['bytes'])})")
+    typer.echo(f"freed {_mb(sum(r['bytes'] for r in gone))}; fetched models are kept (eigenhooks fetch NAME --force)")
 
 
 def _cell(v) -> str:

@@ -6,7 +6,7 @@ through its small side when H*d_head < d), the ranking rules, the gap and the pr
 numpy: it imports no other wing of eigenhooks, nor transformers or transformer_lens.
 """
 
-from .cache import cache_dir, cache_key, load_spectrum, save_spectrum, tensors_digest
+from .cache import cache_dir, cache_key, load_spectrum, save_spectrum, spectrum_files, tensors_digest
 from .eig import RANKS, Factors, HeadSpectrum, LayerSpectrum, NonFiniteError, layer_spectrum, rank_scores
 
 __all__ = [
@@ -21,5 +21,6 @@ __all__ = [
     "load_spectrum",
     "rank_scores",
     "save_spectrum",
+    "spectrum_files",
     "tensors_digest",
 ]

@@ -22,6 +22,7 @@ import hashlib
 import json
 import logging
 import os
+import re
 import threading
 import warnings
 from pathlib import Path
@@ -211,6 +212,17 @@ def load_spectrum(key: str, layer: int, folder: Path | None = None) -> LayerSpec
     except Exception as e:  # a bad entry is recomputed, never trusted
         log.warning("ignoring cache entry %s: %s", path, e)
         return None
+
+
+def spectrum_files(folder: Path | None = None) -> list[Path]:
+    """The spectrum entries in the cache folder (``<40 hex digits>.safetensors``), for ``eigenhooks cache``."""
+    folder = folder or cache_dir()
+    if not folder.is_dir():
+        return []
+    return sorted(p for p in folder.iterdir() if _ENTRY.match(p.name) and p.is_file())
+
+
+_ENTRY = re.compile(r"^[0-9a-f]{40}\.safetensors$")
 
 
 def _read(path: Path, key: str, layer: int) -> LayerSpectrum:

@@ -289,6 +289,9 @@ def _write_tables(path: Path, summary, meta: dict) -> None:
         summary.to_parquet(path / "summary.parquet")
     except ImportError:
         meta["parquet"] = "skipped: pyarrow not installed"
+    from .integrity import table_stamp
+
+    meta["tables"] = table_stamp(path, summary)  # rows, layers, SHA-256: `eigenhooks report` checks them
 
 
 def _spectra_rows(specs: dict) -> list[dict]:

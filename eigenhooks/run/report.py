@@ -2,6 +2,10 @@
 
 ``build_report(run_dir)`` reads summary.csv, meta.json and the PNG plots written by
 ``eigenhooks run`` and writes report.html beside them; ``eigenhooks report DIR`` calls it.
+The per-layer table sits in a scrolling box with a sticky header (a 30-layer run stays
+readable at 1280 x 800), verdict cells carry a class and a colour, and a legend says what each
+column is. A folder whose tables do not match its meta.json (``integrity.damage``) gets a
+report marked damaged at the top, saying what is wrong. No network: styles and images are inline.
 """
 
 from __future__ import annotations
@@ -10,6 +14,8 @@ import base64
 import html
 import json
 from pathlib import Path
+
+from .integrity import cut_rows, damage
 
 PLOTS = (
     ("alignment_modulus.png", "rho per layer with its 95% CI against the Haar null band (ranked by |lambda|)"),
@@ -36,6 +42,51 @@ EXTRA = (
     "p_binom",
     "consensus_post",
 )
+# what each column of the run table is, in a line (the legend under the table)
+LEGEND = {
+    "layer": "attention layer, 0 = the first",
+    "target": "the direction measured: v_1 of F = O V ranked by |λ| (ov/modulus) or by |1 + λ| (ov/residual)",
+    "kind": "λ1 real, complex (its plane, k = 2), or near-deg (gap ratio above 0.99)",
+    "|λ1|": "modulus of the principal eigenvalue of F",
+    "γ pre": "mean alignment ||Uᵀx|| / ||x|| with the principal subspace, before the attention step",
+    "γ mid": "the same after the attention step",
+    "ρ [95% CI]": "share of tokens the attention step tilted toward the subspace; cluster-robust interval "
+    "(the sequence is the cluster)",
+    "null ρ 95%": "where ρ falls for Haar-random subspaces of the same dimension, on the same tokens",
+    "pct": "ρ's percentile among those random subspaces",
+    "p_null": "two-sided Monte-Carlo p-value against them (floor 2/(K+1), printed ≤floor)",
+    "q_null": "its Benjamini-Hochberg q over layers",
+    "eig rank": "ρ's rank among F's own top eigen-directions (1 = highest)",
+    "verdict": "toward / away when q_null < 0.05, else indistinguishable",
+}
+VERDICTS = ("toward", "away", "indistinguishable")
+LEFT = {"target", "kind", "verdict"}
+CSS = """
+body { font-family: system-ui, sans-serif; margin: 1.5em auto; max-width: 1200px; padding: 0 1em; color: #222; }
+h1 { margin-bottom: .2em; }
+table { border-collapse: collapse; font-size: 13px; margin: 1em 0; }
+td, th { border: 1px solid #ccc; padding: 3px 7px; text-align: right; white-space: nowrap; }
+th { background: #f3f3f3; }
+.tablebox { overflow: auto; max-height: 70vh; width: fit-content; max-width: 100%; border: 1px solid #bbb; margin: .5em 0; }
+.tablebox table { border-collapse: separate; border-spacing: 0; margin: 0; }
+.tablebox td, .tablebox th { border: 0; border-right: 1px solid #e2e2e2; border-bottom: 1px solid #e2e2e2; }
+.tablebox thead th { position: sticky; top: 0; z-index: 2; background: #eceff3; border-bottom: 1px solid #aaa; }
+.tablebox .key { position: sticky; left: 0; z-index: 1; background: #fff; text-align: left; }
+.tablebox thead th.key { z-index: 3; background: #eceff3; }
+.tablebox tr.odd td { background: #f8f8f8; }
+td.left, th.left { text-align: left; }
+td.verdict { font-weight: 600; text-align: left; }
+.tablebox tr td.v-toward, .chip.v-toward { background: #d4efd9; color: #14532d; }
+.tablebox tr td.v-away, .chip.v-away { background: #fbd9cb; color: #7c2d12; }
+.tablebox tr td.v-indistinguishable, .chip.v-indistinguishable { color: #666; font-weight: 400; background: #f1f1f1; }
+.legend { display: grid; grid-template-columns: max-content 1fr; gap: 1px 12px; font-size: 13px; margin: .5em 0 1em; }
+.legend dt { font-weight: 600; } .legend dd { margin: 0; color: #444; }
+.chip { display: inline-block; padding: 0 6px; border-radius: 3px; font-weight: 600; }
+.damaged { border: 2px solid #b91c1c; background: #fef2f2; color: #7f1d1d; padding: .5em 1em; margin: 1em 0; }
+.damaged ul { margin: .3em 0; }
+figure { margin: 1.5em 0; } img { max-width: 100%; }
+figcaption, .note { color: #555; font-size: 13px; }
+"""
 
 
 def _fmt(v) -> str:
@@ -45,17 +96,20 @@ def _fmt(v) -> str:
 
 
 class ReportError(RuntimeError):
-    """A run folder has nothing to report (yet); the message says why."""
+    """A run folder has nothing to report (yet), or cannot be read; the message says why."""
 
 
-def _read_meta(run_dir: Path) -> dict:
+def _read_meta(run_dir: Path) -> dict | None:
     p = run_dir / "meta.json"
     if not p.exists():
-        return {}
+        return None
     try:
-        return json.loads(p.read_text())
+        meta = json.loads(p.read_text())
     except ValueError as e:
         raise ReportError(f"{p} is not valid JSON ({e}): the run folder is damaged") from e
+    if not isinstance(meta, dict):
+        raise ReportError(f"{p} holds a JSON {type(meta).__name__}, not an object: the run folder is damaged")
+    return meta
 
 
 def _status(run_dir: Path, meta: dict) -> str:
@@ -82,36 +136,134 @@ def _status(run_dir: Path, meta: dict) -> str:
     return "complete"
 
 
-def build_report(run_dir) -> Path:
-    """Write run_dir/report.html (one file, images inlined). Returns its path.
+def _read_summary(run_dir: Path):
+    import pandas as pd
+
+    p = run_dir / "summary.csv"
+    try:
+        df = pd.read_csv(p)
+    except (ValueError, pd.errors.ParserError, UnicodeDecodeError) as e:  # EmptyDataError is a ValueError
+        why = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise ReportError(f"{p} cannot be read ({why}): the run folder is damaged; run it again") from e
+    missing = [c for c in ("layer", "target") if c not in df.columns]
+    if missing:
+        raise ReportError(f"{p} has no column {missing[0]!r}: not a summary, or cut in its header; run it again")
+    return df
+
+
+def inspect(run_dir) -> tuple[dict | None, object, list[str]]:
+    """(meta.json or None, summary.csv as a DataFrame, what is wrong with the folder: ``integrity.damage``).
 
     Raises:
         FileNotFoundError: no such folder, or a folder that is not a run.
-        ReportError: the run is still running (or was killed), or stopped before measuring anything.
+        ReportError: the run is still running (or was killed), stopped before measuring
+            anything, or its meta.json or summary.csv cannot be read at all.
     """
-    import pandas as pd
-
     run_dir = Path(run_dir)
     if not run_dir.is_dir():
         raise FileNotFoundError(f"no run folder at {run_dir}")
     meta = _read_meta(run_dir)
-    status = _status(run_dir, meta)
-    df = pd.read_csv(run_dir / "summary.csv")
-    from .table import fmt_num, fmt_p
+    if meta is not None:
+        _status(run_dir, meta)
+    elif not (run_dir / "summary.csv").exists():
+        raise FileNotFoundError(f"{run_dir} has neither meta.json nor summary.csv: not an eigenhooks run folder")
+    df = _read_summary(run_dir)
+    return meta, df, damage(run_dir, meta, df)
+
+
+def build_report(run_dir) -> Path:
+    """Write run_dir/report.html (one file, images inlined). Returns its path.
+
+    A folder whose tables do not match its meta.json is reported anyway, marked damaged at the
+    top with what is wrong (``inspect`` says the same to a program).
+
+    Raises:
+        FileNotFoundError: no such folder, or a folder that is not a run.
+        ReportError: the run is still running (or was killed), stopped before measuring
+            anything, or its meta.json or summary.csv cannot be read at all.
+    """
+    run_dir = Path(run_dir)
+    meta, df, problems = inspect(run_dir)
+    status = _status(run_dir, meta) if meta is not None else "status unknown (no meta.json)"
+    if problems:
+        status = f"damaged ({len(problems)} problem{'s' if len(problems) > 1 else ''}, listed above); {status}"
+    whole = df.drop(index=df.index[cut_rows(df)])  # a row cut mid-line has no cells to show
+    model = str(meta.get("model", "?")) if meta is not None else "unknown (meta.json is missing)"
+    page = _page(run_dir, meta or {}, whole, model, status, problems)
+    out = run_dir / "report.html"
+    out.write_text(page, encoding="utf-8")
+    return out
+
+
+def _banner(problems: list[str]) -> str:
+    if not problems:
+        return ""
+    items = "".join(f"<li>{html.escape(p)}</li>" for p in problems)
+    return (
+        f'<div class="damaged" role="alert" id="damaged"><b>Damaged run folder.</b> '
+        f"The numbers below may be incomplete or belong to another run:<ul>{items}</ul>"
+        "Run it again to trust them.</div>"
+    )
+
+
+def _run_table(df) -> str:
     from .table import rows as table_rows
 
     heads, cells = table_rows(df)
+    head = "".join(f'<th class="{"left" if h in LEFT else ""}" scope="col">{html.escape(h)}</th>' for h in heads)
+    body, last = [], None
+    odd = False
+    for row, layer in zip(cells, df["layer"].tolist()):
+        odd = odd if layer == last else not odd  # shade by layer, so a layer's targets read as one block
+        last = layer
+        tds = []
+        for h, c in zip(heads, row):
+            if h == "verdict":
+                cls = f"verdict v-{c}" if c in VERDICTS else "verdict"
+                tds.append(f'<td class="{cls}">{html.escape(c)}</td>')
+            else:
+                tds.append(f'<td class="{"left" if h in LEFT else ""}">{html.escape(c)}</td>')
+        body.append(f'<tr class="{"odd" if odd else ""}">{"".join(tds)}</tr>')
+    return (
+        f'<div class="tablebox" id="per-layer-box"><table id="per-layer"><thead><tr>{head}</tr></thead>'
+        f"<tbody>{''.join(body)}</tbody></table></div>"
+    )
+
+
+def _extra_table(df) -> str:
+    from .table import fmt_num, fmt_p
+
     extra = [c for c in EXTRA if c in df.columns]
+    if not extra:
+        return ""
     fmt = lambda c, v: fmt_p(v) if c.startswith("p_") else (_fmt(v) if not isinstance(v, float) else fmt_num(v, 4))
-    head = "".join(f"<th>{html.escape(c)}</th>" for c in [*heads, *extra])
-    recs = df.to_dict("records")
+    head = '<th class="key" scope="col">layer · target</th>' + "".join(f"<th>{html.escape(c)}</th>" for c in extra)
     body = "".join(
-        "<tr>"
-        + "".join(f"<td>{html.escape(c)}</td>" for c in row)
+        f'<tr><td class="key">{int(r["layer"])} · {html.escape(str(r["target"]))}</td>'
         + "".join(f"<td>{fmt(c, r[c])}</td>" for c in extra)
         + "</tr>"
-        for row, r in zip(cells, recs)
+        for r in df.to_dict("records")
     )
+    return (
+        "<h3>More columns</h3>"
+        '<p class="note">Raw columns of summary.csv (all of them are in the file); this box scrolls sideways.</p>'
+        f'<div class="tablebox" id="extra-box"><table id="extra"><thead><tr>{head}</tr></thead>'
+        f"<tbody>{body}</tbody></table></div>"
+    )
+
+
+def _legend() -> str:
+    items = "".join(f"<dt>{html.escape(k)}</dt><dd>{html.escape(v)}</dd>" for k, v in LEGEND.items())
+    chips = " ".join(f'<span class="chip v-{v}">{v}</span>' for v in VERDICTS)
+    return (
+        f'<dl class="legend" id="legend">{items}</dl>'
+        f'<p class="note">Verdict cells: {chips}. A claim that v_1 is special also needs a low eig rank and a '
+        "high fnull_percentile (summary.csv). p_binom tests ρ = 0.5 token by token for this fixed direction: "
+        "it is not a test of v_1.</p>"
+    )
+
+
+def _figures(run_dir: Path) -> list[str]:
     figs = []
     for name, caption in PLOTS:
         p = run_dir / name
@@ -121,32 +273,26 @@ def build_report(run_dir) -> Path:
                 f'<figure><img alt="{html.escape(name)}" src="data:image/png;base64,{data}">'
                 f"<figcaption>{html.escape(caption)}</figcaption></figure>"
             )
+    return figs
+
+
+def _page(run_dir: Path, meta: dict, df, model: str, status: str, problems: list[str]) -> str:
+    figs = _figures(run_dir)
     meta_rows = "".join(
         f"<tr><th>{html.escape(str(k))}</th><td>{html.escape(json.dumps(v) if not isinstance(v, str) else v)}</td></tr>"
         for k, v in meta.items()
     )
-    page = f"""<!doctype html>
-<html lang="en"><head><meta charset="utf-8"><title>eigenhooks run: {html.escape(str(meta.get("model", run_dir.name)))}</title>
-<style>
-body {{ font-family: system-ui, sans-serif; margin: 2em auto; max-width: 1100px; color: #222; }}
-table {{ border-collapse: collapse; font-size: 13px; margin: 1em 0; }}
-td, th {{ border: 1px solid #ccc; padding: 3px 7px; text-align: right; white-space: nowrap; }}
-th {{ background: #f3f3f3; }}
-figure {{ margin: 1.5em 0; }} img {{ max-width: 100%; }}
-figcaption {{ color: #555; font-size: 13px; }}
-</style></head>
-<body data-images="{len(figs)}">
+    return f"""<!doctype html>
+<html lang="en"><head><meta charset="utf-8"><title>eigenhooks run: {html.escape(model)}</title>
+<style>{CSS}</style></head>
+<body data-images="{len(figs)}" data-damaged="{len(problems)}">
 <h1>eigenhooks run</h1>
-<p>Model <b>{html.escape(str(meta.get("model", "?")))}</b>, {html.escape(status)}.
-gamma: mean alignment ||U^T x|| / ||x|| with the layer's principal subspace; rho: share of tokens
-whose alignment grows across the attention step, with its cluster-robust 95% interval (the sequence
-is the cluster). null rho 95%: where rho falls for Haar-random subspaces of the same dimension on
-the same tokens; pct: rho's percentile among them; p_null / q_null: two-sided Monte-Carlo p-value
-and its Benjamini-Hochberg q over layers; eig rank: rho's rank among F's own top eigen-directions
-(1 = highest); verdict at q_null &lt; 0.05. p_binom tests rho = 0.5 token by token for this fixed
-direction: it is not a test of v_1.</p>
+{_banner(problems)}
+<p>Model <b>{html.escape(model)}</b>, {html.escape(status)}.</p>
 <h2>Per layer</h2>
-<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>
+{_run_table(df)}
+{_legend()}
+{_extra_table(df)}
 <h2>Plots</h2>
 {"".join(figs)}
 <h2>Run</h2>
@@ -160,6 +306,3 @@ window.addEventListener("load", function () {{
 </script>
 </body></html>
 """
-    out = run_dir / "report.html"
-    out.write_text(page)
-    return out

@@ -1,38 +1,94 @@
-"""GGUF checkpoints: dequantised by transformers, the tokenizer read from the same file."""
+"""GGUF checkpoints: dequantised by transformers once, then loaded from the converted copy.
+
+The first load of a file checks its header (``gguf_file``), lets transformers dequantise the
+weights and build the tokenizer from the file, and saves both as safetensors and tokenizer files
+in the model cache (``store``), keyed by the file's SHA-256 and the transformers version. Every
+load, the first included, reads the model from that verified copy, so the first and the later
+loads give the same model.
+"""
 
 from __future__ import annotations
 
+import importlib.util
+import logging
+import warnings
 from pathlib import Path
 
+from . import digest, store
 from .errors import ModelLoadError
+from .gguf_file import check_gguf, check_magic
+
+log = logging.getLogger(__name__)
+_unwritable_warned: set[str] = set()
 
 
-def load_gguf(path, dtype=None, device=None):
-    """Load a GGUF checkpoint with transformers: weights dequantised, tokenizer from the same file.
+def load_gguf(path, dtype=None, device=None, sha256: str | None = None):
+    """Load a GGUF checkpoint: weights dequantised, tokenizer from the same file, cached once converted.
 
     Args:
         path: the ``.gguf`` file.
-        dtype: torch dtype to cast the dequantised weights to (default float32).
+        dtype: torch dtype to load the weights in (default float32, as transformers dequantises).
         device: device to move the model to.
+        sha256: the file's SHA-256 if the caller has just verified it (a fetched, pinned file).
 
     Returns:
         (model, tokenizer), the model in eval mode.
 
     Raises:
-        ModelLoadError: no such file, the ``gguf`` package missing, or a file transformers
-            cannot read or dequantise (its architecture or quantisation type is not supported).
+        ModelLoadError: no such file, the ``gguf`` package missing, a file that is not a whole
+            GGUF file (the message says what is wrong with it), or one transformers cannot read
+            or dequantise (its architecture or quantisation type is not supported).
+
+    Example:
+        >>> model, tok = load_gguf("SmolLM2-135M-Instruct.Q4_1.gguf")  # doctest: +SKIP
     """
-    import importlib.util
-
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
     path = Path(path).expanduser()
     if not path.is_file():
-        raise ModelLoadError(f"no GGUF file at {str(path)!r}")
+        raise ModelLoadError(
+            f"{path} is a folder, not a GGUF file" if path.is_dir() else f"no GGUF file at {str(path)!r}"
+        )
     if importlib.util.find_spec("gguf") is None:
         raise ModelLoadError(f"reading {path.name} needs the 'gguf' package: pip install gguf")
+    check_magic(path)
+    try:
+        sha = sha256 or digest.sha256_file(path)
+    except OSError as e:
+        raise ModelLoadError(f"cannot read {path}: {e.strerror or e}") from e
+    try:
+        folder = store.get(path, sha, lambda into: _convert_into(path, into))
+    except store.Unwritable as e:
+        _warn_unwritable(e)
+        model, tok = _convert(path)
+        model = model.to(dtype) if dtype is not None else model
+    else:
+        model, tok = _load_entry(path, folder, dtype)
+    if device is not None:
+        model = model.to(device)
+    return model.eval(), tok
+
+
+def convert(path, sha256: str | None = None) -> Path:
+    """Convert a GGUF file into the model cache (if it is not there yet) and return the entry's folder.
+
+    Raises:
+        ModelLoadError: as ``load_gguf``; also when the model cache cannot be written.
+    """
+    path = Path(path).expanduser()
+    check_magic(path)
+    sha = sha256 or digest.sha256_file(path)
+    try:
+        return store.get(path, sha, lambda into: _convert_into(path, into))
+    except store.Unwritable as e:
+        raise ModelLoadError(f"{e}: set EIGENHOOKS_CACHE to a writable folder") from e
+
+
+def _convert(path: Path):
+    """(model, tokenizer) dequantised by transformers from the file itself (float32)."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    check_gguf(path)  # a truncated or foreign file is one line, before transformers trips on it
     kwargs = {"gguf_file": path.name, "local_files_only": True}
-    extra = {"dtype": dtype} if dtype is not None else {}
+    extra = {}
     try:  # newer transformers can keep GGUF blocks packed (no dense .weight to read F from): unpack them
         from transformers import GgufConfig
 
@@ -42,9 +98,43 @@ def load_gguf(path, dtype=None, device=None):
     try:
         model = AutoModelForCausalLM.from_pretrained(path.parent, **kwargs, **extra)
         tok = AutoTokenizer.from_pretrained(path.parent, **kwargs)
-    except (ValueError, KeyError, NotImplementedError, OSError, RuntimeError, TypeError) as e:
+    except Exception as e:  # transformers raises many kinds here; each becomes one line
         why = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise ModelLoadError(f"transformers cannot load or dequantise {path.name}: {why}") from e
-    if device is not None:
-        model = model.to(device)
-    return model.eval(), tok
+    return model, tok
+
+
+def _convert_into(path: Path, folder: Path) -> None:
+    model, tok = _convert(path)
+    if getattr(model.config, "quantization_config", None) is not None:
+        del model.config.quantization_config  # the saved weights are dense: nothing to unpack on reload
+    model.save_pretrained(folder, safe_serialization=True)
+    tok.save_pretrained(folder)
+
+
+def _load_entry(path: Path, folder: Path, dtype):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    kwargs = {"local_files_only": True}
+    try:
+        model = AutoModelForCausalLM.from_pretrained(folder, **kwargs, **({"dtype": dtype} if dtype else {}))
+        tok = AutoTokenizer.from_pretrained(folder, **kwargs)
+    except Exception as e:
+        why = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise ModelLoadError(
+            f"the converted copy of {path.name} at {folder} does not load ({why}); "
+            "`eigenhooks cache clear --models` and load again"
+        ) from e
+    return model, tok
+
+
+def _warn_unwritable(e: OSError) -> None:
+    if str(e) in _unwritable_warned:
+        return
+    _unwritable_warned.add(str(e))
+    warnings.warn(
+        f"{e}; converting the GGUF without the model cache (every load pays it). "
+        "Set EIGENHOOKS_CACHE to a writable folder to keep converted models.",
+        store.ModelCacheWarning,
+        stacklevel=3,
+    )

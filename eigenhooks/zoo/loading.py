@@ -16,14 +16,16 @@ def load_model(spec: str, dtype=None, device=None, backend: str = "hf"):
     Args:
         spec: a zoo name ('gpt2-tiny', 'albert-tiny', or a fetched real model such as
             'smollm2-135m'), a ``.gguf`` file (dequantised by transformers, tokenizer read from
-            the same file), a folder saved with ``save_pretrained``, or a hub id.
+            the same file, once: later loads read the converted copy in the model cache, see
+            ``gguf``), a folder saved with ``save_pretrained``, or a hub id.
         dtype: torch dtype to load in (default: as saved).
         device: device to move the model to.
         backend: 'hf', or 'lens' to wrap the model in a TransformerLens TransformerBridge.
 
     Raises:
         ModelLoadError: unknown name, missing folder or file, a real model not fetched yet,
-            a GGUF file transformers cannot read, or the hub unreachable.
+            a GGUF file that is not whole (truncated, empty, not GGUF) or that transformers cannot
+            read, a fetched file that no longer matches its pin, or the hub unreachable.
     """
     if backend not in ("hf", "lens"):
         raise ModelLoadError(f"backend must be 'hf' or 'lens', got {backend!r}")

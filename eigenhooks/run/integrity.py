@@ -1,0 +1,135 @@
+"""Does a run folder hold what its meta.json says? The checks behind ``eigenhooks report``.
+
+When a run writes its tables, meta.json gets a ``tables`` record (``table_stamp``): the summary's
+row count, its layers and targets, and the size and SHA-256 of summary.csv and summary.parquet.
+``damage(run_dir, meta, df)`` compares the folder with that record and with itself: a csv cut at a
+row boundary, a missing meta.json, repeated or extra rows, a meta.json from another run and a
+corrupt parquet each give one phrase saying what is wrong, and the report is marked damaged.
+Folders written before the record existed are checked for what they can show: a full grid of
+layers x targets, no repeated row, the model's layer count from meta.json's adapter.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from collections import Counter
+from pathlib import Path
+
+TABLES = ("summary.csv", "summary.parquet")
+
+
+def _file_stamp(p: Path) -> dict:
+    return {"bytes": p.stat().st_size, "sha256": hashlib.sha256(p.read_bytes()).hexdigest()}
+
+
+def table_stamp(folder: Path, summary) -> dict:
+    """What meta.json records about the tables just written to ``folder`` (for ``damage``)."""
+    stamp = {
+        "rows": int(len(summary)),
+        "layers": int(summary["layer"].nunique()),
+        "targets": sorted(str(t) for t in summary["target"].unique()),
+    }
+    for name in TABLES:
+        if (folder / name).is_file():
+            stamp[name] = _file_stamp(folder / name)
+    return stamp
+
+
+def _is_missing(v) -> bool:
+    return v is None or (isinstance(v, float) and math.isnan(v))
+
+
+def cut_rows(df) -> list[int]:
+    """Indices of rows a cut line left without a layer or a verdict (every whole row has both)."""
+    cols = [c for c in ("layer", "target", "verdict") if c in df.columns]
+    return [i for i, r in enumerate(df[cols].to_dict("records")) if any(_is_missing(r[c]) for c in cols)]
+
+
+def damage(run_dir: Path, meta: dict | None, df) -> list[str]:
+    """What is wrong with a run folder's tables, one phrase each; empty when nothing is.
+
+    Args:
+        run_dir: the run folder.
+        meta: its meta.json, or None if it is missing.
+        df: summary.csv as read by pandas.
+    """
+    out = []
+    if meta is None:
+        out.append("meta.json is missing: the model, the status and what the tables should hold are unknown")
+    cut = cut_rows(df)
+    if cut:
+        out.append(f"summary.csv has {len(cut)} row(s) cut short (line {cut[0] + 2}): the file ends mid-row")
+    whole = df.drop(index=df.index[cut])
+    out += _grid(whole)
+    tables = (meta or {}).get("tables")
+    if isinstance(tables, dict):
+        out += _against_record(run_dir, whole, tables)
+    elif meta is not None:
+        n = (meta.get("adapter") or {}).get("n_layers")
+        if isinstance(n, int) and whole["layer"].nunique() != n:
+            out.append(f"summary.csv holds {whole['layer'].nunique()} layers, the model has {n} (meta.json)")
+    out += _parquet(run_dir, df)
+    return out
+
+
+def _grid(df) -> list[str]:
+    """Every layer has every target, once; layers run from 0 without a gap."""
+    out = []
+    keys = [(int(r["layer"]), str(r["target"])) for r in df[["layer", "target"]].to_dict("records")]
+    repeated = sorted(k for k, c in Counter(keys).items() if c > 1)
+    if repeated:
+        out.append(
+            f"summary.csv repeats {len(repeated)} (layer, target) row(s), e.g. layer {repeated[0][0]} {repeated[0][1]}"
+        )
+    layers, targets = sorted({k[0] for k in keys}), sorted({k[1] for k in keys})
+    missing = [(la, t) for la in layers for t in targets if (la, t) not in set(keys)]
+    if missing:
+        out.append(
+            f"summary.csv lacks {len(missing)} (layer, target) row(s), e.g. layer {missing[0][0]} {missing[0][1]}"
+        )
+    if layers and layers != list(range(layers[-1] + 1)):
+        gaps = sorted(set(range(layers[-1] + 1)) - set(layers))
+        out.append(f"summary.csv has no row for layer(s) {', '.join(map(str, gaps[:5]))}")
+    return out
+
+
+def _against_record(run_dir: Path, df, tables: dict) -> list[str]:
+    out = []
+    n_layers, targets = df["layer"].nunique(), sorted({str(t) for t in df["target"]})
+    if (len(df), n_layers) != (tables.get("rows"), tables.get("layers")):
+        out.append(
+            f"summary.csv holds {len(df)} rows over {n_layers} layers; meta.json says "
+            f"{tables.get('rows')} rows over {tables.get('layers')} layers"
+        )
+    if tables.get("targets") and targets != tables["targets"]:
+        out.append(f"summary.csv's targets {targets} are not meta.json's {tables['targets']}")
+    for name in TABLES:
+        rec, p = tables.get(name), run_dir / name
+        if not isinstance(rec, dict):
+            continue
+        if not p.is_file():
+            out.append(f"{name} is missing")
+        elif _file_stamp(p) != rec:
+            out.append(
+                f"{name} is not the file meta.json recorded (SHA-256 differs: edited, damaged, or from another run)"
+            )
+    return out
+
+
+def _parquet(run_dir: Path, df) -> list[str]:
+    p = run_dir / "summary.parquet"
+    if not p.is_file():
+        return []
+    import pandas as pd
+
+    try:
+        pq = pd.read_parquet(p)
+    except ImportError:
+        return []  # no pyarrow here: the recorded SHA-256 still speaks for it
+    except Exception as e:
+        why = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        return [f"summary.parquet is unreadable ({why})"]
+    if len(pq) != len(df):
+        return [f"summary.parquet has {len(pq)} rows, summary.csv {len(df)}"]
+    return []
