@@ -23,7 +23,7 @@ from .zoo import ModelLoadError, load_model
 # The wings `monitor`, `spectra` and `steer` share their names with the functions below: these
 # imports come last so that the names bind to the functions (their packages stay importable
 # as `eigenhooks.monitor` etc. through sys.modules).
-from .monitor import MeasurementWarning, Monitor, TargetError, monitor  # noqa: E402  isort: skip
+from .monitor import MeasurementWarning, Monitor, SinkError, TargetError, monitor  # noqa: E402  isort: skip
 from .spectra import Verification, spectra, verify  # noqa: E402  isort: skip
 from .steer import Steer, SteerReport, steer  # noqa: E402  isort: skip
 
@@ -42,6 +42,7 @@ __all__ = [
     "Verification",
     "MeasurementWarning",
     "TargetError",
+    "SinkError",
     "Monitor",
     "Steer",
     "Limit",
