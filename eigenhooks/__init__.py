@@ -66,10 +66,10 @@ __all__ = [
 
 
 def __getattr__(name: str):
-    """``eh.run`` (the run wing, imported on first use), and ``eh.metrics``, ``eh.api`` ...: old module
-    attributes, through the deprecation table."""
+    """``eh.run`` and ``eh.integrations`` (wings imported on first use), and ``eh.metrics``, ``eh.api`` ...:
+    old module attributes, through the deprecation table."""
     import importlib
 
-    if name == "run" or f"{__name__}.{name}" in _moved.MOVED:
+    if name in ("run", "integrations") or f"{__name__}.{name}" in _moved.MOVED:
         return importlib.import_module(f"{__name__}.{name}")
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
