@@ -6,8 +6,10 @@ tokens: plain (no monitor), monitored with no sink, and monitored with each sink
 a .jsonl file, TensorBoard, wandb offline, MLflow on a file store). Each monitor is made and
 prepared once, before the rounds. Timed: the forwards, and the write of the block's last log
 point (in a long run it comes at the next log point; here that is the exit). The rest of leaving
-the block (the summary table, flushing) is timed apart. One torch thread by default: on a shared
-machine, two threads' barriers make a forward's time swing tenfold. A small forward (1 x 32) is
+the block (the summary table, flushing) is timed apart. On the CPU the clock is this process's
+CPU time (``time.process_time``), with one torch thread by default: on a shared machine, wall time
+and two threads' barriers make a forward's time swing tenfold. Work a library does in a process
+of its own (wandb's service) is not counted: it is not in the forward either. A small forward (1 x 32) is
 the hard case: a log point costs the same whatever the forward. Printed per sink:
 
 - rise: the median over rounds of (t_sink - t_none) / t_plain, how much monitored/plain rises
@@ -20,7 +22,7 @@ the hard case: a log point costs the same whatever the forward. Printed per sink
 
 A sink whose library is missing is skipped, with a line saying so.
 
-Usage: python benchmarks/bench_sinks.py [--rounds 3] [--forwards 10] [--tokens 32] [--threads 1]
+Usage: python benchmarks/bench_sinks.py [--rounds 3] [--forwards 10] [--tokens 32] [--threads 1] [--device cpu]
 """
 
 from __future__ import annotations
@@ -65,10 +67,13 @@ def make_sinks(tmp: Path) -> dict:
     return sinks
 
 
+CLOCK = time.process_time  # CPU: this process's CPU time, which other processes' load leaves alone
+
+
 def timed(fn) -> float:
-    t = time.perf_counter()
+    t = CLOCK()
     fn()
-    return time.perf_counter() - t
+    return CLOCK() - t
 
 
 def main() -> None:
@@ -77,22 +82,28 @@ def main() -> None:
     p.add_argument("--forwards", type=int, default=10)
     p.add_argument("--tokens", type=int, default=32)
     p.add_argument("--threads", type=int, default=1, help="torch threads (0: torch's default)")
+    p.add_argument("--device", default="cpu", help="cpu, or cuda to see the same figures on a GPU")
     a = p.parse_args()
     if a.threads:
         torch.set_num_threads(a.threads)
+    if a.device != "cpu":
+        global CLOCK
+        CLOCK = time.perf_counter  # the GPU's time is not this process's CPU time
     os.environ.setdefault("EIGENHOOKS_CACHE", str(Path(tempfile.gettempdir()) / "eigenhooks-bench-cache"))
     import transformers as T
 
     import eigenhooks as eh
 
     torch.manual_seed(0)
-    model = T.GPT2LMHeadModel(T.GPT2Config(n_layer=12, n_embd=768, n_head=12)).eval()
-    ids = torch.randint(0, model.config.vocab_size, (1, a.tokens))
+    model = T.GPT2LMHeadModel(T.GPT2Config(n_layer=12, n_embd=768, n_head=12)).eval().to(a.device)
+    ids = torch.randint(0, model.config.vocab_size, (1, a.tokens), device=a.device)
 
     def forwards():
         with torch.no_grad():
             for _ in range(a.forwards):
                 model(ids)
+        if model.device.type == "cuda":
+            torch.cuda.synchronize()  # the block's work, not only its launches
 
     tmp = Path(tempfile.mkdtemp(prefix="eh-bench-sinks-"))
     sinks = make_sinks(tmp)
@@ -125,7 +136,7 @@ def main() -> None:
     plain = statistics.median(times["plain"]) / a.forwards
     none = statistics.median(times["none"]) / a.forwards
     print(
-        f"\n1 x {a.tokens} tokens, {a.forwards} forwards a block, log_every={LOG_EVERY}: plain {plain * 1e3:.1f} ms, "
+        f"\n{a.device}: 1 x {a.tokens} tokens, {a.forwards} forwards a block, log_every={LOG_EVERY}: plain {plain * 1e3:.1f} ms, "
         f"monitored {none * 1e3:.1f} ms a forward (monitored/plain {none / plain:.3f})"
     )
     print(f"{'sink':<12} {'rise':>8} {'ratio':>7} {'log point':>10} {'per fwd':>8} {'exit':>7}")

@@ -123,7 +123,15 @@ class TensorBoardSink(Sink):
         self.name = f"TensorBoard ({getattr(writer, 'log_dir', '?')})"
 
     def scalars(self, step: int, values: dict[str, float]) -> None:
-        for tag, v in values.items():
+        if _plain_summary_writer(self.writer):
+            # One event holding every value: 0.15 ms for 120 tags where add_scalar per tag takes 10 ms
+            # (each builds its own Summary and event). EventAccumulator reads them as separate scalars.
+            from tensorboard.compat.proto.summary_pb2 import Summary
+
+            summary = Summary(value=[Summary.Value(tag=tag, simple_value=float(v)) for tag, v in values.items()])
+            self.writer._get_file_writer().add_summary(summary, step)
+            return
+        for tag, v in values.items():  # tensorboardX, or a writer whose add_scalar is its own
             self.writer.add_scalar(tag, v, global_step=step)
 
     def table(self, step: int, df) -> None:
@@ -133,6 +141,15 @@ class TensorBoardSink(Sink):
         self.writer.flush()
         if self.owned:
             self.writer.close()  # a later add_* opens a new event file in the same folder
+
+
+def _plain_summary_writer(writer) -> bool:
+    """torch's own SummaryWriter, its add_scalar not overridden: its file writer takes a whole Summary."""
+    import sys
+
+    tb = sys.modules.get("torch.utils.tensorboard")
+    cls = getattr(tb, "SummaryWriter", None)
+    return cls is not None and isinstance(writer, cls) and type(writer).add_scalar is cls.add_scalar
 
 
 class WandbSink(Sink):
