@@ -488,3 +488,22 @@ def _assert_same_stats(mon, ref) -> None:
     assert got.keys() == want.keys()
     for key in want:
         assert got[key] == want[key], (key, {k: (got[key][k], v) for k, v in want[key].items() if got[key][k] != v})
+
+
+def test_a_forward_not_counted_leaves_no_token_records(gpt2):
+    model, tok = gpt2
+    b = _batches(tok)
+    state = {"fail": False}
+
+    def fn(step, values):
+        if state["fail"]:
+            raise RuntimeError("boom")
+
+    with eh.monitor(model, sink=fn, tokens=True, **FAST) as mon, torch.no_grad():
+        model(**b[0])
+        state["fail"] = True
+        with pytest.raises(SinkError):
+            model(**b[1])
+        assert {r["forward"] for r in mon.token_records} == {0}
+        assert sum(int(r["mask"].sum()) for r in mon.token_records if r["layer"] == 0) == b[0]["input_ids"].numel()
+        state["fail"] = False
