@@ -23,7 +23,7 @@ from .zoo import ModelLoadError, load_model
 # The wings `monitor`, `spectra` and `steer` share their names with the functions below: these
 # imports come last so that the names bind to the functions (their packages stay importable
 # as `eigenhooks.monitor` etc. through sys.modules).
-from .monitor import MeasurementWarning, Monitor, TargetError, monitor  # noqa: E402  isort: skip
+from .monitor import MeasurementWarning, Monitor, SinkError, TargetError, monitor  # noqa: E402  isort: skip
 from .spectra import Verification, spectra, verify  # noqa: E402  isort: skip
 from .steer import Steer, SteerReport, steer  # noqa: E402  isort: skip
 
@@ -42,6 +42,7 @@ __all__ = [
     "Verification",
     "MeasurementWarning",
     "TargetError",
+    "SinkError",
     "Monitor",
     "Steer",
     "Limit",
@@ -65,10 +66,10 @@ __all__ = [
 
 
 def __getattr__(name: str):
-    """``eh.run`` (the run wing, imported on first use), and ``eh.metrics``, ``eh.api`` ...: old module
-    attributes, through the deprecation table."""
+    """``eh.run`` and ``eh.integrations`` (wings imported on first use), and ``eh.metrics``, ``eh.api`` ...:
+    old module attributes, through the deprecation table."""
     import importlib
 
-    if name == "run" or f"{__name__}.{name}" in _moved.MOVED:
+    if name in ("run", "integrations") or f"{__name__}.{name}" in _moved.MOVED:
         return importlib.import_module(f"{__name__}.{name}")
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

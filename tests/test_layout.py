@@ -23,6 +23,7 @@ ROOT = Path(eh.__file__).resolve().parent
 RANK = {
     "top": 8,  # eigenhooks/__init__.py (the public names), cli.py, __main__.py, _moved.py
     "run": 7,
+    "integrations": 7,  # the HF Trainer callback: beside run, above the monitor it drives
     "monitor": 6,
     "steer": 6,
     "dynamics": 6,

@@ -25,7 +25,6 @@ from __future__ import annotations
 import logging
 import warnings
 from contextlib import ExitStack
-from pathlib import Path
 
 import torch
 
@@ -35,6 +34,7 @@ from ..spectra.compute import VARIANTS
 from . import fingerprint as FP
 from . import stats as M
 from .lens import MonitorLens, lens_string_mask
+from .logs import MonitorLogs
 from .reduce import Grid
 from .state import MonitorState, continues
 
@@ -84,12 +84,12 @@ def _target_list(targets) -> list:
     return list(targets)
 
 
-class Monitor(MonitorState, MonitorLens):
+class Monitor(MonitorState, MonitorLens, MonitorLogs):
     """Streaming alignment statistics for every attention layer of a model.
 
     Use through ``eigenhooks.monitor(...)``. After (or during) the block: ``summary()``,
     ``save(path)``, ``state_dict()`` / ``load_state_dict()`` / ``merge_state_dict()``,
-    ``all_reduce()`` under torch.distributed.
+    ``all_reduce()`` under torch.distributed; with a sink, ``log()``, ``log_summary()`` and ``step``.
     """
 
     def __init__(
@@ -106,6 +106,7 @@ class Monitor(MonitorState, MonitorLens):
         fnull_draws: int = FNULL_DRAWS,
         eig_top: int = EIG_TOP,
         null_stride: int | None = NULL_STRIDE,
+        log_every: int | None = 1,
     ):
         bad = set(reading_points) - set(M.POINTS)
         if bad or "pre" not in reading_points:
@@ -124,7 +125,7 @@ class Monitor(MonitorState, MonitorLens):
         self.keep_tokens = tokens
         self.explicit_mask = attention_mask
         self.null_seed, self.K, self.Kf, self.m = int(null_seed), null_draws, fnull_draws, eig_top
-        self.sink_path = Path(sink) if sink is not None else None
+        self._init_logs(sink, log_every)  # sets sink_path, log_every, step
         self.attach = attach
         self.token_records: list[dict] = []
         self.n_forwards = 0
@@ -231,6 +232,7 @@ class Monitor(MonitorState, MonitorLens):
                         "eh.monitor before compiling, or call torch._dynamo.reset() first.",
                     )
             self._flush()
+            self._end_logs(_raised)
         finally:
             if self._stack is not None:
                 self._stack.close()
@@ -272,6 +274,7 @@ class Monitor(MonitorState, MonitorLens):
                 handle.remove()
         self._stack, self._handles, self._raw, self._active = None, [], [], False
         self._flush()
+        self._end_logs(raised=True)
 
     # ---- registration ----
     def _hook(self, module, fn, kind: str, **kw):
@@ -416,7 +419,7 @@ class Monitor(MonitorState, MonitorLens):
             self._reset_forward(open_=False)
         else:
             self._check_forward()
-            self._commit()
+            self._commit_logged()  # a sink that fails takes the forward back and raises
             self._reset_forward(open_=False)
         if self._closing:
             self._finish_deferred_close(raised=output is None)
@@ -517,6 +520,7 @@ def monitor(
     eig_top: int = EIG_TOP,
     null_stride: int | None = NULL_STRIDE,
     sink=None,
+    log_every: int | None = 1,
     attach: bool = True,
 ) -> Monitor:
     """Measure alignment with each layer's principal subspace while the model runs.
@@ -541,7 +545,16 @@ def monitor(
             token of each forward's flat token grid (a fixed rate, so each forward weighs by
             its size); p_null, the percentiles, eig_rank and lift compare the target on the
             same tokens (``rho_null_tokens``), so the test stays exact. 1 or None: every token.
-        sink: a .jsonl path; one line (the forward's target sums) is appended per forward.
+        sink: where the numbers go while the model runs (docs/api.md, "Sinks"); one or a list of:
+            a .jsonl path (one line per forward: that forward's own target sums; ``log_every``
+            does not apply); a ``SummaryWriter`` or ``"tensorboard:DIR"``; a wandb run or
+            ``"wandb"`` (the active one); ``"mlflow"`` (the active run); a callable
+            ``(step, scalars)``. They get the running gamma_pre/mid/post, rho and n_tokens per
+            (layer, target), tagged ``eigenhooks/rho/L07/ov-modulus``, and on exit the summary
+            table. A forward whose sink write fails is not counted and raises ``SinkError``.
+        log_every: forwards between log points (default 1; 0 or None: only on exit and
+            ``mon.log()``). The step is ``mon.step`` if set (your own global step), else the
+            forward count. On a GPU a log point's values are read at the next one (no sync).
         attach: register hooks on enter (TransformerLens users may set False and pass
             ``mon.fwd_hooks()`` to ``run_with_hooks``).
 
@@ -568,4 +581,5 @@ def monitor(
         fnull_draws,
         eig_top,
         null_stride,
+        log_every,
     )

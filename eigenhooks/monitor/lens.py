@@ -74,7 +74,7 @@ class MonitorLens:
                 self._on_tap(key, act)
                 if name == last_name and self._open:
                     self._check_forward()
-                    self._commit()
+                    self._commit_logged()
                     self._reset_forward(open_=False)
 
             hooks.append((name, fn))

@@ -9,7 +9,6 @@ per-sequence counters, and everything that reads or moves the state: ``summary``
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import torch
@@ -171,16 +170,7 @@ class MonitorState:
                 self._flush(layer)
         for (stack, _, _), grid in self._masks.items():  # the open sequences' valid tokens so far
             self._seen[stack] = grid.vi[:, -1:] + 1
-        if self.sink_path is not None and self._pending:
-            line = {"forward": self.n_forwards + 1, "stats": []}
-            for layer, (sums, _) in sorted(self._pending.items()):
-                for ti, meta in enumerate(self._layers[layer]["meta"]):
-                    row = dict(zip(M.TGT_FIELDS, sums["tgt"][ti].tolist()))
-                    line["stats"].append({"layer": layer, "target": meta["target"], **row})
-            with open(self.sink_path, "a") as fh:
-                fh.write(json.dumps(line) + "\n")
-                fh.flush()
-        self.n_forwards += 1
+        self.n_forwards += 1  # the sinks are written after this (logs.py: _commit_logged)
 
     def _add(self, layer: int, sums: dict, rows: torch.Tensor) -> None:
         st = self._state[layer]

@@ -1,0 +1,176 @@
+"""``AlignmentCallback``: the monitor over a fixed probe set while a HuggingFace ``Trainer`` trains.
+
+At each evaluation, or every n optimizer steps, the callback runs the probe set through the
+model (eval mode, no grad) inside ``eh.monitor`` and logs the running gamma_pre/mid/post, rho and
+n_tokens of every (layer, target) through ``trainer.log``: the Trainer's own logging, which puts
+them in ``state.log_history`` and hands them to every ``report_to`` integration (TensorBoard,
+W&B, MLflow ...) beside the loss. TensorBoard's integration files them under ``train/``, as
+``train/eigenhooks/rho/L07/ov-modulus``.
+
+A ``TrainerCallback`` is never given its Trainer, and the ``logs`` dict that ``on_log`` passes
+round reaches the reporting integrations before any callback the user adds, so the callback
+cannot reach the Trainer's logging on its own: ``attach(trainer)`` adds it to the Trainer and
+keeps the Trainer to log through (one line, instead of ``trainer.add_callback``).
+
+The spectra are recomputed whenever the weights changed since the last measurement: the
+monitor asks ``eh.spectra``, whose in-process memo is keyed by each parameter's identity,
+version counter and a sample of its entries, and an optimizer step changes all three.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+
+import torch
+from transformers import TrainerCallback
+
+from ..monitor import monitor
+from ..monitor.hooks import DEFAULT_TARGETS
+
+log = logging.getLogger(__name__)
+# Only gamma and rho are logged, which no null changes: the smallest nulls keep each measurement cheap.
+CHEAP_NULLS = {"null_draws": 1, "fnull_draws": 0, "eig_top": 0}
+
+
+class AlignmentCallback(TrainerCallback):
+    """Log alignment on a fixed probe set through the Trainer's own logging, while it trains.
+
+    Args:
+        probe: the probe set, tokenized once (at the first measurement) with the Trainer's
+            ``processing_class``: a list of texts; a ``datasets.Dataset`` or list of dicts with
+            ``input_ids`` (and ``attention_mask``) or with a ``text`` column; or a dict /
+            ``BatchEncoding`` of (n, seq) tensors.
+        every_n_steps: also measure every n optimizer steps (None: only at evaluations).
+        targets: the monitor's targets (default ``("ov", "modulus"), ("ov", "residual")``).
+        batch_size: probe rows per forward.
+        max_length: texts are truncated to this many tokens.
+        monitor_kwargs: passed to ``eh.monitor`` (default: the smallest nulls, which the logged
+            values do not use).
+
+    Example:
+        >>> trainer = Trainer(model, args, train_dataset=ds, processing_class=tok)  # doctest: +SKIP
+        >>> eh.integrations.AlignmentCallback(texts, every_n_steps=50).attach(trainer)  # doctest: +SKIP
+        >>> trainer.train()  # doctest: +SKIP
+    """
+
+    def __init__(
+        self,
+        probe,
+        every_n_steps: int | None = None,
+        targets=DEFAULT_TARGETS,
+        *,
+        batch_size: int = 8,
+        max_length: int = 512,
+        monitor_kwargs: dict | None = None,
+    ):
+        if every_n_steps is not None and (
+            isinstance(every_n_steps, bool) or int(every_n_steps) != every_n_steps or every_n_steps < 1
+        ):
+            raise ValueError(f"every_n_steps must be a positive int or None (evaluations only), got {every_n_steps!r}")
+        if hasattr(probe, "__len__") and len(probe) == 0:
+            raise ValueError("the probe set is empty: give at least one text or tokenized row")
+        self.probe, self.every_n_steps, self.targets = probe, every_n_steps, list(targets)
+        self.batch_size, self.max_length = int(batch_size), int(max_length)
+        self.monitor_kwargs = {**CHEAP_NULLS, **(monitor_kwargs or {})}
+        self.trainer = None
+        self.history: list[tuple[int, dict[str, float]]] = []  # (global_step, values) of every measurement
+        self._batches: list[tuple[torch.Tensor, torch.Tensor]] | None = None
+        self._measured_at: int | None = None
+
+    def attach(self, trainer) -> AlignmentCallback:
+        """Add this callback to ``trainer`` and log through it. Returns the callback."""
+        if self not in trainer.callback_handler.callbacks:
+            trainer.add_callback(self)
+        self.trainer = trainer
+        return self
+
+    # ---- the Trainer's events ----
+    def on_train_begin(self, args, state, control, **kwargs):
+        if self.trainer is None:
+            raise RuntimeError(
+                "AlignmentCallback logs through trainer.log, which a callback is not given: add it with "
+                "eh.integrations.AlignmentCallback(probe, ...).attach(trainer) instead of callbacks=[...] "
+                "or trainer.add_callback(...)"
+            )
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if self.every_n_steps and state.global_step % self.every_n_steps == 0:
+            self._measure_and_log(state, control, kwargs)
+
+    def on_evaluate(self, args, state, control, **kwargs):
+        self._measure_and_log(state, control, kwargs)
+
+    # ---- measuring ----
+    def measure(self, model, processing_class=None) -> dict[str, float]:
+        """Run the probe set through ``model`` under the monitor, now: ``{tag: value}`` (``Monitor.scalars``)."""
+        if self._batches is None:
+            self._batches = self._encode(processing_class)
+        device = next(model.parameters()).device
+        was_training = model.training
+        model.eval()
+        try:
+            with torch.no_grad(), monitor(model, targets=self.targets, **self.monitor_kwargs) as mon:
+                for ids, mask in self._batches:
+                    model(input_ids=ids.to(device), attention_mask=mask.to(device))
+        finally:
+            model.train(was_training)
+        return mon.scalars()
+
+    def _measure_and_log(self, state, control, kwargs) -> None:
+        if self._measured_at == state.global_step:  # an evaluation at a step already measured
+            return
+        values = self.measure(kwargs["model"], kwargs.get("processing_class"))
+        self._measured_at = state.global_step
+        self.history.append((state.global_step, values))
+        if self.trainer is None:
+            return
+        should_log = control.should_log  # the Trainer's on_log clears it: keep this step's own log
+        self.trainer.log(dict(values))
+        control.should_log = should_log
+
+    def _encode(self, processing_class) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """The probe as (input_ids, attention_mask) batches, right-padded, on the CPU."""
+        rows = _rows(self.probe)
+        if any(isinstance(r, str) for r in rows):
+            tok = getattr(processing_class, "tokenizer", processing_class)
+            if tok is None:
+                raise ValueError(
+                    "the probe is text, and the Trainer has no processing_class to tokenize it: pass "
+                    "Trainer(processing_class=tokenizer), or give the probe already tokenized (input_ids)"
+                )
+            rows = [(tok(r, truncation=True, max_length=self.max_length)["input_ids"], None) for r in rows]
+        pad = getattr(getattr(processing_class, "tokenizer", processing_class), "pad_token_id", None) or 0
+        batches = []
+        for at in range(0, len(rows), self.batch_size):
+            chunk = rows[at : at + self.batch_size]
+            n = max(len(ids) for ids, _ in chunk)
+            ids = torch.full((len(chunk), n), pad, dtype=torch.long)  # (batch, longest)
+            mask = torch.zeros((len(chunk), n), dtype=torch.long)
+            for i, (r, m) in enumerate(chunk):
+                ids[i, : len(r)] = torch.as_tensor(r)
+                mask[i, : len(r)] = 1 if m is None else torch.as_tensor(m)
+            batches.append((ids, mask))
+        log.debug("probe: %d rows in %d batches", len(rows), len(batches))
+        return batches
+
+
+def _rows(probe) -> list:
+    """Texts, or (input_ids, attention_mask or None) pairs, one per probe row."""
+    if isinstance(probe, Mapping) and "input_ids" in probe:  # a dict / BatchEncoding of (n, seq) tensors
+        ids = torch.as_tensor(probe["input_ids"])
+        mask = torch.as_tensor(probe["attention_mask"]) if "attention_mask" in probe else torch.ones_like(ids)
+        return [(ids[i][mask[i].bool()].tolist(), None) for i in range(ids.shape[0])]
+    out = []
+    for row in probe:
+        if isinstance(row, str):
+            out.append(row)
+        elif isinstance(row, Mapping) and "input_ids" in row:
+            out.append((list(row["input_ids"]), row.get("attention_mask")))
+        elif isinstance(row, Mapping) and "text" in row:
+            out.append(row["text"])
+        else:
+            raise TypeError(
+                f"a probe row must be a text or a mapping with 'input_ids' or 'text', got {type(row).__name__}"
+            )
+    return out
