@@ -312,8 +312,8 @@ def _bmm(w: torch.Tensor, X: torch.Tensor, out: torch.Tensor) -> None:
     if w.dtype == torch.float32:
         torch.bmm(w, X if X.dtype == torch.float32 else X.float(), out=out)
         return
-    try:
-        torch.bmm(w, X, out_dtype=torch.float32, out=out)
+    try:  # no out= here: bmm with both out= and out_dtype fell back to the float32 copy on an H200
+        out.copy_(torch.bmm(w, X, out_dtype=torch.float32))
     except (RuntimeError, TypeError):
         torch.bmm(w.float(), X.float(), out=out)
 

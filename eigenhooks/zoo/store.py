@@ -325,13 +325,14 @@ def clear_cache(spectra: bool = True, models: bool = True) -> list[dict]:
             _discard(Path(row["path"]))
             gone.append(row)
         elif row["kind"] == "bookkeeping" and models:
-            shutil.rmtree(digest.stamps_dir(), ignore_errors=True)
-            for p in converted_dir().glob(".*"):
-                m = _FRESH.match(p.name)
-                if p.is_file():
-                    p.unlink(missing_ok=True)
-                elif not (m and _alive(int(m.group(2)))):  # a live process's build is left alone
-                    _discard(p)
-            digest.forget()
             gone.append(row)
+    if models:  # stamps and empty lock files too, whether or not their bytes made a row
+        shutil.rmtree(digest.stamps_dir(), ignore_errors=True)
+        for p in converted_dir().glob(".*") if converted_dir().is_dir() else ():
+            m = _FRESH.match(p.name)
+            if p.is_file():
+                p.unlink(missing_ok=True)
+            elif not (m and _alive(int(m.group(2)))):  # a live process's build is left alone
+                _discard(p)
+        digest.forget()
     return gone
