@@ -35,6 +35,8 @@ import threading
 import warnings
 from pathlib import Path
 
+from ..zoo.store import pid_alive
+
 log = logging.getLogger(__name__)
 RUN_FILES = ("meta.json", "summary.csv", "stats.jsonl")
 STATUSES = ("running", "complete", "interrupted", "failed")
@@ -71,16 +73,6 @@ def _write_json(path: Path, obj, indent: int | None = 2) -> None:
     tmp = path.with_name(f".{path.name}.tmp")
     tmp.write_text(json.dumps(json_safe(obj), indent=indent, default=str, allow_nan=False))
     os.replace(tmp, path)  # a reader sees the old meta or the new one, never half of one
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 class RunFolder:
@@ -145,7 +137,7 @@ class RunFolder:
         mine = re.compile(rf"\.{re.escape(self.out.name)}\.(?:tmp|old)-(?:[0-9a-f]+-)?(\d+)")
         for p in self.out.parent.glob(f".{glob.escape(self.out.name)}.*-*"):
             m = mine.fullmatch(p.name)
-            if m and not _alive(int(m.group(1))):
+            if m and not pid_alive(int(m.group(1))):
                 shutil.rmtree(p, ignore_errors=True)
 
     def write_meta(self) -> None:

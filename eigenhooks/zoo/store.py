@@ -232,11 +232,12 @@ def _clean_stale(folder: Path) -> None:
     """Remove build and trash folders of processes that are gone (killed while converting)."""
     for p in folder.glob(".*-*"):
         m = _FRESH.match(p.name)
-        if m and not _alive(int(m.group(2))):
+        if m and not pid_alive(int(m.group(2))):
             shutil.rmtree(p, ignore_errors=True)
 
 
-def _alive(pid: int) -> bool:
+def pid_alive(pid: int) -> bool:
+    """Whether a process with this pid runs (one of another user's counts as running)."""
     if pid == os.getpid():
         return True
     try:
@@ -332,7 +333,7 @@ def clear_cache(spectra: bool = True, models: bool = True) -> list[dict]:
             m = _FRESH.match(p.name)
             if p.is_file():
                 p.unlink(missing_ok=True)
-            elif not (m and _alive(int(m.group(2)))):  # a live process's build is left alone
+            elif not (m and pid_alive(int(m.group(2)))):  # a live process's build is left alone
                 _discard(p)
         digest.forget()
     return gone
