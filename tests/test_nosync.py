@@ -113,8 +113,8 @@ def test_a_monitored_forward_reads_nothing_back(gpt2, side):
     batch = tok(["def f(x):\n    return x", "class A: pass", "import os"], return_tensors="pt", padding=True)
     tok.padding_side = "right"
     with eh.monitor(model) as mon, torch.no_grad():
-        model(**batch)  # the first forward makes the device constants; it may not sync either
         with trapped() as trap:
+            model(**batch)  # the first forward too: the device constants are made at entry
             model(**batch)
             model(**batch)  # and one that ends the previous forward's sequences first
     _check(trap)
