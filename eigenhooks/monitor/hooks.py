@@ -295,6 +295,7 @@ class Monitor(MonitorState, MonitorLens, MonitorLogs):
                 self._hook(root, self._stack_start(name, mask_kw), "pre", with_kwargs=True)
                 self._hook(root, self._stack_end, "fwd", always_call=True)
         self._slots = self._build_slots()
+        self._index_slots()
         for key, (module, where, _) in self._slots.items():
             if where == "input":
                 self._hook(module, self._input_tap(key), "pre", with_kwargs=True)
@@ -437,15 +438,27 @@ class Monitor(MonitorState, MonitorLens, MonitorLogs):
             return
         c = self._counts.get(key, 0)
         self._counts[key] = c + 1
-        for layer, point in self._slots[key][2]["roles"].get(c, ()):
-            cap = self._cap.setdefault(layer, {})
-            if point in cap:
+        roles = self._roles[key].get(c)  # (layer, point) pairs this call of the module reads
+        if not roles:
+            return
+        if x.requires_grad:
+            x = x.detach()
+        for layer, point in roles:
+            cap = self._cap.get(layer)
+            if cap is None:
+                cap = self._cap[layer] = {}
+            elif point in cap:
                 continue
-            cap[point] = x.detach()
-            if point == self._last_point(layer):
+            cap[point] = x
+            if point == self._last[layer]:
                 self._reduce(layer, cap)
                 for p in cap:  # reduced: keep which points were seen, not their activations, so the
                     cap[p] = None  # allocator reuses them (memory flat in layers, no fresh pages per layer)
+
+    def _index_slots(self) -> None:
+        """Per-call lookups the taps make, once: each slot's roles, and each layer's last point."""
+        self._roles = {key: entry[2]["roles"] for key, entry in self._slots.items()}
+        self._last = {layer: self._last_point(layer) for layer in self._layers}
 
     def _last_point(self, layer: int) -> str:
         if "post" in self.points:

@@ -54,6 +54,7 @@ class MonitorLens:
             )
         self._prepare()
         self._slots = self._build_slots()
+        self._index_slots()
         first = self.adapter.reading_points(0).pre.hook_name
         last_layer = max(self._layers)
         last = self._layers[last_layer]["rp"]
