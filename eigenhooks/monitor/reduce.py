@@ -2,14 +2,14 @@
 
 1. ``LayerReducer.project`` runs in a layer's hook, while its activations are hot: the
    norms, one matmul per reading point onto the targets (every token) and one per null
-   point onto the nulls (a shape-only subsample), and each sequence's sum of unit vectors.
+   point onto the nulls (a subsample, ``Grid.sub``), and each sequence's sum of unit vectors.
    What it keeps is small: (b, n, targets) and (N, null columns) per point, a few (b, n)
    vectors, written into the layer's row of its group's ``Arena``.
 2. ``reduce_many`` runs once the forward ends, on every layer at once: layers of the same
    layout and shapes are reduced together (alignments, up-counts, null draws, per-row
    counters) straight from the arena's buffers, so the many small element-wise steps cost
    one op per forward instead of one per layer, and no copy stacks the layers. Its output is
-   per layer, the state ``metrics.zero_state`` describes.
+   per layer, the state ``stats.zero_state`` describes.
 
 The null subsample is chosen by each token's place in its own sequence (``Grid``): its index
 among that sequence's valid tokens (counted across a KV cache's forwards), so the same sequences
@@ -489,12 +489,12 @@ class _Stacked:
         self.mask = m0.expand(self.L, *m0.shape) if same else torch.stack([pr["grid"].mask for pr in prs]).bool()
         # the null subsample: flat (b*M,) positions and ok (b, M); the same for every layer stacked here
         # (it depends only on the mask and the tokens' indices in their sequences)
-        subs = [pr["grid"].sub(self.s) for pr in prs]
-        self.flat = subs[0][0]
-        self.ok = subs[0][1] if same else torch.stack([o for _, o in subs])
-        if not same:
-            flats = [f for f, _ in subs]
-            self.flat = None if flats[0] is None else torch.stack(flats)  # (L, b*M)
+        if same:
+            self.flat, self.ok = g0.sub(self.s)
+        else:  # layers with grids of their own (buffered steps flushed per layer): (L, b*M), (L, b, M)
+            subs = [pr["grid"].sub(self.s) for pr in prs]
+            self.flat = None if subs[0][0] is None else torch.stack([f for f, _ in subs])
+            self.ok = torch.stack([o for _, o in subs])
         self.M = self.ok.shape[-1]
         self.okf = self.ok.reshape(1 if same else self.L, self.b * self.M)  # (1 or L, N)
         norms = stack("norms").view(self.L, len(self.pts), self.b, self.n)

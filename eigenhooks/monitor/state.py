@@ -14,6 +14,7 @@ from pathlib import Path
 import torch
 
 from ..models.base import as_tokens
+from ..models.offload import is_offloaded
 from ..spectra.compute import layer_stacked, parallel_map, spectra_by_rank
 from . import fingerprint as FP
 from . import stats as M
@@ -45,8 +46,7 @@ class MonitorState:
         }
         # each layer's bases and null frames, layers side by side (torch releases the GIL); an offloaded
         # model's layers are brought in one at a time, in order
-        offloaded = any(p.device.type == "meta" for p in ad.model.parameters())
-        built = parallel_map(lambda i: self._build_layer(i, specs), range(ad.n_layers), serial=offloaded)
+        built = parallel_map(lambda i: self._build_layer(i, specs), range(ad.n_layers), serial=is_offloaded(ad.model))
         for i, layer in enumerate(built):
             if layer is None:
                 continue
@@ -55,7 +55,8 @@ class MonitorState:
             self._state[i] = M.zero_state(len(tgts), len(red.ks), self.K, max(red.m, 0), red.Kf)
             self._zero.add(i)  # replaced, not added to, by the first forward: no zeros copied to the device
         self._arenas = pad_to_stack([info["reducer"] for info in self._layers.values()])  # one kind reduces together
-        warm(self._arenas, {id(info["reducer"]): _where(ad, i) for i, info in self._layers.items() if _where(ad, i)})
+        where = {id(info["reducer"]): _where(ad, i) for i, info in self._layers.items()}
+        warm(self._arenas, {r: w for r, w in where.items() if w is not None})
 
     def _build_layer(self, i: int, specs: dict):
         """Layer i's targets, their metadata and its reducer (bases, Haar and F-null frames); None if no target."""
