@@ -14,7 +14,6 @@ from pathlib import Path
 import torch
 
 from ..models.base import as_tokens
-from ..models.offload import is_offloaded
 from ..spectra.compute import layer_stacked, parallel_map, spectra_by_rank
 from . import fingerprint as FP
 from . import stats as M
@@ -46,7 +45,8 @@ class MonitorState:
         }
         # each layer's bases and null frames, layers side by side (torch releases the GIL); an offloaded
         # model's layers are brought in one at a time, in order
-        built = parallel_map(lambda i: self._build_layer(i, specs), range(ad.n_layers), serial=is_offloaded(ad.model))
+        offloaded = any(p.device.type == "meta" for p in ad.model.parameters())
+        built = parallel_map(lambda i: self._build_layer(i, specs), range(ad.n_layers), serial=offloaded)
         for i, layer in enumerate(built):
             if layer is None:
                 continue

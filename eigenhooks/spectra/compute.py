@@ -26,7 +26,7 @@ from ..linalg.eig import (
     layer_spectra,
 )
 from ..models import Adapter, get_adapter, layer_index
-from ..models.offload import is_offloaded, onloaded, source_modules
+from ..models.offload import onloaded, source_modules
 from ..models.probe import apply_attention_many, probe_matrices
 
 log = logging.getLogger(__name__)
@@ -211,7 +211,8 @@ def _compute_groups(
     cores = _cores()
     workers = max(1, min(len(reps), cores))
     inflight: set[Future] = set()
-    offloaded = is_offloaded(adapter.model)
+    # weights on meta (offloaded, or empty): read one layer at a time, in order, so the first bad layer is named
+    offloaded = any(p.device.type == "meta" for p in adapter.model.parameters())
 
     def collect(futures) -> None:
         for f in futures:
