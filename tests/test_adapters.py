@@ -140,3 +140,32 @@ def layer_spectrum_of(F):
     return eh.layer_spectrum(
         eh.Factors(F[None], torch.eye(F.shape[0], dtype=F.dtype)[None], torch.zeros(1, dtype=torch.long))
     )
+
+
+def test_probes_of_one_model_side_by_side_do_not_mix():
+    """spectra reads layers in a thread pool; a probed layer runs the model's forward with hooks on
+    shared modules. Four probes of one model at once, five times over, must each give its own F
+    (without the probe lock, 11 of 20 here raised 'attention ... never called' or differed)."""
+    import transformers as T
+    from concurrent.futures import ThreadPoolExecutor
+
+    torch.manual_seed(0)
+    cfg = T.DogeConfig(
+        num_hidden_layers=4,
+        num_attention_heads=2,
+        hidden_size=16,
+        intermediate_size=32,
+        vocab_size=64,
+        max_position_embeddings=32,
+    )
+    model = T.DogeForCausalLM(cfg).double().eval()
+    ad = eh.get_adapter(model)
+    ref = {
+        i: model.model.layers[i].self_attn.o_proj.weight @ model.model.layers[i].self_attn.v_proj.weight
+        for i in range(4)
+    }
+    for _ in range(5):
+        with ThreadPoolExecutor(4) as ex:
+            got = list(ex.map(lambda i: probe_matrices(ad, [i])[i], range(4)))
+        for i in range(4):
+            torch.testing.assert_close(got[i], ref[i].detach(), atol=1e-10, rtol=0)

@@ -9,12 +9,20 @@ against, and the fallback for architectures with no weight rule.
 
 from __future__ import annotations
 
+import threading
+
 import torch
 
 from .base import Adapter, StopForward, UnsupportedModelError
 from .family import token_inputs
 
 N_TOKENS = 2  # a causal first token attends to itself alone; the second averages two equal values
+
+# A probe hooks the model's own modules for one forward. Hooks are per module, not per thread,
+# so two probes of one model side by side (spectra reads layers in a thread pool) would each run
+# the other's hooks: one's StopForward ends the other's forward, one's inputs replace the other's.
+# Probes therefore run one at a time in this process.
+_PROBE_LOCK = threading.RLock()
 
 
 def hf_runner(adapter: Adapter, layers: list[int], x: torch.Tensor) -> dict[int, torch.Tensor]:
@@ -140,12 +148,13 @@ def apply_attention_many(
     rep = _representatives(adapter, layers)
     X = torch.cat([torch.zeros(1, X.shape[1], dtype=X.dtype, device=X.device), X])  # row 0 measures the bias
     pieces: dict[int, list[torch.Tensor]] = {i: [] for i in rep}
+    groups = [[i] for i in rep] if adapter.probe_separately else [list(rep)]
     for s in range(0, X.shape[0], chunk):
         xb = X[s : s + chunk].to(dtype)
         x = xb[:, None, :].expand(xb.shape[0], n_tokens, xb.shape[1]).contiguous()  # (b, n, d)
-        groups = [[i] for i in rep] if adapter.probe_separately else [list(rep)]
         for g in groups:
-            got = runner(adapter, g, x)
+            with _PROBE_LOCK:
+                got = runner(adapter, g, x)
             for i in g:
                 pieces[i].append(got[i].to("cpu", torch.float64))
     out = {}
