@@ -146,8 +146,9 @@ def test_probes_of_one_model_side_by_side_do_not_mix():
     """spectra reads layers in a thread pool; a probed layer runs the model's forward with hooks on
     shared modules. Four probes of one model at once, five times over, must each give its own F
     (without the probe lock, 11 of 20 here raised 'attention ... never called' or differed)."""
-    import transformers as T
     from concurrent.futures import ThreadPoolExecutor
+
+    import transformers as T
 
     torch.manual_seed(0)
     cfg = T.DogeConfig(
