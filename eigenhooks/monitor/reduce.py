@@ -507,11 +507,10 @@ class _Stacked:
         fold = (lambda t: t) if h == 1 else (lambda t: torch.add(*t.chunk(2, -1)))  # noqa: E731  hi + lo products
         self.Pn = fold(stack("Pn"))  # (L, P_null * N, C)
         self.Pt = fold(stack("Pt")).view(self.L, len(self.pts), self.b, self.n, -1)  # (L, P, b, n, target columns)
-        self.sv = {}  # point -> (L, b, d), the sums of unit vectors
+        self.sv = None  # (L, P_c, b, d): the sums of unit vectors at the points other than 'base', in order
         if "sv" in prs[0]:
             sv = stack("sv")
-            sv = sv[..., 0, :] if h == 1 else sv.sum(-2)  # (L, P_c, b, d)
-            self.sv = {p: sv[:, j] for j, p in enumerate(q for q in self.pts if q != "base")}
+            self.sv = sv[..., 0, :] if h == 1 else sv.sum(-2)
         if self.red.m:  # (L, eig columns, T*m): which eigen-columns make each (target, j); (L, T, m) valid
             self.S, self.eig_valid = _group_constants(self.reds, self.dev)
 
@@ -534,25 +533,39 @@ class _Stacked:
         ok = self.okf.view(*self.okf.shape, *([1] * (t.dim() - 2)))
         return t & ok if t.dtype == torch.bool else torch.where(ok, t, 0.0)
 
+    def sub_points(self, t: torch.Tensor) -> torch.Tensor:
+        """``sub`` for every reading point at once: (L, P, b, n, ...) -> (L, P, N, ...)."""
+        if self.flat is not None and self.flat.dim() != 1:  # layers with grids of their own
+            return torch.stack([self.sub(t[:, j]) for j in range(t.shape[1])], 1)
+        t = t.reshape(self.L, t.shape[1], self.b * self.n, *t.shape[4:])
+        if self.flat is not None:
+            t = t.index_select(2, self.flat)
+        ok = self.okf.view(self.okf.shape[0], 1, self.okf.shape[1], *([1] * (t.dim() - 3)))
+        return t & ok if t.dtype == torch.bool else torch.where(ok, t, 0.0)
+
     def run(self) -> list[tuple[dict, torch.Tensor]]:
         A, Z = self._align()
-        ms = self.sub(self.m)
+        ms = self._ms
         L, T = self.L, self.red.T
         f32 = torch.float32  # sums of 0/1 straight in float32: exact below 2**24, as int64 then float was
         cols = {"n": self.m.sum((1, 2), dtype=f32)[:, None].expand(L, T)}
         cols["n_nonfinite"] = self.bad.sum((1, 2), dtype=f32)[:, None].expand(L, T)
         cols["n_pre_sub"] = ms.sum(1, dtype=f32)[:, None].expand(L, T)
         cols["sum_pre_sub"] = Z["pre"]["tgt"].sum(1)
-        for p in ("pre", "mid", "post"):
-            if p in A:
-                cols[f"sum_{p}"] = A[p]["tgt"].sum((1, 2))
-                if p != "pre":
-                    cols[f"n_{p}"] = cols["n"]
-                cos = torch.zeros(L, T, device=self.dev)
-                for ti in self.red.cos_targets:
-                    c = A[p]["P"][..., self.red.t_slices[ti].start] * A[p]["inv"]
-                    cos[:, ti] = c.sum((1, 2))
-                cols[f"cos_sum_{p}"] = cos
+        # every reading point at once: (L, P, T) sums of alignments and of cosines with v_1
+        sums = self._tgt.sum((2, 3))
+        zero = torch.zeros(L, len(self.pts), device=self.dev)
+        cos = [zero] * T
+        for ti in self.red.cos_targets:  # a unit target's cosine: its one column over ||x||
+            cos[ti] = (self._Pt[..., self.red.t_slices[ti].start] * self.inv).sum((2, 3))
+        cos = torch.stack(cos, -1)
+        for j, p in enumerate(self.pts):
+            if p == "base":
+                continue
+            cols[f"sum_{p}"] = sums[:, j]
+            if p != "pre":
+                cols[f"n_{p}"] = cols["n"]
+            cols[f"cos_sum_{p}"] = cos[:, j]
         st = {"null_pre": Z["pre"]["haar_sum"]}
         if "mid" in A:
             rows = self._mid_sums(A, Z, ms, cols, st)
@@ -572,23 +585,27 @@ class _Stacked:
     def _align(self):
         """Alignments: targets on every token (L, b, n, T); nulls on the subsample (L, N, ...)."""
         red, L = self.red, self.L
-        m, ms = self.m, self.sub(self.m)
+        m = self.m
+        ms = self._ms = self.sub(m)  # (L, N): the null's tokens
         Pt = torch.where(m[:, None, ..., None], self.Pt, 0.0)  # (L, P, b, n, C); where() drops NaN rows
         tgt = torch.stack([torch.linalg.vector_norm(Pt[..., s], dim=-1) for s in red.t_slices], -1)
         tgt = tgt * self.inv[..., None]  # (L, P, b, n, T)
+        self._tgt, self._Pt = tgt, Pt
         A = {p: {"tgt": tgt[:, j], "inv": self.inv[:, j], "P": Pt[:, j]} for j, p in enumerate(self.pts)}
         nulls = [j for j, p in enumerate(self.pts) if p != "post"]
         N = ms.shape[1]
         # The null alignments are 0 off m (inv is 0) except on non-finite tokens, where they are NaN:
         # no token off m is ever "up", and the sums are nansums, so no where() over the big tensor is needed.
-        inv_s = torch.stack([self.sub(self.inv[:, j]) for j in nulls], 1)  # (L, P_null, N), 0 in empty slots
+        inv_all = self.sub_points(self.inv)  # (L, P, N), 0 in empty slots
+        inv_s = inv_all if len(nulls) == len(self.pts) else torch.stack([inv_all[:, j] for j in nulls], 1)
+        tgt_s = self.sub_points(tgt)  # (L, P, N, T): the targets on the null's tokens
         Zall = self._null_align(self.Pn, inv_s.reshape(L, -1))  # every null point at once
         haar_sum = Zall["haar"].reshape(L, len(nulls), N, *Zall["haar"].shape[2:]).nansum(2)  # (L, P_null, n_k, K)
         Z = {}
         for i, j in enumerate(nulls):
             p = self.pts[j]
             Z[p] = {k: v[:, i * N : (i + 1) * N] for k, v in Zall.items()}
-            Z[p]["tgt"] = self.sub(A[p]["tgt"])
+            Z[p]["tgt"] = tgt_s[:, j]
             Z[p]["haar_sum"] = haar_sum[:, i]
         return A, Z
 
@@ -662,15 +679,13 @@ class _Stacked:
         left out at all of them (where that reading is non-finite its sum of unit vectors is NaN;
         elsewhere ``bad`` says so); so is one with fewer than 2 valid tokens.
         """
-        n_s = self.m.sum(2, dtype=torch.float32)  # (L, b)
-        clean = ~self.bad.any(2)  # (L, b)
-        for p in ("pre", "mid", "post"):
-            if p not in A:
-                continue
-            sv = self.sv[p]
-            q = (sv * sv).sum(-1)
-            defined = (n_s >= 2) & torch.isfinite(q) & clean
-            c = torch.where(defined, (q - n_s) / (n_s * (n_s - 1)).clamp_min(1), 0.0)
-            cols[f"cons_sum_{p}"] = c.sum(1)[:, None].expand(self.L, self.red.T)
+        n_s = self.m.sum(2, dtype=torch.float32)[:, None]  # (L, 1, b)
+        clean = ~self.bad.any(2)[:, None]  # (L, 1, b)
+        q = (self.sv * self.sv).sum(-1)  # (L, P_c, b): every point at once
+        defined = (n_s >= 2) & torch.isfinite(q) & clean
+        c = torch.where(defined, (q - n_s) / (n_s * (n_s - 1)).clamp_min(1), 0.0).sum(2)  # (L, P_c)
+        T = self.red.T
+        for j, p in enumerate(name for name in self.pts if name != "base"):
+            cols[f"cons_sum_{p}"] = c[:, j, None].expand(self.L, T)
             if p == "pre":
-                cols["n_seq"] = defined.sum(1, dtype=torch.float32)[:, None].expand(self.L, self.red.T)
+                cols["n_seq"] = defined[:, j].sum(1, dtype=torch.float32)[:, None].expand(self.L, T)
