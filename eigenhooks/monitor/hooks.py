@@ -43,7 +43,7 @@ DEFAULT_TARGETS = (("ov", "modulus"), ("ov", "residual"))
 NULL_DRAWS = 128
 FNULL_DRAWS = 64
 EIG_TOP = 16
-NULL_STRIDE = 5  # the nulls are measured on every 5th token of each forward (or buffered batch): odd, so not in step with power-of-two sequence lengths
+NULL_STRIDE = 5  # the nulls are measured on every 5th valid token of each sequence: odd, so not in step with power-of-two lengths
 
 
 class MeasurementWarning(UserWarning):
@@ -555,9 +555,11 @@ def monitor(
         fnull_draws: directions orth(F g) per layer (0: none).
         eig_top: m, F's own top eigen-subspaces the target is ranked among (0: none).
         null_stride: the nulls (Haar, F-null, eigen-subspaces) are measured on every s-th
-            token of each forward's flat token grid (a fixed rate, so each forward weighs by
-            its size); p_null, the percentiles, eig_rank and lift compare the target on the
-            same tokens (``rho_null_tokens``), so the test stays exact. 1 or None: every token.
+            valid token of each sequence, by its index in that sequence (counted across a KV
+            cache's steps), so batching, padding, sharding and generation do not move them (a
+            fixed rate: each forward weighs by its size); p_null, the percentiles, eig_rank and
+            lift compare the target on the same tokens (``rho_null_tokens``), so the test stays
+            exact. 1 or None: every token.
         sink: where the numbers go while the model runs (docs/api.md, "Sinks"); one or a list of:
             a .jsonl path (one line per forward: that forward's own target sums; ``log_every``
             does not apply); a ``SummaryWriter`` or ``"tensorboard:DIR"``; a wandb run or
