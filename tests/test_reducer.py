@@ -66,10 +66,53 @@ def test_mixed_shapes_and_points_come_back_in_order(reducers):
 def test_padding_the_eigen_columns_changes_nothing(reducers):
     r = reducers[2]
     wide = copy.deepcopy(r)
-    wide.pad_eig(r.haar_start + 5)
+    widths = [g.stop - g.start for g in r.g_slices]  # its group's layout, with 5 more eigen-columns
+    wide.pad_group(widths, r._haar.shape[2], r.haar_start + 5, r.g_ks, r.g_fks)
     assert wide.Bn64.shape[1] == r.Bn64.shape[1] + 5
     P, mask = points(r, 3, 20, seed=4)
     same(r(P, mask), wide(P, mask))
+
+
+def close(a, b):
+    """Equal up-counts and rows; float32 sums equal to their rounding (a padded projection is a matmul
+    of another shape, whose float32 products may round differently in the last bit: a sum of ~60
+    alignments in [-1, 1] then moves by a few 1e-7, more relative to it where they cancel)."""
+    (sa, ra), (sb, rb) = a, b
+    assert sa.keys() == sb.keys()
+    for k in sa:
+        assert sa[k].shape == sb[k].shape, k
+        assert torch.equal(torch.isnan(sa[k]), torch.isnan(sb[k])), k
+        torch.testing.assert_close(sa[k].nan_to_num(-7.0), sb[k].nan_to_num(-7.0), rtol=1e-6, atol=2e-6, msg=k)
+    assert torch.equal(ra, rb)
+    counts = [stats.TGT_FIELDS.index(f) for f in ("n", "n_up", "n_sub", "n_up_sub", "n_seq", "n_nonfinite")]
+    assert torch.equal(sa["tgt"][:, counts], sb["tgt"][:, counts])
+    for k in ("null_up", "eig_up", "fnull_up"):
+        assert torch.equal(sa[k].nan_to_num(-7.0), sb[k].nan_to_num(-7.0)), k
+
+
+def test_layers_of_other_target_widths_stack_and_each_reads_its_own(reducers):
+    """gpt2-tiny's layers have 1- and 2-dimensional targets (real and complex top eigenvectors): padded
+    into one group (zero columns, frames to the widest k, the group's ks), the stacked reduction gives
+    each layer what it gives alone, unpadded: its own k's nulls, F-null k, cosines and rows."""
+    from eigenhooks.monitor.reduce import LayerReducer
+
+    def unpadded(r):  # the monitor padded the fixture's reducers: their own frames are the first k_max columns
+        k = r.k_max
+        return LayerReducer(
+            r.targets, r._haar[..., :k], {f: v[..., :k] for f, v in r._fnull.items()}, r.null_stride, m=r.m
+        )
+
+    alone = [unpadded(r) for r in reducers]
+    assert {r.Bt64.shape[1] for r in alone} != {r.Bt64.shape[1] for r in reducers}  # really unpadded
+    assert len({tuple(t.k for t in r.targets) for r in alone}) > 1  # the case this test is about
+    rs = [copy.deepcopy(r) for r in alone]
+    pad_to_stack(rs)
+    assert len({r.layout for r in rs}) == 1 and len({id(r.arena) for r in rs}) == 1
+    data = [points(r, 3, 20, seed=20 + i) for i, r in enumerate(rs)]
+    together = reduce_many([(r, r.project(*d)) for r, d in zip(rs, data)])
+    for a, d, got in zip(alone, data, together):
+        close(a(*d), got)
+        assert got[0]["null_up"].shape[0] == len(a.ks)
 
 
 def test_pad_to_stack_gives_one_layout_per_kind(reducers):

@@ -43,7 +43,9 @@ DEFAULT_TARGETS = (("ov", "modulus"), ("ov", "residual"))
 NULL_DRAWS = 128
 FNULL_DRAWS = 64
 EIG_TOP = 16
-NULL_STRIDE = 5  # the nulls are measured on every 5th valid token of each sequence: odd, so not in step with power-of-two lengths
+NULL_STRIDE = (
+    5  # the nulls are measured on every 5th valid token of each sequence: odd, so not in step with power-of-two lengths
+)
 
 
 class MeasurementWarning(UserWarning):

@@ -160,6 +160,9 @@ class LayerReducer:
             self.t_slices.append(slice(at, at + t.k))
             at += t.k
         self.Bt64 = torch.cat([t.U for t in targets], 1)  # (d, target columns)
+        # the layout of the group this layer is reduced with (``pad_group``); its own until then
+        self.g_slices, self.g_ks = list(self.t_slices), list(self.ks)
+        self.g_fks = sorted({t.k for t in targets if t.fnull is not None})
         eig_cols, seg = self._eig_columns(targets)
         self._haar, self._fnull = haar, fnull
         self._build_null(eig_cols, seg, sum(E.shape[1] for E in eig_cols))
@@ -196,32 +199,58 @@ class LayerReducer:
         self.S_eig = S
         cols = list(eig_cols) + [torch.zeros(self.d, width - at, dtype=torch.float64)]
         self.haar_start = width
-        cols.append(self._haar.permute(1, 0, 2).reshape(self.d, self.K * self.k_max))  # column j*k_max + i
+        kw = self.frame_width
+        cols.append(self._haar.permute(1, 0, 2).reshape(self.d, self.K * kw))  # column j*kw + i
         self.f_start = {}
         for key in self.fkeys:
             self.f_start[key] = sum(c.shape[1] for c in cols)
-            cols.append(self._fnull[key].permute(1, 0, 2).reshape(self.d, self.Kf * self.k_max))
+            cols.append(self._fnull[key].permute(1, 0, 2).reshape(self.d, self.Kf * kw))
         self.Bn64 = torch.cat(cols, 1)
         self._eig_cols, self._seg = eig_cols, seg
         self._dev: dict = {}
 
-    def pad_eig(self, width: int) -> None:
-        """Pad the eigen-columns with zero columns to ``width``, so layers of one layout stack."""
-        if self.m and width > self.haar_start:
-            self._build_null(self._eig_cols, self._seg, width)
+    def pad_group(self, widths: list[int], k_max: int, eig_width: int, ks: list[int], fks: list[int]) -> None:
+        """Lay this layer out like the rest of its group, so that they stack: each target's columns
+        zero-padded to ``widths``, the Haar and F-null frames to ``k_max`` columns, the eigen-columns
+        to ``eig_width``; the prefix norms taken at the group's ``ks`` (``fks`` for the F-null frames).
+        A zero column changes no norm, so every number of this layer stays what it was; the stacked
+        reduction reads each layer's own k, cosines and F-null k back out (``_Stacked``)."""
+        pad = lambda t, w: torch.nn.functional.pad(t, (0, w - t.shape[-1]))  # noqa: E731  zero columns on the right
+        self.Bt64 = torch.cat([pad(t.U, w) for t, w in zip(self.targets, widths)], 1)
+        self.g_slices, at = [], 0
+        for w in widths:
+            self.g_slices.append(slice(at, at + w))
+            at += w
+        self.g_ks, self.g_fks = list(ks), list(fks)
+        self._haar = pad(self._haar, k_max)
+        self._fnull = {key: pad(f, k_max) for key, f in self._fnull.items()}
+        self._build_null(self._eig_cols, self._seg, max(eig_width, self.haar_start) if self.m else self.haar_start)
+
+    @property
+    def frame_width(self) -> int:
+        """Columns per Haar and F-null frame in ``Bn64``: k_max, or its group's when padded (``pad_group``)."""
+        return self._haar.shape[2]
 
     @property
     def kind(self) -> tuple:
-        """The layout up to the eigen-columns' width: reducers of one kind stack once padded."""
+        """What layers must share to be padded into one group (``pad_to_stack``)."""
         return (
-            self.T, tuple(t.k for t in self.targets), self.d, self.K, self.k_max, self.Kf, tuple(self.fkeys),
-            self.m, tuple(self.cos_targets), tuple(self.fnull_targets),
-        )  # fmt: skip
+            self.T,
+            self.d,
+            self.K,
+            self.Kf,
+            tuple(self.fkeys),
+            self.m,
+            tuple((ti, f) for ti, f, _ in self.fnull_targets),
+        )
 
     @property
     def layout(self) -> tuple:
         """Everything the stacked reduction needs to be the same across layers."""
-        return self.kind + (self.haar_start, self.Bn64.shape[1])
+        return (
+            self.kind, tuple((g.start, g.stop) for g in self.g_slices), self.frame_width, tuple(self.g_ks),
+            tuple(self.g_fks), self.haar_start, self.Bn64.shape[1],
+        )  # fmt: skip
 
     def _on(self, device: torch.device, dtype: torch.dtype):
         """(Bt, Bn) for activations of this device and dtype, made once: float32 (d, C), or
@@ -319,8 +348,9 @@ def _bmm(w: torch.Tensor, X: torch.Tensor, out: torch.Tensor) -> None:
 
 
 def pad_to_stack(reducers: list[LayerReducer]) -> list[Arena]:
-    """Pad the eigen-columns of reducers of one kind to one width, so their layers stack; give each
-    kind one ``Arena``, in which the i-th reducer (in the order given) projects into row i.
+    """Pad reducers of one kind to one layout (``LayerReducer.pad_group``: layers whose targets are
+    1- or 2-dimensional, real or complex top eigenvectors, stack together); give each kind one
+    ``Arena``, in which the i-th reducer (in the order given) projects into row i.
 
     Returns the arenas (one per kind)."""
     kinds: dict[tuple, list[LayerReducer]] = {}
@@ -328,11 +358,16 @@ def pad_to_stack(reducers: list[LayerReducer]) -> list[Arena]:
         kinds.setdefault(r.kind, []).append(r)
     arenas = []
     for rs in kinds.values():
-        width = max(r.haar_start for r in rs)
+        widths = [max(r.targets[ti].k for r in rs) for ti in range(rs[0].T)]
+        k_max = max(r.k_max for r in rs)
+        ks = sorted({k for r in rs for k in r.ks})
+        fks = sorted({k for r in rs for k in r.g_fks})
+        eig_width = max(r.haar_start for r in rs)
         arena = Arena(len(rs))
         arena.reds = rs
         for i, r in enumerate(rs):
-            r.pad_eig(width)
+            if len(rs) > 1:
+                r.pad_group(widths, k_max, eig_width, ks, fks)
             r.arena, r.row = arena, i
         arenas.append(arena)
     return arenas
@@ -434,22 +469,46 @@ def warm(arenas: list[Arena], where: dict[int, tuple[torch.device, torch.dtype]]
             if id(r) in where:
                 r._on(*where[id(r)])
         devs = {where[id(r)][0] for r in arena.reds if id(r) in where}
-        if arena.reds and arena.reds[0].m and len(devs) == 1 and len(where) and all(id(r) in where for r in arena.reds):
+        if arena.reds and len(devs) == 1 and len(where) and all(id(r) in where for r in arena.reds):
             _group_constants(arena.reds, devs.pop())
 
 
-def _group_constants(reds: list[LayerReducer], dev: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-    """(L, eig columns, T*m) float32 S and (L, T, m) eig_valid of these reducers on dev, made once
-    and kept by the first of them (so they go with the monitor). Keyed by the very S_eig and
-    eig_valid tensors, which the entry holds (their ids stay theirs): a pad_eig rebuilds S_eig,
-    and so misses."""
+def _picks(reds: list[LayerReducer]) -> dict[str, list]:
+    """What each layer of a padded group reads back as its own, per layer: the index of each target's
+    k among the group's ks ('k'), of each F-null target's k among its fks ('f'), which targets have
+    a cosine with v_1 ('cos', 0/1 per target), and the rows of the group's ks that are its own ('own')."""
+    return {
+        "k": [[r.g_ks.index(t.k) for t in r.targets] for r in reds],
+        "f": [[r.g_fks.index(k) for _, _, k in r.fnull_targets] for r in reds],
+        "cos": [[float(ti in r.cos_targets) for ti in range(r.T)] for r in reds],
+        "own": [[r.g_ks.index(k) for k in r.ks] for r in reds],
+    }
+
+
+def _group_constants(reds: list[LayerReducer], dev: torch.device) -> dict[str, torch.Tensor]:
+    """The device constants of a stacked group on dev, made once and kept by its first reducer (so
+    they go with the monitor): 'S' (L, eig columns, T*m) float32 and 'valid' (L, T, m) when there are
+    eigen-slots; and, where the layers' own k differ, one-hot pickers 'k_hot' (L, n_k, T) float64 and
+    'f_hot' (L, n_fk, F-null targets) float32, and 'cos' (L, 1, T), 1 where a target has a cosine with v_1.
+    Keyed by the very S_eig and eig_valid tensors, which the entry holds (their ids stay theirs): a
+    pad_group rebuilds S_eig, and so misses."""
     cache = reds[0]._group_consts
-    key = (tuple(id(r.S_eig) for r in reds), tuple(id(r.eig_valid) for r in reds), dev)
+    key = (tuple(id(r) for r in reds), tuple(id(r.S_eig) for r in reds), tuple(id(r.eig_valid) for r in reds), dev)
     if key not in cache:
-        S = torch.stack([r.S_eig for r in reds]).to(dev, torch.float32)
-        valid = torch.stack([r.eig_valid for r in reds]).to(dev)
-        cache[key] = (S, valid, [(r.S_eig, r.eig_valid) for r in reds])
-    return cache[key][:2]
+        c: dict[str, torch.Tensor] = {}
+        if reds[0].m:
+            c["S"] = torch.stack([r.S_eig for r in reds]).to(dev, torch.float32)
+            c["valid"] = torch.stack([r.eig_valid for r in reds]).to(dev)
+        picks = _picks(reds)
+        hot = lambda idx, n, dt: torch.nn.functional.one_hot(torch.tensor(idx), n).transpose(1, 2).to(dev, dt)  # noqa: E731
+        if len({tuple(k) for k in picks["k"]}) > 1:  # picks the float64 per-row means
+            c["k_hot"] = hot(picks["k"], len(reds[0].g_ks), torch.float64)
+        if picks["f"][0] and len({tuple(f) for f in picks["f"]}) > 1:  # picks float32 counts
+            c["f_hot"] = hot(picks["f"], len(reds[0].g_fks), torch.float32)
+        if len({tuple(x) for x in picks["cos"]}) > 1:
+            c["cos"] = torch.tensor(picks["cos"], dtype=torch.float32)[:, None].to(dev)
+        cache[key] = (c, [(r.S_eig, r.eig_valid) for r in reds])
+    return cache[key][0]
 
 
 def _prefix_norms(H: torch.Tensor, ks: list[int]) -> torch.Tensor:
@@ -511,8 +570,10 @@ class _Stacked:
         if "sv" in prs[0]:
             sv = stack("sv")
             self.sv = sv[..., 0, :] if h == 1 else sv.sum(-2)
-        if self.red.m:  # (L, eig columns, T*m): which eigen-columns make each (target, j); (L, T, m) valid
-            self.S, self.eig_valid = _group_constants(self.reds, self.dev)
+        # (L, eig columns, T*m): which eigen-columns make each (target, j); (L, T, m) valid; the pickers
+        self.consts = _group_constants(self.reds, self.dev)
+        self.S, self.eig_valid = self.consts.get("S"), self.consts.get("valid")
+        self.picks = _picks(self.reds)
 
     def _whole(self, prs) -> dict | None:
         """The arena's buffers, when these projections are its rows 0..G-1 in order (no copy needed)."""
@@ -556,9 +617,11 @@ class _Stacked:
         sums = self._tgt.sum((2, 3))
         zero = torch.zeros(L, len(self.pts), device=self.dev)
         cos = [zero] * T
-        for ti in self.red.cos_targets:  # a unit target's cosine: its one column over ||x||
-            cos[ti] = (self._Pt[..., self.red.t_slices[ti].start] * self.inv).sum((2, 3))
+        for ti in sorted({ti for r in self.reds for ti in r.cos_targets}):  # a unit target's cosine: its one
+            cos[ti] = (self._Pt[..., self.red.g_slices[ti].start] * self.inv).sum((2, 3))  # column over ||x||
         cos = torch.stack(cos, -1)
+        if "cos" in self.consts:  # layers where that target is 2-dimensional have no cosine: 0 there
+            cos = cos * self.consts["cos"]
         for j, p in enumerate(self.pts):
             if p == "base":
                 continue
@@ -572,7 +635,7 @@ class _Stacked:
         else:
             red = self.red
             rows = torch.zeros(L, self.b, len(_ROW), T, dtype=torch.float64, device=self.dev)
-            st["null_up"] = st["null_mid"] = torch.zeros(L, len(red.ks), red.K, device=self.dev)
+            st["null_up"] = st["null_mid"] = torch.zeros(L, len(red.g_ks), red.K, device=self.dev)
             st["eig_up"] = torch.zeros(L, T, red.m, device=self.dev)
             st["fnull_up"] = torch.zeros(L, T, red.Kf, device=self.dev)
         if self.consensus:
@@ -580,7 +643,16 @@ class _Stacked:
         zero = torch.zeros(L, T, device=self.dev)
         st["tgt"] = torch.stack([cols.get(f, zero) for f in TGT_FIELDS], -1)  # (L, T, F)
         per = {k: v.double().unbind(0) for k, v in st.items()}  # one op per field, not one per layer
-        return [({k: v[i] for k, v in per.items()}, r) for i, r in enumerate(rows.unbind(0))]
+        return [({k: self._own(k, i, v[i]) for k, v in per.items()}, r) for i, r in enumerate(rows.unbind(0))]
+
+    def _own(self, field: str, i: int, v: torch.Tensor) -> torch.Tensor:
+        """Layer i's own rows of a per-k field (the group's ks may hold more than its own)."""
+        own = self.picks["own"][i]
+        if not field.startswith("null_") or own == list(range(v.shape[0])):
+            return v
+        if own == list(range(own[0], own[0] + len(own))):
+            return v[own[0] : own[0] + len(own)]
+        return torch.stack([v[j] for j in own])
 
     def _align(self):
         """Alignments: targets on every token (L, b, n, T); nulls on the subsample (L, N, ...)."""
@@ -588,7 +660,7 @@ class _Stacked:
         m = self.m
         ms = self._ms = self.sub(m)  # (L, N): the null's tokens
         Pt = torch.where(m[:, None, ..., None], self.Pt, 0.0)  # (L, P, b, n, C); where() drops NaN rows
-        tgt = torch.stack([torch.linalg.vector_norm(Pt[..., s], dim=-1) for s in red.t_slices], -1)
+        tgt = torch.stack([torch.linalg.vector_norm(Pt[..., s], dim=-1) for s in red.g_slices], -1)
         tgt = tgt * self.inv[..., None]  # (L, P, b, n, T)
         self._tgt, self._Pt = tgt, Pt
         A = {p: {"tgt": tgt[:, j], "inv": self.inv[:, j], "P": Pt[:, j]} for j, p in enumerate(self.pts)}
@@ -617,14 +689,14 @@ class _Stacked:
         if red.m:
             E = P[..., : red.haar_start]
             out["eig"] = torch.sqrt(torch.bmm(E * E, self.S)) * inv[..., None]  # (L, N, T*m)
-        H = P[..., red.haar_start : red.haar_start + red.K * red.k_max].reshape(L, N, red.K, red.k_max)
-        cum = _prefix_norms(H, red.ks).transpose(2, 3)  # (L, N, n_k, K)
+        kw = red.frame_width
+        H = P[..., red.haar_start : red.haar_start + red.K * kw].reshape(L, N, red.K, kw)
+        cum = _prefix_norms(H, red.g_ks).transpose(2, 3)  # (L, N, n_k, K) at the group's ks
         out["haar"] = cum * inv[..., None, None]  # (L, N, n_k, K)
-        fks = sorted({k for _, _, k in red.fnull_targets})
         for key in red.fkeys:
             s = red.f_start[key]
-            Fp = P[..., s : s + red.Kf * red.k_max].reshape(L, N, red.Kf, red.k_max)
-            out["f:" + key] = _prefix_norms(Fp, fks) * inv[..., None, None]  # (L, N, Kf, len(fks))
+            Fp = P[..., s : s + red.Kf * kw].reshape(L, N, red.Kf, kw)
+            out["f:" + key] = _prefix_norms(Fp, red.g_fks) * inv[..., None, None]  # (L, N, Kf, len(fks))
         return out
 
     def _mid_sums(self, A, Z, ms, cols, st) -> torch.Tensor:
@@ -654,10 +726,15 @@ class _Stacked:
         else:
             st["eig_up"] = torch.zeros(L, red.T, 0, device=dev)
         st["fnull_up"] = torch.zeros(L, red.T, red.Kf, device=dev)
-        fks = sorted({k for _, _, k in red.fnull_targets})
-        for ti, fkey, k in red.fnull_targets:
-            key, j = "f:" + fkey, fks.index(k)
-            st["fnull_up"][:, ti] = up(zmid[key][..., j], zref[key][..., j]).sum(1, dtype=f32)
+        f_hot, f0 = self.consts.get("f_hot"), self.picks["f"][0]
+        for i, (ti, fkey, _) in enumerate(red.fnull_targets):
+            key = "f:" + fkey
+            if f_hot is None:  # every layer reads the same k: that column alone
+                j = f0[i]
+                st["fnull_up"][:, ti] = up(zmid[key][..., j], zref[key][..., j]).sum(1, dtype=f32)
+            else:  # each layer its own k: up-counts at every k, each layer's picked by its one-hot
+                ups = up(zmid[key], zref[key]).sum(1, dtype=f32)  # (L, Kf, n_fk)
+                st["fnull_up"][:, ti] = (ups * f_hot[:, None, :, i]).sum(-1)
         # per-row counters for the cluster-robust intervals
         f64 = torch.float64
         per_row = lambda v: v.reshape(L, self.b, self.M, *v.shape[2:]).sum(2, dtype=f64)  # noqa: E731  (L, b, ...)
@@ -667,9 +744,12 @@ class _Stacked:
         rows[:, :, 2, :] = per_row(msf)[..., None]
         rows[:, :, 3, :] = per_row(u_s)
         ubar = per_row(u_h.sum(-1)) / red.K  # (L, b, n_k): mean over draws, per k
-        rows[:, :, 4, :] = (
-            ubar if red.k_index == list(range(red.T)) else torch.stack([ubar[..., j] for j in red.k_index], -1)
-        )
+        k0 = self.picks["k"][0]
+        if "k_hot" in self.consts:  # each layer its targets' own k
+            rows[:, :, 4, :] = torch.bmm(ubar, self.consts["k_hot"])
+        else:
+            whole = k0 == list(range(ubar.shape[-1]))  # target ti reads the ti-th k, and there are T of them
+            rows[:, :, 4, :] = ubar if whole else torch.stack([ubar[..., j] for j in k0], -1)
         return rows
 
     def _consensus(self, A, cols) -> None:
