@@ -109,20 +109,25 @@ def test_reading_points_and_final_norm():
     assert rp.post_norm is lyr.attention.output.LayerNorm
 
 
-def test_generic_fallback_uses_probe():
-    """A family with no rule (OLMo) goes through the probe; its F matches o_proj @ v_proj."""
+def _doge(layers: int):
+    """A tiny float64 Doge (no weight rule: its layers go through the probe), seeded."""
     import transformers as T
 
     torch.manual_seed(0)
     cfg = T.DogeConfig(
-        num_hidden_layers=2,
+        num_hidden_layers=layers,
         num_attention_heads=2,
         hidden_size=16,
         intermediate_size=32,
         vocab_size=64,
         max_position_embeddings=32,
     )
-    model = T.DogeForCausalLM(cfg).double().eval()
+    return T.DogeForCausalLM(cfg).double().eval()
+
+
+def test_generic_fallback_uses_probe():
+    """A family with no rule (OLMo) goes through the probe; its F matches o_proj @ v_proj."""
+    model = _doge(2)
     with torch.no_grad():
         for p in model.parameters():
             p.normal_(0, 0.3)
@@ -148,18 +153,7 @@ def test_probes_of_one_model_side_by_side_do_not_mix():
     (without the probe lock, 11 of 20 here raised 'attention ... never called' or differed)."""
     from concurrent.futures import ThreadPoolExecutor
 
-    import transformers as T
-
-    torch.manual_seed(0)
-    cfg = T.DogeConfig(
-        num_hidden_layers=4,
-        num_attention_heads=2,
-        hidden_size=16,
-        intermediate_size=32,
-        vocab_size=64,
-        max_position_embeddings=32,
-    )
-    model = T.DogeForCausalLM(cfg).double().eval()
+    model = _doge(4)
     ad = eh.get_adapter(model)
     ref = {
         i: model.model.layers[i].self_attn.o_proj.weight @ model.model.layers[i].self_attn.v_proj.weight
