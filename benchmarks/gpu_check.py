@@ -201,6 +201,7 @@ def _reduce_worker(rank: int, world: int, backend: str, rendezvous: str, out: st
         mon.all_reduce()
         if rank == 0:
             mon.summary().to_json(out, orient="records")
+        dist.barrier()  # both ranks done before either tears gloo down (a rank once aborted in CI at exit)
     finally:
         dist.destroy_process_group()
 
