@@ -88,21 +88,28 @@ def main(argv=None) -> int:
                 model(input_ids=ids[:, 16:17], attention_mask=am, past_key_values=out.past_key_values, use_cache=True)
             return ops
 
+    from eigenhooks.monitor import reduce, state
+
     plain_f, plain_s = count(fwd), step()
-    with eh.monitor(model) as mon:
-        mon_f = count(fwd)
-        mon_s = step()
-        for _ in range(8):
-            step()
-        flush = Ops()
-        with flush:
-            mon._flush()
     L = a.layers
-    print(f"{L}-layer Llama, 4x128 forward: plain {plain_f.n} ops, monitored {mon_f.n}: +{mon_f.n - plain_f.n} "
-          f"({(mon_f.n - plain_f.n) / L:.1f} per layer)")  # fmt: skip
-    print(f"one generation step: plain {plain_s.n} ops, monitored {mon_s.n}: +{mon_s.n - plain_s.n}")
-    print(f"a flush of buffered steps (once per {256} buffered tokens): {flush.n} ops ({flush.n / L:.1f} per layer)")
-    print(f"lines that dispatch the most in a monitored forward (of {sum(mon_f.sites.values())} ops in eigenhooks):")
+    print(f"{L}-layer Llama, 4x128: plain forward {plain_f.n} ops, plain generation step {plain_s.n}")
+    for layout, widen in (("CPU layout (frames kept)", False), ("CUDA layout (frames widened)", True)):
+        # the monitor picks the layout from its layers' device; here both run on the CPU, counted alike
+        state.pad_to_stack = lambda rs, widen_frames=False, w=widen: reduce.pad_to_stack(rs, widen_frames=w)
+        with eh.monitor(model) as mon:
+            mon_f = count(fwd)
+            mon_s = step()
+            for _ in range(8):
+                step()
+            flush = Ops()
+            with flush:
+                mon._flush()
+            groups = len({id(i["reducer"].arena) for i in mon._layers.values()})
+        print(f"{layout}, {groups} stacked group(s):")
+        print(f"  forward +{mon_f.n - plain_f.n} ops ({(mon_f.n - plain_f.n) / L:.1f} per layer); "
+              f"generation step +{mon_s.n - plain_s.n}; a flush of buffered steps {flush.n} ({flush.n / L:.1f} per layer)")  # fmt: skip
+    state.pad_to_stack = reduce.pad_to_stack
+    print(f"lines that dispatch the most in a monitored forward, CUDA layout (of {sum(mon_f.sites.values())}):")
     for site, n in mon_f.sites.most_common(a.top):
         print(f"  {n:5d}  {site}")
     return 0

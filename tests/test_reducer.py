@@ -90,10 +90,11 @@ def close(a, b):
         assert torch.equal(sa[k].nan_to_num(-7.0), sb[k].nan_to_num(-7.0)), k
 
 
-def test_layers_of_other_target_widths_stack_and_each_reads_its_own(reducers):
+@pytest.mark.parametrize("widen_frames", [True, False], ids=["frames widened (CUDA)", "frames kept (CPU)"])
+def test_layers_of_other_target_widths_stack_and_each_reads_its_own(reducers, widen_frames):
     """gpt2-tiny's layers have 1- and 2-dimensional targets (real and complex top eigenvectors): padded
-    into one group (zero columns, frames to the widest k, the group's ks), the stacked reduction gives
-    each layer what it gives alone, unpadded: its own k's nulls, F-null k, cosines and rows."""
+    into one group (zero columns, the group's ks; on CUDA the frames too, to the widest k), the stacked
+    reduction gives each layer what it gives alone, unpadded: its own k's nulls, F-null k, cosines and rows."""
     from eigenhooks.monitor.reduce import LayerReducer
 
     def unpadded(r):  # the monitor padded the fixture's reducers: their own frames are the first k_max columns
@@ -106,8 +107,14 @@ def test_layers_of_other_target_widths_stack_and_each_reads_its_own(reducers):
     assert {r.Bt64.shape[1] for r in alone} != {r.Bt64.shape[1] for r in reducers}  # really unpadded
     assert len({tuple(t.k for t in r.targets) for r in alone}) > 1  # the case this test is about
     rs = [copy.deepcopy(r) for r in alone]
-    pad_to_stack(rs)
-    assert len({r.layout for r in rs}) == 1 and len({id(r.arena) for r in rs}) == 1
+    pad_to_stack(rs, widen_frames=widen_frames)
+    groups = {id(r.arena): r.arena for r in rs}.values()
+    assert all(len({r.layout for r in g.reds}) == 1 for g in groups)
+    if widen_frames:
+        assert len(groups) == 1
+    else:  # one group per frame width, and a group that mixes target widths: the case padded here
+        assert len(groups) == len({r.k_max for r in rs})
+        assert any(len({tuple(t.k for t in r.targets) for r in g.reds}) > 1 for g in groups)
     data = [points(r, 3, 20, seed=20 + i) for i, r in enumerate(rs)]
     together = reduce_many([(r, r.project(*d)) for r, d in zip(rs, data)])
     for a, d, got in zip(alone, data, together):
@@ -118,8 +125,9 @@ def test_layers_of_other_target_widths_stack_and_each_reads_its_own(reducers):
 def test_pad_to_stack_gives_one_layout_per_kind(reducers):
     rs = [copy.deepcopy(r) for r in reducers]
     pad_to_stack(rs)
-    for kind in {r.kind for r in rs}:
-        assert len({r.layout for r in rs if r.kind == kind}) == 1
+    for arena in {id(r.arena): r.arena for r in rs}.values():
+        assert len({r.layout for r in arena.reds}) == 1
+        assert len({(r.kind, r.k_max) for r in arena.reds}) == 1  # on the CPU, one frame width per group
 
 
 def test_non_finite_tokens_are_counted_and_left_out(reducers):
@@ -256,3 +264,33 @@ def test_the_half_precision_split_path_gives_the_float32_statistics(monkeypatch)
         assert (plain[col] - split[col]).abs().max() < 2e-5, col
     for col in ("n_tokens", "rho", "null_rho_lo", "null_rho_hi", "p_null", "eig_rank"):
         assert (plain[col] - split[col]).abs().max() <= 1.5 / plain["n_tokens"].min(), col  # a token may flip
+
+
+def test_the_cuda_layout_gives_the_cpu_layouts_summary(monkeypatch):
+    """On CUDA the monitor widens the frames so that every layer stacks in one group; forced here on
+    the CPU, a padded batch's summary is the default's: every count equal, float columns to rounding."""
+    from eigenhooks.monitor import reduce, state
+
+    model, tok = eh.zoo.load("gpt2-tiny")
+    tok.pad_token = tok.eos_token
+    batch = tok(["def f(x):\n    return x + 1", "import os"], return_tensors="pt", padding=True)
+
+    def run():
+        with eh.monitor(model, null_stride=3) as mon, torch.no_grad():
+            model(**batch)
+        return mon, mon.summary()
+
+    plain, want = run()
+    monkeypatch.setattr(
+        state, "pad_to_stack", lambda rs, widen_frames=False: reduce.pad_to_stack(rs, widen_frames=True)
+    )
+    wide, got = run()
+    groups = lambda m: len({id(i["reducer"].arena) for i in m._layers.values()})  # noqa: E731
+    assert groups(wide) == 1 < groups(plain)  # the two layouts really differ
+    assert list(got.columns) == list(want.columns)
+    for c in want.columns:
+        if want[c].dtype.kind in "fc":
+            assert ((got[c] - want[c]).abs() <= 1e-6 + 1e-6 * want[c].abs()).where(want[c].notna(), True).all(), c
+            assert (got[c].isna() == want[c].isna()).all(), c
+        else:
+            assert (got[c] == want[c]).all(), c

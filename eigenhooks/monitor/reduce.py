@@ -347,15 +347,22 @@ def _bmm(w: torch.Tensor, X: torch.Tensor, out: torch.Tensor) -> None:
         torch.bmm(w.float(), X.float(), out=out)
 
 
-def pad_to_stack(reducers: list[LayerReducer]) -> list[Arena]:
+def pad_to_stack(reducers: list[LayerReducer], widen_frames: bool = False) -> list[Arena]:
     """Pad reducers of one kind to one layout (``LayerReducer.pad_group``: layers whose targets are
     1- or 2-dimensional, real or complex top eigenvectors, stack together); give each kind one
     ``Arena``, in which the i-th reducer (in the order given) projects into row i.
 
+    widen_frames: also pad the Haar and F-null frames of layers whose widest target is 1-dimensional
+    to the group's 2 columns, so that every layer stacks in one group. That doubles those layers'
+    null projections and halves the stacked reductions: worth it on CUDA, where a monitored forward
+    is bound by the ops the host launches (one group's reduction is ~100 of them) and a null matmul
+    is microseconds; not on the CPU, where the matmuls are the cost (SmolLM2 4x128: the monitor's
+    own time 46 ms with frames kept, 57 ms widened).
+
     Returns the arenas (one per kind)."""
     kinds: dict[tuple, list[LayerReducer]] = {}
     for r in reducers:
-        kinds.setdefault(r.kind, []).append(r)
+        kinds.setdefault(r.kind if widen_frames else (*r.kind, r.k_max), []).append(r)
     arenas = []
     for rs in kinds.values():
         widths = [max(r.targets[ti].k for r in rs) for ti in range(rs[0].T)]

@@ -54,8 +54,10 @@ class MonitorState:
             self._layers[i] = {"targets": tgts, "meta": meta, "reducer": red, "rp": ad.reading_points(i)}
             self._state[i] = M.zero_state(len(tgts), len(red.ks), self.K, max(red.m, 0), red.Kf)
             self._zero.add(i)  # replaced, not added to, by the first forward: no zeros copied to the device
-        self._arenas = pad_to_stack([info["reducer"] for info in self._layers.values()])  # one kind reduces together
         where = {id(info["reducer"]): _where(ad, i) for i, info in self._layers.items()}
+        on_cuda = bool(where) and all(w is not None and w[0].type == "cuda" for w in where.values())
+        reducers = [info["reducer"] for info in self._layers.values()]
+        self._arenas = pad_to_stack(reducers, widen_frames=on_cuda)  # one kind reduces together
         warm(self._arenas, {r: w for r, w in where.items() if w is not None})
 
     def _build_layer(self, i: int, specs: dict):
