@@ -32,7 +32,7 @@ import gpu_check as gc  # noqa: E402
 NO_LAUNCH = {
     "view", "select", "slice", "unsqueeze", "expand", "unbind", "split", "alias", "as_strided", "t",
     "transpose", "permute", "_unsafe_view", "detach", "squeeze", "split_with_sizes", "chunk",
-    "_reshape_alias", "lift_fresh", "empty", "empty_strided",
+    "_reshape_alias", "lift_fresh", "empty", "empty_strided", "new_empty",
 }  # fmt: skip
 
 

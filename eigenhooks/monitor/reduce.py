@@ -305,7 +305,7 @@ class LayerReducer:
         cons = [X for p, X in zip(names, X3) if consensus and p != "base"]
         h = 1 if Bt.dtype == torch.float32 else 2  # halves (hi, lo) of each product, added in reduce_many
         shapes = {"norms": (len(Xs), b * n), "Pt": (len(Xs), b * n, Bt.shape[-1]), "Pn": (len(nulls) * N, Bn.shape[-1])}
-        if cons:
+        if cons and h == 1:  # float32: the bmm writes into the arena (halves: see below)
             shapes["sv"] = (len(cons), b, h, self.d)
         key = (b, n, tuple(names), consensus, Bt.dtype, pre.device)  # the device last: _Row reads it
         slot = self.arena.take(self.row, key) if self.arena is not None else None
@@ -320,16 +320,24 @@ class LayerReducer:
             _mm(X if flat is None else X.index_select(0, flat), Bn, o)
         for X, o in zip(Xs, parts["Pt"]):
             _mm(X, Bt, o)
+        sv_parts = None
         if cons:  # weights 1/||x|| on the valid tokens; a non-finite reading makes its sequence's sum NaN,
             # and reduce_many leaves out every sequence with a non-finite valid token
             w = grid.mask.reshape(1, b * n) / out["norms"][: len(cons)].clamp_min(1e-30)
             w = w.view(len(cons), b, 1, n)
-            if h == 2:  # [w_hi; w_lo] in the activations' dtype, for all points at once: (P_c, b, 2, n)
-                hi = w.to(pre.dtype)
-                w = torch.cat([hi, (w - hi.float()).to(pre.dtype)], 2)
-            for wj, X, o in zip(w.unbind(0), cons, parts["sv"]):
-                _bmm(wj, X, o)
-        return dict(out, grid=grid, names=tuple(names), shape=(b, n, s), consensus=consensus, slot=slot, halves=h)
+            if h == 1:
+                for wj, X, o in zip(w.unbind(0), cons, parts["sv"]):
+                    _bmm(wj, X, o)
+            else:  # [w_hi; w_lo] in the activations' dtype, for all points at once (P_c, b, 2, n): two ops,
+                wh = pre.new_empty(len(cons), b, 2, n)  # the low half w - w_hi rounded once, as (w - hi).to()
+                wh[:, :, :1].copy_(w)
+                torch.sub(w, wh[:, :, :1], out=wh[:, :, 1:])
+                # kept as they come (no copy into the arena): the stacked reduction stacks them in one op
+                sv_parts = [_bmm_half(wj, X) for wj, X in zip(wh.unbind(0), cons)]
+        return dict(
+            out, grid=grid, names=tuple(names), shape=(b, n, s), consensus=consensus, slot=slot, halves=h,
+            sv_parts=sv_parts,
+        )  # fmt: skip
 
     def __call__(self, points, mask, base=None, consensus: bool = True):
         """Both stages for this layer alone: (state sums like ``zero_state``, rows (b, 5, T))."""
@@ -337,14 +345,16 @@ class LayerReducer:
 
 
 def _bmm(w: torch.Tensor, X: torch.Tensor, out: torch.Tensor) -> None:
-    """out (b, h, d) float32 = w (b, h, n) @ X (b, n, d): w float32 (h = 1), or [w_hi; w_lo] in X's dtype."""
-    if w.dtype == torch.float32:
-        torch.bmm(w, X if X.dtype == torch.float32 else X.float(), out=out)
-        return
-    try:  # no out= here: bmm with both out= and out_dtype fell back to the float32 copy on an H200
-        out.copy_(torch.bmm(w, X, out_dtype=torch.float32))
+    """out (b, 1, d) float32 = w (b, 1, n) float32 @ X (b, n, d)."""
+    torch.bmm(w, X if X.dtype == torch.float32 else X.float(), out=out)
+
+
+def _bmm_half(w: torch.Tensor, X: torch.Tensor) -> torch.Tensor:
+    """(b, 2, d) float32 = [w_hi; w_lo] (b, 2, n) @ X (b, n, d), both in X's half dtype."""
+    try:  # no out=: bmm with both out= and out_dtype fell back to the float32 copy on an H200
+        return torch.bmm(w, X, out_dtype=torch.float32)
     except (RuntimeError, TypeError):
-        torch.bmm(w.float(), X.float(), out=out)
+        return torch.bmm(w.float(), X.float())
 
 
 def pad_to_stack(reducers: list[LayerReducer], widen_frames: bool = False) -> list[Arena]:
@@ -574,9 +584,11 @@ class _Stacked:
         self.Pn = fold(stack("Pn"))  # (L, P_null * N, C)
         self.Pt = fold(stack("Pt")).view(self.L, len(self.pts), self.b, self.n, -1)  # (L, P, b, n, target columns)
         self.sv = None  # (L, P_c, b, d): the sums of unit vectors at the points other than 'base', in order
-        if "sv" in prs[0]:
-            sv = stack("sv")
-            self.sv = sv[..., 0, :] if h == 1 else sv.sum(-2)
+        if prs[0]["sv_parts"] is not None:  # half path: (L * P_c) results of (b, 2, d), stacked in one op
+            sv = torch.stack([t for pr in prs for t in pr["sv_parts"]]).view(self.L, -1, self.b, 2, self.red.d)
+            self.sv = sv.sum(-2)  # hi + lo
+        elif "sv" in prs[0]:
+            self.sv = stack("sv")[..., 0, :]
         # (L, eig columns, T*m): which eigen-columns make each (target, j); (L, T, m) valid; the pickers
         self.consts = _group_constants(self.reds, self.dev)
         self.S, self.eig_valid = self.consts.get("S"), self.consts.get("valid")
