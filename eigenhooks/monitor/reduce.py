@@ -38,12 +38,21 @@ class Grid:
         mask: (b, n) bool, the valid (non-padding) tokens.
         vi: (b, n) int64, each token's index among its sequence's valid tokens, counted from the
             sequence's start (under a KV cache, across forwards). Default: from this call alone.
+        after: (b, 1) valid tokens of each sequence once this call is counted, when the caller has it.
     """
 
-    def __init__(self, mask: torch.Tensor, vi: torch.Tensor | None = None):
+    def __init__(self, mask: torch.Tensor, vi: torch.Tensor | None = None, after: torch.Tensor | None = None):
         self.mask = mask
         self.vi = mask.cumsum(1) - 1 if vi is None else vi
+        self._after = after
         self._subs: dict[int, tuple[torch.Tensor | None, torch.Tensor]] = {}
+
+    @property
+    def after(self) -> torch.Tensor:
+        """(b, 1): the valid tokens each sequence has counted once this call is (the next call's start)."""
+        if self._after is None:
+            self._after = self.vi[:, -1:] + 1
+        return self._after
 
     def sub(self, s: int) -> tuple[torch.Tensor | None, torch.Tensor]:
         """The null subsample: valid tokens whose index in their sequence is a multiple of s.

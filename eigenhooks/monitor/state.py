@@ -100,21 +100,23 @@ class MonitorState:
         key = (stack, x.shape[:2], x.device)
         if key not in self._masks:
             mask = self._make_mask(x, stack)
-            self._masks[key] = Grid(mask, self._valid_before(stack, mask) + mask.cumsum(1) - 1)
+            self._masks[key] = self._indexed(stack, mask)
         return self._masks[key]
 
-    def _valid_before(self, stack, mask: torch.Tensor) -> torch.Tensor:
-        """(b, 1) int64: valid tokens each sequence had before this forward (a KV cache's earlier
-        positions), from the call's own mask where it covers them, else counted by the monitor
-        over the open sequences' forwards. Device ops only."""
+    def _indexed(self, stack, mask: torch.Tensor) -> Grid:
+        """``mask``'s Grid: each token's index among its sequence's valid tokens, counting the ones
+        each sequence had before this forward (a KV cache's earlier positions). From the call's own
+        mask where it covers them (one cumsum over it: 2 ops a decoding step), else from what the
+        monitor counted over the open sequences' forwards. Device ops only."""
         b, n = mask.shape
         full = self._stack_masks[stack] if stack in self._stack_masks else self._mask
         if full is not None and full.shape[0] == b and full.shape[1] > n:
-            return full[:, : full.shape[1] - n].to(mask.device).sum(1, keepdim=True)
+            upto = full.to(mask.device).cumsum(1, dtype=torch.int64)  # valid tokens up to each position
+            return Grid(mask, upto[:, -n:] - 1, after=upto[:, -1:])
         seen = self._seen.get(stack)
-        if seen is not None and seen.shape[0] == b and seen.device == mask.device:
-            return seen
-        return torch.zeros(b, 1, dtype=torch.int64, device=mask.device)
+        if seen is None or seen.shape[0] != b or seen.device != mask.device:
+            return Grid(mask)
+        return Grid(mask, seen + mask.cumsum(1) - 1)
 
     def _make_mask(self, x: torch.Tensor, stack) -> torch.Tensor:
         b, n = x.shape[:2]
@@ -172,7 +174,7 @@ class MonitorState:
             if len(buf) * item[1].mask.shape[0] >= BUFFER_TOKENS:  # one batch size per buffer (see above)
                 self._flush(layer)
         for (stack, _, _), grid in self._masks.items():  # the open sequences' valid tokens so far
-            self._seen[stack] = grid.vi[:, -1:] + 1
+            self._seen[stack] = grid.after
         self.n_forwards += 1  # the sinks are written after this (logs.py: _commit_logged)
 
     def _add_all(self, results: list[tuple[int, dict, torch.Tensor | None]]) -> None:
