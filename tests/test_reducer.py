@@ -294,3 +294,22 @@ def test_the_cuda_layout_gives_the_cpu_layouts_summary(monkeypatch):
             assert (got[c].isna() == want[c].isna()).all(), c
         else:
             assert (got[c] == want[c]).all(), c
+
+
+def test_a_reading_shared_by_two_layers_is_reduced_once_and_only_for_its_own_tokens():
+    """layer t's post is layer t+1's pre (one tensor): its norms and consensus sum come from the memo,
+    but only for that very tensor (checked by a weak reference, not by its id alone) on the same grid."""
+    from eigenhooks.monitor.reduce import Grid, _Memo
+
+    X, Y = torch.randn(2, 5, 4), torch.randn(2, 5, 4)
+    g, other = Grid(torch.ones(2, 5, dtype=torch.bool)), Grid(torch.ones(2, 5, dtype=torch.bool))
+    store: dict = {}
+    value = torch.ones(3)
+    _Memo(store, g).put(X, "norms", value)
+    assert _Memo(store, g).get(X, "norms") is value
+    assert _Memo(store, other).get(X, "norms") is None  # other tokens counted
+    assert _Memo(store, g).get(Y, "norms") is None and _Memo(store, g).get(X, "sv") is None
+    assert _Memo(None, g).get(X, "norms") is None
+    ref = store[(id(X), "norms")][0]
+    del X
+    assert ref() is None  # the memo kept no activation alive: a new tensor with that id cannot hit

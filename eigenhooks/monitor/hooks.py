@@ -376,6 +376,7 @@ class Monitor(MonitorState, MonitorLens, MonitorLogs):
         self._pending: dict[int, tuple] = {}
         self._pending_raw: dict[int, tuple] = {}
         self._masks: dict[tuple, Grid] = {}  # the valid tokens of this forward, per stack and shape
+        self._reading_memo: dict = {}  # norms and consensus sums of this forward's readings (reduce._Memo)
         self._mask: torch.Tensor | None = None
         self._ran: set[str] = set()  # stacks (Adapter.stacks) whose root ran in this forward
         self._stack_masks: dict[str, torch.Tensor | None] = {}

@@ -26,6 +26,8 @@ and the projections keep ~16 bits of the basis. Definitions are in ``stats`` (DE
 
 from __future__ import annotations
 
+import weakref
+
 import torch
 
 from .stats import _ROW, GROWTH_EPS, TGT_FIELDS, TargetSpec
@@ -280,6 +282,7 @@ class LayerReducer:
         mask: torch.Tensor | Grid,
         base: torch.Tensor | None = None,
         consensus: bool = True,
+        memo: dict | None = None,
     ):
         """Stage 1, in the hook: per reading point the projections, norms and consensus sums.
 
@@ -289,6 +292,9 @@ class LayerReducer:
                 token's index in its sequence, which chooses the null subsample).
             base: post-norm only: LN_t(pre) (b, n, d), the baseline delta is measured from.
             consensus: sum the within-sequence consensus (off for buffered single steps).
+            memo: one forward's record of the norms and consensus sums already taken, by reading:
+                layer t's 'post' is layer t+1's 'pre', the very same tensor on the same tokens, so
+                its norms and its sum of unit vectors are computed once (``_Memo``).
 
         Returns:
             a dict for ``reduce_many``: 'grid', 'norms' (P, b, n) the points' ||x||, 'Pt'
@@ -323,8 +329,14 @@ class LayerReducer:
         else:
             out = {k: pre.new_empty(v, dtype=torch.float32) for k, v in shapes.items()}
             parts = _parts(out, N)
-        for X, o in zip(Xs, parts["norms"]):
-            _norms(X, o)
+        memo = _Memo(memo, grid)
+        for X, X0, o in zip(Xs, X3, parts["norms"]):
+            got = memo.get(X0, "norms")
+            if got is None:
+                _norms(X, o)
+                memo.put(X0, "norms", o)
+            else:  # a small copy instead of reading X again
+                o.copy_(got)
         for X, o in zip(nulls, parts["Pn"]):  # the subsample's rows, gathered (all rows when s == 1)
             _mm(X if flat is None else X.index_select(0, flat), Bn, o)
         for X, o in zip(Xs, parts["Pt"]):
@@ -336,13 +348,24 @@ class LayerReducer:
             w = w.view(len(cons), b, 1, n)
             if h == 1:
                 for wj, X, o in zip(w.unbind(0), cons, parts["sv"]):
-                    _bmm(wj, X, o)
+                    got = memo.get(X, "sv")
+                    if got is None:
+                        _bmm(wj, X, o)
+                        memo.put(X, "sv", o)
+                    else:
+                        o.copy_(got)
             else:  # [w_hi; w_lo] in the activations' dtype, for all points at once (P_c, b, 2, n): two ops,
                 wh = pre.new_empty(len(cons), b, 2, n)  # the low half w - w_hi rounded once, as (w - hi).to()
                 wh[:, :, :1].copy_(w)
                 torch.sub(w, wh[:, :, :1], out=wh[:, :, 1:])
                 # kept as they come (no copy into the arena): the stacked reduction stacks them in one op
-                sv_parts = [_bmm_half(wj, X) for wj, X in zip(wh.unbind(0), cons)]
+                sv_parts = []
+                for wj, X in zip(wh.unbind(0), cons):
+                    got = memo.get(X, "sv")
+                    if got is None:
+                        got = _bmm_half(wj, X)
+                        memo.put(X, "sv", got)
+                    sv_parts.append(got)  # the same tensor, stacked twice: no op at all
         return dict(
             out, grid=grid, names=tuple(names), shape=(b, n, s), consensus=consensus, slot=slot, halves=h,
             sv_parts=sv_parts,
@@ -351,6 +374,27 @@ class LayerReducer:
     def __call__(self, points, mask, base=None, consensus: bool = True):
         """Both stages for this layer alone: (state sums like ``zero_state``, rows (b, 5, T))."""
         return reduce_many([(self, self.project(points, mask, base, consensus))])[0]
+
+
+class _Memo:
+    """A forward's norms and consensus sums by reading (``project``'s ``memo``), for one Grid.
+
+    Keyed by the reading tensor's id, checked against a weak reference to it (so a freed tensor's
+    id, reused by a new one, never hits, and the memo keeps no activation alive) and by the grid's
+    mask (the same tokens counted)."""
+
+    def __init__(self, store: dict | None, grid: Grid):
+        self.store, self.mask = store, grid.mask
+
+    def get(self, X: torch.Tensor, what: str) -> torch.Tensor | None:
+        if self.store is None:
+            return None
+        hit = self.store.get((id(X), what))
+        return hit[2] if hit is not None and hit[0]() is X and hit[1] is self.mask else None
+
+    def put(self, X: torch.Tensor, what: str, value: torch.Tensor) -> None:
+        if self.store is not None:
+            self.store[(id(X), what)] = (weakref.ref(X), self.mask, value)
 
 
 def _bmm(w: torch.Tensor, X: torch.Tensor, out: torch.Tensor) -> None:

@@ -155,7 +155,8 @@ class MonitorState:
         if pre.shape[1] == 1 and self.sink_path is None and not self.keep_tokens:
             self._pending_raw[layer] = (points, grid, base)  # reduced in batches once the forward ends
             return
-        self._pending[layer] = info["reducer"].project(points, grid, base)  # reduced when the forward ends
+        # reduced when the forward ends; post(t) and pre(t+1) are one tensor: its norms and sums taken once
+        self._pending[layer] = info["reducer"].project(points, grid, base, memo=self._reading_memo)
         if self.keep_tokens:
             self._record_tokens(layer, points, grid.mask)
 
