@@ -42,6 +42,28 @@ def _totals(prof) -> tuple[float, float]:
     return cpu, dev
 
 
+def _added(plain, monitored) -> list[tuple[str, int, float, float]]:
+    """Per op (and kernel) name: the monitored profile's calls and self times minus the plain one's,
+    largest added device time first (then host time): what the monitor itself costs, by op."""
+
+    def by_name(prof):
+        return {
+            e.key: (
+                e.count,
+                e.self_cpu_time_total / 1e3,
+                getattr(e, "self_device_time_total", getattr(e, "self_cuda_time_total", 0)) / 1e3,
+            )
+            for e in prof.key_averages()
+        }
+
+    p, m = by_name(plain), by_name(monitored)
+    rows = []
+    for k in set(p) | set(m):
+        (pc, pt, pd), (mc, mt, md) = p.get(k, (0, 0.0, 0.0)), m.get(k, (0, 0.0, 0.0))
+        rows.append((k, mc - pc, mt - pt, md - pd))
+    return sorted(rows, key=lambda r: (-r[3], -r[2]))
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser()
     p.add_argument("--shape", default="llama-1b", choices=sorted(gc.SHAPES))
@@ -84,6 +106,9 @@ def main(argv=None) -> int:
         say(f"{what}: self CPU {pc:.1f} -> {mc:.1f} ms, self CUDA {pd:.1f} -> {md:.1f} ms")
         say(mm.key_averages().table(sort_by=sort, row_limit=22, max_name_column_width=60))
         say(mm.key_averages().table(sort_by="self_cpu_time_total", row_limit=12, max_name_column_width=60))
+        say(f"{what}, what the monitor added (monitored - plain, by op; calls, self CPU ms, self device ms):")
+        for name, calls, cpu, dev in _added(pp, mm)[:25]:
+            say(f"  {name[:60]:60s} {calls:+7d} {cpu:+9.2f} {dev:+9.2f}")
     out = os.environ.get("OUT")
     if out:
         Path(out, "gpu_profile.txt").write_text("\n".join(lines))
