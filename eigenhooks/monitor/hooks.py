@@ -65,10 +65,6 @@ def check_nulls(null_draws, fnull_draws, eig_top, null_stride) -> None:
         raise ValueError(f"null_stride must be a positive int or None (every token), got {null_stride!r}")
 
 
-def _first(x):
-    return x[0] if isinstance(x, tuple | list) else x
-
-
 def _is_builtin(t) -> bool:
     return len(t) == 2 and isinstance(t[1], str)
 
@@ -354,15 +350,19 @@ class Monitor(MonitorState, MonitorLens, MonitorLogs):
         return slots
 
     def _input_tap(self, key):
+        on_tap = self._on_tap
+
         def fn(module, args, kwargs):
             x = kwargs.get("hidden_states", args[0] if args else None)
-            self._on_tap(key, _first(x))
+            on_tap(key, x[0] if isinstance(x, tuple | list) else x)
 
         return fn
 
     def _output_tap(self, key):
+        on_tap = self._on_tap
+
         def fn(module, args, output):
-            self._on_tap(key, _first(output))
+            on_tap(key, output[0] if isinstance(output, tuple | list) else output)
 
         return fn
 
@@ -459,9 +459,17 @@ class Monitor(MonitorState, MonitorLens, MonitorLogs):
                     cap[p] = None  # allocator reuses them (memory flat in layers, no fresh pages per layer)
 
     def _index_slots(self) -> None:
-        """Per-call lookups the taps make, once: each slot's roles, and each layer's last point."""
+        """Per-call lookups the taps make, once: each slot's roles, each layer's last point, and each
+        layer's facts for ``_reduce`` and ``_check_forward`` (its mid is a sum, its post-norm, masked,
+        its stack, whether a mid reading is needed)."""
         self._roles = {key: entry[2]["roles"] for key, entry in self._slots.items()}
         self._last = {layer: self._last_point(layer) for layer in self._layers}
+        self._read_mid = "mid" in self.points
+        self._facts = {}
+        for layer, info in self._layers.items():
+            rp, ly = info["rp"], self.adapter.layers[layer]
+            need_mid = self._read_mid and rp.mid is not None
+            self._facts[layer] = (rp.mid is None, rp.post_norm, getattr(ly, "masked", True), ly.stack, need_mid)
 
     def _last_point(self, layer: int) -> str:
         if "post" in self.points:
@@ -470,12 +478,8 @@ class Monitor(MonitorState, MonitorLens, MonitorLogs):
         return "mid" if "mid" in self.points and rp.mid is not None else "attn"
 
     def _check_forward(self) -> None:
-        stacks = self.adapter.stacks
-        expected = [
-            i
-            for i in self._layers
-            if self.adapter.layers[i].stack not in stacks or self.adapter.layers[i].stack in self._ran
-        ]
+        stacks, facts = self.adapter.stacks, self._facts
+        expected = [i for i, f in facts.items() if f[3] not in stacks or f[3] in self._ran]
         missing = [i for i in expected if i not in self._pending and i not in self._pending_raw]
         partial = [i for i in expected if i not in missing and self._unread(i)]
         if not (missing or partial) or self._check_handles():
@@ -498,9 +502,8 @@ class Monitor(MonitorState, MonitorLens, MonitorLogs):
 
     def _unread(self, layer: int) -> bool:
         """Whether a measured layer lacks its attention output or its mid reading this forward."""
-        cap, rp = self._cap.get(layer, {}), self._layers[layer]["rp"]
-        need_mid = "mid" in self.points and rp.mid is not None
-        return "attn" not in cap or (need_mid and "mid" not in cap)
+        cap = self._cap.get(layer, {})
+        return "attn" not in cap or (self._facts[layer][4] and "mid" not in cap)
 
     def _gone(self) -> list:
         """Modules from which one of the monitor's hooks was removed by something else."""

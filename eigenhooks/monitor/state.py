@@ -93,10 +93,9 @@ class MonitorState:
         return (self.null_seed * 1_000_003 + layer * 101 + which) % (2**63)
 
     # ---- reduction ----
-    def _valid_mask(self, x: torch.Tensor, layer: int) -> Grid:
+    def _valid_mask(self, x: torch.Tensor, stack) -> Grid:
         """x's valid tokens and their indices in their sequences (a ``Grid``): made once per stack and shape
         in a forward and shared by its layers, with its null subsample."""
-        stack = self.adapter.layers[layer].stack
         key = (stack, x.shape[:2], x.device)
         if key not in self._masks:
             mask = self._make_mask(x, stack)
@@ -132,29 +131,38 @@ class MonitorState:
         return m[:, -n:].to(x.device).bool()  # with a KV cache only the newest positions are computed
 
     def _reduce(self, layer: int, cap: dict) -> None:
-        info = self._layers[layer]
+        """Layer ``layer``'s readings are all in: project them (or, for a one-token step, keep them for
+        the batched flush). Runs in a hook, per layer and decoding step: lookups only, from the facts
+        ``_index_slots`` gathered once when the hooks were registered."""
         pre = cap.get("pre")
-        if pre is None or pre.dim() != 3 or pre.shape[1] == 0:
+        if pre is None or pre.dim() != 3:
             return
-        rp = info["rp"]
+        shape = pre.shape
+        if shape[1] == 0:
+            return
+        mid_is_sum, post_norm, masked, stack, _ = self._facts[layer]
         mid = None
-        if "mid" in self.points and "attn" in cap:  # no attention step ran: no delta
-            if rp.mid is None:
-                mid = pre + cap["attn"]  # parallel block: pre + attention output (not a model state)
-            else:
-                mid = cap.get("mid")
-        points = {"pre": pre, "mid": as_tokens(mid, pre), "post": as_tokens(cap.get("post"), pre)}
+        if self._read_mid and "attn" in cap:  # no attention step ran: no delta
+            # a parallel block's mid is pre + attention output (not a model state)
+            mid = pre + cap["attn"] if mid_is_sum else cap.get("mid")
+        post = cap.get("post")
+        points = {
+            "pre": pre,
+            "mid": mid if mid is None or mid.shape == shape else as_tokens(mid, pre),
+            "post": post if post is None or post.shape == shape else as_tokens(post, pre),
+        }
         base = None
-        if rp.post_norm is not None and mid is not None:
+        if post_norm is not None and mid is not None:
             with torch.no_grad():
-                base = rp.post_norm.forward(pre)  # LN_t(pre), without running anyone's hooks
-        if getattr(self.adapter.layers[layer], "masked", True):
-            grid = self._valid_mask(pre, layer)
+                base = post_norm.forward(pre)  # LN_t(pre), without running anyone's hooks
+        if masked:
+            grid = self._valid_mask(pre, stack)
         else:  # a tower the forward's attention_mask does not describe: all its tokens count
-            grid = Grid(torch.ones(pre.shape[:2], dtype=torch.bool, device=pre.device))
-        if pre.shape[1] == 1 and self.sink_path is None and not self.keep_tokens:
+            grid = Grid(torch.ones(shape[:2], dtype=torch.bool, device=pre.device))
+        if shape[1] == 1 and self.sink_path is None and not self.keep_tokens:
             self._pending_raw[layer] = (points, grid, base)  # reduced in batches once the forward ends
             return
+        info = self._layers[layer]
         # reduced when the forward ends; post(t) and pre(t+1) are one tensor: its norms and sums taken once
         self._pending[layer] = info["reducer"].project(points, grid, base, memo=self._reading_memo)
         if self.keep_tokens:
