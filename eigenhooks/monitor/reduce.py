@@ -555,6 +555,10 @@ def _picks(reds: list[LayerReducer]) -> dict[str, list]:
     }
 
 
+def _group_key(reds: list[LayerReducer], dev: torch.device) -> tuple:
+    return (tuple(id(r) for r in reds), tuple(id(r.S_eig) for r in reds), tuple(id(r.eig_valid) for r in reds), dev)
+
+
 def _group_constants(reds: list[LayerReducer], dev: torch.device) -> dict[str, torch.Tensor]:
     """The device constants of a stacked group on dev, made once and kept by its first reducer (so
     they go with the monitor): 'S' (L, eig columns, T*m) float32 and 'valid' (L, T, m) when there are
@@ -563,7 +567,7 @@ def _group_constants(reds: list[LayerReducer], dev: torch.device) -> dict[str, t
     Keyed by the very S_eig and eig_valid tensors, which the entry holds (their ids stay theirs): a
     pad_group rebuilds S_eig, and so misses."""
     cache = reds[0]._group_consts
-    key = (tuple(id(r) for r in reds), tuple(id(r.S_eig) for r in reds), tuple(id(r.eig_valid) for r in reds), dev)
+    key = _group_key(reds, dev)
     if key not in cache:
         c: dict[str, torch.Tensor] = {}
         if reds[0].m:
@@ -577,8 +581,15 @@ def _group_constants(reds: list[LayerReducer], dev: torch.device) -> dict[str, t
             c["f_hot"] = hot(picks["f"], len(reds[0].g_fks), torch.float32)
         if len({tuple(x) for x in picks["cos"]}) > 1:
             c["cos"] = torch.tensor(picks["cos"], dtype=torch.float32)[:, None].to(dev)
-        cache[key] = (c, [(r.S_eig, r.eig_valid) for r in reds])
+        cache[key] = (c, [(r.S_eig, r.eig_valid) for r in reds], picks)
     return cache[key][0]
+
+
+def _group_picks(reds: list[LayerReducer], dev: torch.device) -> dict[str, list]:
+    """``_picks`` of a group, made with its constants (once, not per forward)."""
+    _group_constants(reds, dev)
+    key = _group_key(reds, dev)
+    return reds[0]._group_consts[key][2]
 
 
 def _prefix_norms(H: torch.Tensor, ks: list[int]) -> torch.Tensor:
@@ -645,7 +656,7 @@ class _Stacked:
         # (L, eig columns, T*m): which eigen-columns make each (target, j); (L, T, m) valid; the pickers
         self.consts = _group_constants(self.reds, self.dev)
         self.S, self.eig_valid = self.consts.get("S"), self.consts.get("valid")
-        self.picks = _picks(self.reds)
+        self.picks = _group_picks(self.reds, self.dev)
 
     def _whole(self, prs) -> dict | None:
         """The arena's buffers, when these projections are its rows 0..G-1 in order (no copy needed)."""
