@@ -242,6 +242,7 @@ def _rank(rank: int, world: int, port: int, out: str) -> None:
                 results[case] = {"ok": False, "error": str(e)}
         with open(os.path.join(out, f"{rank}.json"), "w") as fh:
             json.dump(results, fh)
+        dist.barrier()  # both ranks done before either tears gloo down (a rank aborted at exit in CI)
     finally:
         dist.destroy_process_group()
 
