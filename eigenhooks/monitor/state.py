@@ -201,11 +201,8 @@ class MonitorState:
                 olds.append(st[k].to(v.device))
                 news.append(v)
                 where.append((st, k))
-        for idx in _by_device_dtype(news).values():
-            added = torch._foreach_add([olds[i] for i in idx], [news[i] for i in idx])
-            for i, t in zip(idx, added):
-                st, k = where[i]
-                st[k] = t
+        for (st, k), t in zip(where, _foreach_sum(olds, news)):
+            st[k] = t
         olds, news, where = [], [], []
         for layer, _, rows in results:
             if rows is None:
@@ -220,9 +217,8 @@ class MonitorState:
                 olds.append(open_rows)
                 news.append(rows)
                 where.append(layer)
-        for idx in _by_device_dtype(news).values():
-            for i, t in zip(idx, torch._foreach_add([olds[i] for i in idx], [news[i] for i in idx])):
-                self._rows[where[i]] = t
+        for layer, t in zip(where, _foreach_sum(olds, news)):
+            self._rows[layer] = t
 
     def _close_rows(self, layer: int) -> None:
         rows = self._rows.pop(layer, None)
@@ -504,9 +500,14 @@ def continues(args, kwargs) -> bool:
     return bool(cp.numel() and cp.reshape(-1)[0] > 0)
 
 
-def _by_device_dtype(tensors: list[torch.Tensor]) -> dict[tuple, list[int]]:
-    """Indices of ``tensors`` grouped by (device, dtype): a foreach op takes one of each."""
+def _foreach_sum(a: list[torch.Tensor], b: list[torch.Tensor]) -> list[torch.Tensor]:
+    """[a[i] + b[i]], in order, with one ``torch._foreach_add`` per (device, dtype) of b (a foreach op
+    takes one of each), not one add per pair."""
     groups: dict[tuple, list[int]] = {}
-    for i, t in enumerate(tensors):
+    for i, t in enumerate(b):
         groups.setdefault((t.device, t.dtype), []).append(i)
-    return groups
+    out: list = [None] * len(b)
+    for idx in groups.values():
+        for i, t in zip(idx, torch._foreach_add([a[i] for i in idx], [b[i] for i in idx])):
+            out[i] = t
+    return out
