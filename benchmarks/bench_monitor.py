@@ -123,7 +123,7 @@ def main() -> None:
             for _ in range(max(1, tokens // (8 * 128))):
                 base_model(**batch)
             py_kept = tracemalloc.get_traced_memory()[0] - t0
-            tensors = sum(t.numel() * t.element_size() for t in mon._acc.values())
+            tensors = sum(t.numel() * t.element_size() for st in mon._acc.state.values() for t in st.values())
         tracemalloc.stop()
         n = int(mon.summary()["n_tokens"].iloc[0])
         print(

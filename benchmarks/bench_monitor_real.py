@@ -124,8 +124,8 @@ def print_own(mons: dict, fn, reps: int) -> None:
 
 
 def state_bytes(mon) -> int:
-    mon._flush()
-    return sum(v.numel() * v.element_size() for st in mon._state.values() for v in st.values())
+    mon._acc.flush()
+    return sum(v.numel() * v.element_size() for st in mon._acc.state.values() for v in st.values())
 
 
 def main() -> None:

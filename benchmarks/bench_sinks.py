@@ -129,7 +129,7 @@ def main() -> None:
             try:
                 # The block's last log point is written at the next one, which is the exit here: write it
                 # in the timed region, so a block of 10 forwards counts one write, as a long run does.
-                times[name].append(timed(lambda mon=mon: (forwards(), mon._emit_pending())))
+                times[name].append(timed(lambda mon=mon: (forwards(), mon._logs.emit_pending(mon._labels()))))
             finally:
                 exits[name].append(timed(lambda mon=mon: mon.__exit__(None, None, None)))
 
@@ -158,7 +158,7 @@ def _log_point(mon) -> tuple[float, float]:
     """(seconds one log point takes, seconds it adds per forward): a whole ``mon.log()`` (the copy
     of the sums, the values, the sink's write), median of 20; the .jsonl file writes one line of
     the forward's own sums every forward instead."""
-    sink = mon._sinks[0]
+    sink = mon._logs.sinks[0]
     if sink.per_forward:
         from eigenhooks.monitor.stats import TGT_FIELDS
 

@@ -1,6 +1,6 @@
 """eigenhooks: power-method alignment of transformer tokens, measured with forward hooks.
 
-Public API (DESIGN.md §3)::
+Public API (docs/design.md, "Public API")::
 
     import eigenhooks as eh
     specs = eh.spectra(model, variant="ov", rank="modulus")
@@ -8,7 +8,7 @@ Public API (DESIGN.md §3)::
     model, tok = eh.zoo.load("gpt2-tiny")
 
 The package is laid out in wings, each a subpackage that says in its docstring what it owns,
-on a ladder whose imports point down only (DESIGN.md §2):
+on a ladder whose imports point down only (docs/design.md, "Architecture"):
 ``cli`` -> ``run`` -> (``monitor``, ``steer``, ``dynamics``) -> ``spectra`` -> ``zoo`` ->
 ``models`` -> ``linalg``.
 """
@@ -29,7 +29,7 @@ from .steer import Steer, SteerReport, steer  # noqa: E402  isort: skip
 
 _moved.install()
 
-__version__ = "0.1.0"
+from .data import __version__  # noqa: E402
 
 __all__ = [
     "Adapter",

@@ -21,7 +21,7 @@ MOVED = {
     "eigenhooks.spectrum": "eigenhooks.linalg.eig",
     "eigenhooks.io": "eigenhooks.linalg.cache",
     "eigenhooks.metrics": "eigenhooks.monitor.stats",
-    "eigenhooks.monitor_state": "eigenhooks.monitor.state",
+    "eigenhooks.monitor_state": "eigenhooks.monitor.accumulate",
     "eigenhooks.monitor_lens": "eigenhooks.monitor.lens",
     "eigenhooks.reducer": "eigenhooks.monitor.reduce",
     "eigenhooks.distributed": "eigenhooks.run.distributed",

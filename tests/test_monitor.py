@@ -173,7 +173,9 @@ def test_hooks_removed_after_exception_and_user_hooks_survive(gpt2):
 def test_failed_registration_removes_partial_hooks(gpt2, monkeypatch):
     model, _ = gpt2
     before = _hook_count(model)
-    orig = eh.Monitor._hook
+    from eigenhooks.monitor.taps import Taps
+
+    orig = Taps._hook
     calls = []
 
     def flaky(self, *a, **k):
@@ -182,7 +184,7 @@ def test_failed_registration_removes_partial_hooks(gpt2, monkeypatch):
             raise RuntimeError("registration failed")
         return orig(self, *a, **k)
 
-    monkeypatch.setattr(eh.Monitor, "_hook", flaky)
+    monkeypatch.setattr(Taps, "_hook", flaky)
     with pytest.raises(RuntimeError, match="registration failed"):
         with eh.monitor(model):
             pass
@@ -323,7 +325,7 @@ def test_a_reduced_layer_does_not_hold_its_activations(gpt2):
     held = []
 
     def at_final_norm(module, args):
-        held.append({i: [p for p, v in cap.items() if v is not None] for i, cap in mon._cap.items()})
+        held.append({i: [p for p, v in cap.items() if v is not None] for i, cap in mon._fwd.captures.items()})
 
     mon = eh.monitor(model)
     h = model.transformer.ln_f.register_forward_pre_hook(at_final_norm)

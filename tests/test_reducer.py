@@ -1,4 +1,4 @@
-"""The stacked reduction (reducer.reduce_many) equals each layer reduced alone, whatever is stacked."""
+"""The stacked reduction (reduce.reduce_many) equals each layer reduced alone, whatever is stacked."""
 
 import copy
 
@@ -7,7 +7,7 @@ import torch
 
 import eigenhooks as eh
 from eigenhooks.monitor import stats
-from eigenhooks.monitor.reduce import pad_to_stack, reduce_many
+from eigenhooks.monitor.reduce import LayerBases, pad_to_stack, project, reduce_many, reduce_one
 
 
 @pytest.fixture(scope="module")
@@ -15,7 +15,7 @@ def reducers():
     model, _ = eh.zoo.load("gpt2-tiny")
     mon = eh.monitor(model, targets=[("ov", "modulus"), ("ov", "residual")], null_stride=3)
     mon._prepare()
-    return [mon._layers[i]["reducer"] for i in sorted(mon._layers)]
+    return [lp.bases for _, lp in sorted(mon._plan.layers.items())]
 
 
 def points(red, b, n, seed, bad=True):
@@ -42,7 +42,7 @@ def same(a, b):
 
 
 def test_stacked_equals_each_layer_alone(reducers):
-    items = [(r, r.project(*points(r, 3, 20, seed=i))) for i, r in enumerate(reducers)]
+    items = [(r, project(r, *points(r, 3, 20, seed=i))) for i, r in enumerate(reducers)]
     together = reduce_many(items)
     for (r, pr), res in zip(items, together):
         same(reduce_many([(r, pr)])[0], res)
@@ -56,7 +56,7 @@ def test_mixed_shapes_and_points_come_back_in_order(reducers):
     b, mb = points(r1, 2, 7, seed=2)
     c, mc = points(r1, 3, 20, seed=3, bad=False)
     c["post"] = None
-    items = [(r0, r0.project(a, ma)), (r1, r1.project(b, mb)), (r1, r1.project(c, mc, consensus=False))]
+    items = [(r0, project(r0, a, ma)), (r1, project(r1, b, mb)), (r1, project(r1, c, mc, consensus=False))]
     got = reduce_many(items)
     for item, res in zip(items, got):
         same(reduce_many([item])[0], res)
@@ -70,7 +70,7 @@ def test_padding_the_eigen_columns_changes_nothing(reducers):
     wide.pad_group(widths, r._haar.shape[2], r.haar_start + 5, r.g_ks, r.g_fks)
     assert wide.Bn64.shape[1] == r.Bn64.shape[1] + 5
     P, mask = points(r, 3, 20, seed=4)
-    same(r(P, mask), wide(P, mask))
+    same(reduce_one(r, P, mask), reduce_one(wide, P, mask))
 
 
 def close(a, b):
@@ -95,12 +95,11 @@ def test_layers_of_other_target_widths_stack_and_each_reads_its_own(reducers, wi
     """gpt2-tiny's layers have 1- and 2-dimensional targets (real and complex top eigenvectors): padded
     into one group (zero columns, the group's ks; on CUDA the frames too, to the widest k), the stacked
     reduction gives each layer what it gives alone, unpadded: its own k's nulls, F-null k, cosines and rows."""
-    from eigenhooks.monitor.reduce import LayerReducer
 
     def unpadded(r):  # the monitor padded the fixture's reducers: their own frames are the first k_max columns
         k = r.k_max
-        return LayerReducer(
-            r.targets, r._haar[..., :k], {f: v[..., :k] for f, v in r._fnull.items()}, r.null_stride, m=r.m
+        return LayerBases(
+            r.targets, r._haar[..., :k], {f: v[..., :k] for f, v in r._fnull.items()}, r.null_stride, r.eig_slots
         )
 
     alone = [unpadded(r) for r in reducers]
@@ -109,16 +108,16 @@ def test_layers_of_other_target_widths_stack_and_each_reads_its_own(reducers, wi
     rs = [copy.deepcopy(r) for r in alone]
     pad_to_stack(rs, widen_frames=widen_frames)
     groups = {id(r.arena): r.arena for r in rs}.values()
-    assert all(len({r.layout for r in g.reds}) == 1 for g in groups)
+    assert all(len({r.layout for r in g.bases}) == 1 for g in groups)
     if widen_frames:
         assert len(groups) == 1
     else:  # one group per frame width, and a group that mixes target widths: the case padded here
         assert len(groups) == len({r.k_max for r in rs})
-        assert any(len({tuple(t.k for t in r.targets) for r in g.reds}) > 1 for g in groups)
+        assert any(len({tuple(t.k for t in r.targets) for r in g.bases}) > 1 for g in groups)
     data = [points(r, 3, 20, seed=20 + i) for i, r in enumerate(rs)]
-    together = reduce_many([(r, r.project(*d)) for r, d in zip(rs, data)])
+    together = reduce_many([(r, project(r, *d)) for r, d in zip(rs, data)])
     for a, d, got in zip(alone, data, together):
-        close(a(*d), got)
+        close(reduce_one(a, *d), got)
         assert got[0]["null_up"].shape[0] == len(a.ks)
 
 
@@ -126,14 +125,14 @@ def test_pad_to_stack_gives_one_layout_per_kind(reducers):
     rs = [copy.deepcopy(r) for r in reducers]
     pad_to_stack(rs)
     for arena in {id(r.arena): r.arena for r in rs}.values():
-        assert len({r.layout for r in arena.reds}) == 1
-        assert len({(r.kind, r.k_max) for r in arena.reds}) == 1  # on the CPU, one frame width per group
+        assert len({r.layout for r in arena.bases}) == 1
+        assert len({(r.kind, r.k_max) for r in arena.bases}) == 1  # on the CPU, one frame width per group
 
 
 def test_non_finite_tokens_are_counted_and_left_out(reducers):
     r = reducers[0]
     P, mask = points(r, 3, 20, seed=5)
-    st, rows = r(P, mask)
+    st, rows = reduce_one(r, P, mask)
     tg = dict(zip(stats.TGT_FIELDS, st["tgt"][0].tolist()))
     assert tg["n_nonfinite"] == 2 and tg["n"] == mask.sum() - 2
     for k in ("null_pre", "null_mid", "null_up", "fnull_up"):
@@ -147,7 +146,7 @@ def test_a_sequence_with_a_non_finite_token_is_left_out_of_consensus_at_every_po
     r = reducers[0]
     P, mask = points(r, 3, 20, seed=11, bad=False)
     P["mid"][1, 4, 7] = float("nan")
-    st, _ = r(P, mask)
+    st, _ = reduce_one(r, P, mask)
     tg = dict(zip(stats.TGT_FIELDS, st["tgt"][0].tolist()))
     assert tg["n_seq"] == 2
     for p in ("pre", "mid", "post"):
@@ -166,11 +165,11 @@ def test_a_layer_projected_twice_before_reducing_keeps_both(reducers):
     alone = copy.deepcopy(r)
     alone.arena = None
     a, b = points(r, 3, 20, seed=6), points(r, 3, 20, seed=7)
-    pa, pb = r.project(*a), r.project(*b)
-    assert pa["slot"] is not None and pb["slot"] is None
+    pa, pb = project(r, *a), project(r, *b)
+    assert pa.slot is not None and pb.slot is None
     got = reduce_many([(r, pa), (r, pb)])
-    same(got[0], alone(*a))
-    same(got[1], alone(*b))
+    same(got[0], reduce_one(alone, *a))
+    same(got[1], reduce_one(alone, *b))
     assert not r.arena.taken  # reduce_many gave the row back
 
 
@@ -179,7 +178,7 @@ def test_arena_keeps_only_the_latest_shapes(reducers):
     rs = [copy.deepcopy(r) for r in reducers]
     pad_to_stack(rs)
     for n in (20, 9, 31, 9):
-        reduce_many([(r, r.project(*points(r, 2, n, seed=n))) for r in rs])
+        reduce_many([(r, project(r, *points(r, 2, n, seed=n))) for r in rs])
     for arena in {id(r.arena): r.arena for r in rs}.values():
         assert len(arena.bufs) == 1 and not arena.taken
 
@@ -198,7 +197,7 @@ def test_a_forward_that_raises_gives_its_rows_back():
         with pytest.raises(RuntimeError):
             model(input_ids=ids)
         h.remove()
-        arenas = {id(i["reducer"].arena): i["reducer"].arena for i in mon._layers.values()}.values()
+        arenas = {id(i.bases.arena): i.bases.arena for i in mon._plan.layers.values()}.values()
         assert not any(a.taken for a in arenas)  # layers 0..L-2 had projected before the raise
         model(input_ids=ids)
         assert not any(a.taken for a in arenas)
@@ -222,18 +221,16 @@ def test_a_layer_with_fewer_eigen_subspaces_stacks_with_the_others(reducers):
     its last slot is NaN, and it is of the same kind as its neighbours (reduced with them)."""
     import dataclasses
 
-    from eigenhooks.monitor.reduce import LayerReducer
-
     r = copy.deepcopy(reducers[0])
     short = [dataclasses.replace(t, eig=t.eig[:-1]) for t in r.targets]
-    r2 = LayerReducer(short, r._haar, r._fnull, r.null_stride, m=r.m)
+    r2 = LayerBases(short, r._haar, r._fnull, r.null_stride, eig_slots=r.eig_slots)
     assert r2.kind == r.kind
     pad_to_stack([r, r2])
     P, mask = points(r, 3, 20, seed=9)
-    got = reduce_many([(r, r.project(P, mask)), (r2, r2.project(P, mask))])
+    got = reduce_many([(r, project(r, P, mask)), (r2, project(r2, P, mask))])
     alone = copy.deepcopy(r2)
     alone.arena = None
-    same(got[1], alone(P, mask))
+    same(got[1], reduce_one(alone, P, mask))
     eig = got[1][0]["eig_up"]
     assert torch.isnan(eig[:, -1]).all() and torch.isfinite(eig[:, :-1]).all()
     assert torch.equal(eig[:, :-1], got[0][0]["eig_up"][:, :-1])
@@ -252,10 +249,10 @@ def test_the_half_precision_split_path_gives_the_float32_statistics(monkeypatch)
     batch = tok(["def f(x):\n    return x + 1", "class A:\n    pass", "import os"], return_tensors="pt", padding=True)
 
     def run(split: bool):
-        monkeypatch.setitem(reduce._OUT_DTYPE, ("cpu", torch.bfloat16), split)
+        monkeypatch.setitem(reduce.kernels._OUT_DTYPE, ("cpu", torch.bfloat16), split)
         with eh.monitor(model) as mon, torch.no_grad():
             model(**batch)
-        red = mon._layers[0]["reducer"]
+        red = mon._plan.layers[0].bases
         assert any(B.dtype == (torch.bfloat16 if split else torch.float32) for B, _ in red._dev.values())
         return mon.summary()
 
@@ -269,7 +266,7 @@ def test_the_half_precision_split_path_gives_the_float32_statistics(monkeypatch)
 def test_the_cuda_layout_gives_the_cpu_layouts_summary(monkeypatch):
     """On CUDA the monitor widens the frames so that every layer stacks in one group; forced here on
     the CPU, a padded batch's summary is the default's: every count equal, float columns to rounding."""
-    from eigenhooks.monitor import reduce, state
+    from eigenhooks.monitor import plan, reduce
 
     model, tok = eh.zoo.load("gpt2-tiny")
     tok.pad_token = tok.eos_token
@@ -281,11 +278,9 @@ def test_the_cuda_layout_gives_the_cpu_layouts_summary(monkeypatch):
         return mon, mon.summary()
 
     plain, want = run()
-    monkeypatch.setattr(
-        state, "pad_to_stack", lambda rs, widen_frames=False: reduce.pad_to_stack(rs, widen_frames=True)
-    )
+    monkeypatch.setattr(plan, "pad_to_stack", lambda rs, widen_frames=False: reduce.pad_to_stack(rs, widen_frames=True))
     wide, got = run()
-    groups = lambda m: len({id(i["reducer"].arena) for i in m._layers.values()})  # noqa: E731
+    groups = lambda m: len({id(i.bases.arena) for i in m._plan.layers.values()})  # noqa: E731
     assert groups(wide) == 1 < groups(plain)  # the two layouts really differ
     assert list(got.columns) == list(want.columns)
     for c in want.columns:
@@ -299,17 +294,17 @@ def test_the_cuda_layout_gives_the_cpu_layouts_summary(monkeypatch):
 def test_a_reading_shared_by_two_layers_is_reduced_once_and_only_for_its_own_tokens():
     """layer t's post is layer t+1's pre (one tensor): its norms and consensus sum come from the memo,
     but only for that very tensor (checked by a weak reference, not by its id alone) on the same grid."""
-    from eigenhooks.monitor.reduce import Grid, _Memo
+    from eigenhooks.monitor.reduce import Grid, Memo
 
     X, Y = torch.randn(2, 5, 4), torch.randn(2, 5, 4)
     g, other = Grid(torch.ones(2, 5, dtype=torch.bool)), Grid(torch.ones(2, 5, dtype=torch.bool))
     store: dict = {}
     value = torch.ones(3)
-    _Memo(store, g).put(X, "norms", value)
-    assert _Memo(store, g).get(X, "norms") is value
-    assert _Memo(store, other).get(X, "norms") is None  # other tokens counted
-    assert _Memo(store, g).get(Y, "norms") is None and _Memo(store, g).get(X, "sv") is None
-    assert _Memo(None, g).get(X, "norms") is None
+    Memo(store, g).put(X, "norms", value)
+    assert Memo(store, g).get(X, "norms") is value
+    assert Memo(store, other).get(X, "norms") is None  # other tokens counted
+    assert Memo(store, g).get(Y, "norms") is None and Memo(store, g).get(X, "sv") is None
+    assert Memo(None, g).get(X, "norms") is None
     ref = store[(id(X), "norms")][0]
     del X
     assert ref() is None  # the memo kept no activation alive: a new tensor with that id cannot hit

@@ -51,10 +51,10 @@ def test_null_subsample_compares_target_and_draws_on_the_same_tokens(gpt2):
     assert abs(row["rho_null_tokens"] - float(up[sel].double().mean())) < 1e-9
     assert abs(row["rho"] - float(up[batch["attention_mask"].bool()].double().mean())) < 1e-9
     # the draws, from the reducer's own frames, on the same tokens: the same quantiles and p
-    red = mon._layers[layer]["reducer"]
-    H = red.Bn64[:, red.haar_start : red.haar_start + red.K * red.frame_width].float()
+    red = mon._plan.layers[layer].bases
+    H = red.Bn64[:, red.haar_start : red.haar_start + red.null_draws * red.frame_width].float()
     draws = []
-    for j in range(red.K):
+    for j in range(red.null_draws):
         Q = H[:, j * red.frame_width : j * red.frame_width + int(row["k"])]
         u = (alignment(mid, Q) - alignment(pre, Q)) > 1e-6
         draws.append(float(u[sel].double().mean()))

@@ -26,7 +26,7 @@ import torch
 from transformers import TrainerCallback
 
 from ..monitor import monitor
-from ..monitor.hooks import DEFAULT_TARGETS
+from ..monitor.config import DEFAULT_TARGETS
 
 log = logging.getLogger(__name__)
 # Only gamma and rho are logged, which no null changes: the smallest nulls keep each measurement cheap.

@@ -1,19 +1,28 @@
 """Hooks at run time: attach, capture (pre, mid, post), reduce to streaming sums, detach.
 
-Owns ``Monitor`` and ``monitor()`` (``hooks``), the TransformerLens side of the hooks (``lens``),
-the state that persists across forwards with ``state_dict`` / merge / ``all_reduce`` (``state``),
-the fingerprint of what its sums mean, compared before any merge (``fingerprint``),
-the sinks (.jsonl, TensorBoard, W&B, MLflow, a callable: ``sinks``) and when they are written (``logs``),
-the two-stage reduction of a forward's readings to sums on the device (``reduce``), and the
-statistics with their nulls: alignment, Haar and structured null frames, Monte-Carlo p-values,
-BH, cluster-robust intervals, verdicts (``stats``). It may import ``spectra``, ``zoo``,
-``models`` and ``linalg``. ``from eigenhooks.monitor import Monitor`` works as it did when this
-was one module.
+Owns ``Monitor`` and ``monitor()`` (``facade``), a small facade over the parts a forward flows
+through, one way: ``config`` (every setting and default, frozen), ``plan`` (per-layer bases and
+facts, built once at entry), ``taps`` (the hooks on the model, HF or TransformerLens; they know
+nothing of sums), ``forward`` (one forward's scratch), ``accumulate`` (the running sums, open
+sequences, the decoding-step buffer), ``logs`` and ``sinks`` (where the numbers go), ``summary``
+(the table). ``reduce`` is the two-stage reduction on the device, ``reference`` its plain float64
+twin, ``stats`` the statistics with their nulls, ``fingerprint`` what a state's sums mean. It may
+import ``spectra``, ``zoo``, ``models`` and ``linalg``. docs/api.md, "A forward's life", walks it.
 """
 
-from .hooks import MeasurementWarning, Monitor, check_nulls, monitor
+from .config import DEFAULTS, MonitorConfig, check_nulls
+from .facade import Monitor, monitor
 from .sinks import SinkError
-from .state import MonitorState
 from .stats import TargetError
+from .taps import MeasurementWarning
 
-__all__ = ["MeasurementWarning", "Monitor", "MonitorState", "SinkError", "TargetError", "check_nulls", "monitor"]
+__all__ = [
+    "DEFAULTS",
+    "MeasurementWarning",
+    "Monitor",
+    "MonitorConfig",
+    "SinkError",
+    "TargetError",
+    "check_nulls",
+    "monitor",
+]

@@ -35,40 +35,40 @@ def vector_digest(u) -> str:
     return tensors_digest([t], {"digest": "target"})
 
 
-def fingerprint(mon, vectors: dict[str, dict[int, str]]) -> dict:
-    """The fingerprint of a prepared monitor (``_prepare`` has run).
+def fingerprint(adapter, config, plan, target_defs) -> dict:
+    """The fingerprint of a monitor's plan.
 
     Args:
-        mon: the monitor.
-        vectors: custom target name -> {layer: ``vector_digest`` of its vector there}.
+        adapter: the model's adapter. config: the ``MonitorConfig``. plan: the ``Plan`` (its
+            layers, and each custom target's vector digests by layer). target_defs: the targets, in order.
     """
-    ad = mon.adapter
+    ad = adapter
     try:
         dtype = str(next(ad.model.parameters()).dtype).replace("torch.", "")
     except StopIteration:
         dtype = None
     by_group: dict[int, str] = {}  # shared-weight layers are hashed once
     layers = {}
-    for i, info in sorted(mon._layers.items()):
+    for i, lp in sorted(plan.layers.items()):
         group = ad.layers[i].group
         if group not in by_group:
             by_group[group] = weights_digest(ad, i)
         layers[str(i)] = {
             "weights": by_group[group],
             "targets": {
-                meta["target"]: {"k": t.k, "vector": vectors.get(meta["target"], {}).get(i)}
-                for t, meta in zip(info["targets"], info["meta"])
+                meta.name: {"k": t.k, "vector": plan.vectors.get(meta.name, {}).get(i)}
+                for t, meta in zip(lp.targets, lp.meta)
             },
         }
     return {
         "format": FORMAT,
         "settings": {
-            "null_seed": mon.null_seed,
-            "null_draws": mon.K,
-            "fnull_draws": mon.Kf,
-            "eig_top": mon.m,
-            "null_stride": mon.null_stride,
-            "reading_points": list(mon.points),
+            "null_seed": config.null_seed,
+            "null_draws": config.null_draws,
+            "fnull_draws": config.fnull_draws,
+            "eig_top": config.eig_top,
+            "null_stride": config.stride,
+            "reading_points": list(config.reading_points),
         },
         "model": {
             "n_layers": ad.n_layers,
@@ -76,9 +76,53 @@ def fingerprint(mon, vectors: dict[str, dict[int, str]]) -> dict:
             "norm_position": ad.norm_position,
             "dtype": dtype,
         },
-        "targets": [d[0] for d in mon.target_defs],
+        "targets": [d[0] for d in target_defs],
         "layers": layers,
     }
+
+
+def check_state(ours: dict, state, expected: dict[int, dict[str, torch.Tensor]]) -> dict[int, dict[str, torch.Tensor]]:
+    """A saved state's sums as float64 tensors, once its fingerprint, layers, keys and shapes all match ``ours``.
+
+    Raises:
+        ValueError: the state is no state, predates the fingerprint, or differs; the message names what.
+    """
+    if not isinstance(state, dict):
+        raise ValueError(f"a monitor state is the dict state_dict() returns, got {type(state).__name__}")
+    if "fingerprint" not in state:
+        what = "predates the fingerprint (saved by an older eigenhooks)" if "layout" in state else "has no fingerprint"
+        raise ValueError(
+            f"this state {what}: it does not record the model's weights, the target vectors or the reading "
+            "points, so it cannot be checked against this monitor; recompute it with this version"
+        )
+    diffs = differences(ours, state["fingerprint"], "here", "in the state")
+    if diffs:
+        raise ValueError(
+            f"the state's layout differs from this monitor's: {mismatch(diffs)}. Merge only states of the "
+            "same model weights, targets, reading points and null settings"
+        )
+    return parse_layers(state, expected)
+
+
+def check_ranks(fp: dict, dist, group) -> None:
+    """Raise the same ValueError on every rank unless all ranks' fingerprints agree.
+
+    Short digests go round first; only when they differ do the whole fingerprints, to name
+    the difference. Every rank takes the same branch, so none waits on a collective alone.
+    """
+    world = dist.get_world_size(group)
+    digests: list = [None] * world
+    dist.all_gather_object(digests, digest(fp), group=group)
+    if len(set(digests)) == 1:
+        return
+    fps: list = [None] * world
+    dist.all_gather_object(fps, fp, group=group)
+    r = next(r for r in range(world) if digests[r] != digests[0])
+    diffs = differences(fps[0], fps[r], "on rank 0", f"on rank {r}")
+    raise ValueError(
+        f"all_reduce: rank {r} differs from rank 0, so their sums cannot be added: {mismatch(diffs)}. "
+        "Every rank needs the same model weights, targets, reading points and null settings"
+    )
 
 
 def digest(fp: dict) -> str:

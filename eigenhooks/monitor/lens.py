@@ -1,85 +1,13 @@
-"""TransformerLens: the monitor's hooks as ``run_with_hooks`` pairs, and the masks TransformerLens hides.
+"""TransformerLens: the masks TransformerLens hides from hooks.
 
-A mixin of ``Monitor``. TransformerLens 4 bridges hook through HookPoints; the monitor either
-wraps the bridge's forward (``with eh.monitor(bridge)``) or hands out ``fwd_hooks()``.
+``run_with_hooks`` passes no ``attention_mask`` to hooks, and a batch of strings is padded
+without telling any hook. These read them back, for the monitor's forward (``taps.Taps`` drives
+TransformerLens forwards through the same events as HF ones).
 """
 
 from __future__ import annotations
 
 import torch
-
-
-class MonitorLens:
-    """The TransformerLens half of ``Monitor``."""
-
-    def _wrap_lens_forward(self) -> None:
-        """TransformerLens calls ``self.forward`` directly from run_with_hooks, bypassing module
-        hooks, so the forward's start and end (and its input, for the mask) are caught here."""
-        model, prev = self.model, self.model.__dict__.get("forward")
-        inner = model.forward
-
-        def forward(*args, **kwargs):
-            self._on_model_start(model, args, kwargs)
-            ok = False
-            try:
-                out = inner(*args, **kwargs)
-                ok = True
-                return out
-            finally:
-                self._on_model_end(model, args, True if ok else None)
-
-        model.forward = forward
-
-        def restore():
-            if model.__dict__.get("forward") is forward:
-                if prev is None:
-                    del model.forward
-                else:
-                    model.forward = prev
-
-        self._stack.callback(restore)
-
-    def fwd_hooks(self) -> list[tuple[str, object]]:
-        """[(hook_name, fn)] for TransformerLens ``run_with_hooks`` (create the monitor with attach=False).
-
-        run_with_hooks hides the call's ``attention_mask`` and string input from hooks, so the
-        first hook reads them from the bridge's running forward; ``eh.monitor(..., attention_mask=)``
-        overrides that.
-        """
-        if self.adapter.backend != "lens":
-            raise TypeError("fwd_hooks() is for TransformerLens models; HF models are hooked by the with-block")
-        if self._stack is not None:
-            raise RuntimeError(
-                "this monitor is already attached to the model; create it with attach=False to use fwd_hooks()"
-            )
-        self._prepare()
-        self._slots = self._build_slots()
-        self._index_slots()
-        first = self.adapter.reading_points(0).pre.hook_name
-        last_layer = max(self._layers)
-        last = self._layers[last_layer]["rp"]
-        last_name = (
-            getattr(last, self._last_point(last_layer)).hook_name
-            if self._last_point(last_layer) != "attn"
-            else last.attn.hook_name
-        )
-        hooks = []
-        for key, (module, _, _) in self._slots.items():
-            name = next(n for n, hp in self.model.hook_dict.items() if hp is module)
-
-            def fn(act, hook, key=key, name=name):
-                if name == first:
-                    self._end_sequences()
-                    self._reset_forward(open_=True)
-                    self._mask = self.explicit_mask if self.explicit_mask is not None else lens_call_mask(self.model)
-                self._on_tap(key, act)
-                if name == last_name and self._open:
-                    self._check_forward()
-                    self._commit_logged()
-                    self._reset_forward(open_=False)
-
-            hooks.append((name, fn))
-        return hooks
 
 
 def lens_call_mask(model):

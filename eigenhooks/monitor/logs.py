@@ -1,218 +1,182 @@
-"""The monitor's sinks at run time: when they are written, and what a failed write undoes.
+"""The sinks' log points: when the running values go to the sinks, and what a failed write undoes.
 
-A mixin of ``Monitor`` (sinks.py holds the sinks themselves). Every ``log_every`` forwards is a
-log point: the running sums of every layer are copied to the host and logged with the step
-``mon.step`` (your own global step, if you set it) or else the forward count. On a GPU the copy
-is enqueued with ``non_blocking`` into pinned memory and read at the *next* log point, when it
-has long arrived, so no forward waits for the device; on exit (or ``mon.log()``) the last values
-are read at once. The summary table goes to the sinks on exit and on ``mon.log_summary()``.
+Every ``log_every`` forwards is a log point: the running sums of every layer are copied to the
+host and logged with the step ``mon.step`` (your own global step, if you set it) or else the
+forward count. On a GPU the copy is enqueued with ``non_blocking`` into pinned memory and read at
+the *next* log point, when it has long arrived, so no forward waits for the device; on exit (or
+``mon.log()``) the last values are read at once. The summary table goes to the sinks on exit and
+on ``mon.log_summary()``.
 
-A forward counts whole or not at all (DESIGN.md §1), sinks included: a forward during which a
-sink write fails is not counted. Its sums are taken back, ``n_forwards`` stays, its .jsonl line
-is truncated away, and the model call raises ``SinkError``, as a forward that raises adds
-nothing. What a sink wrote at that log point was an earlier log point's values (those counted);
-a sink that did not take them gets them again at the next log point or on exit.
+A forward counts whole or not at all, sinks included: a forward during which a sink write fails
+is not counted (the ``Monitor`` takes its sums back with the accumulator's ``Undo`` and this
+module's ``LogMark``), its .jsonl line is truncated away, and the model call raises ``SinkError``.
 """
 
 from __future__ import annotations
 
 import warnings
+from dataclasses import dataclass
 
 import torch
 
 from . import stats as M
+from .accumulate import Accumulator
+from .forward import ForwardSums
+from .plan import Plan
 from .sinks import METRICS, SinkError, make_sinks, scalar_values
 
 
-class MonitorLogs:
-    """The sinks half of ``Monitor`` (hooks.py calls ``_init_logs``, ``_commit_logged`` and ``_end_logs``)."""
+@dataclass
+class LogMark:
+    """What a forward's log point may change, as it was before (restored when the forward is taken back)."""
 
-    def _init_logs(self, sink, log_every) -> None:
-        if log_every is not None and (isinstance(log_every, bool) or not isinstance(log_every, int) or log_every < 0):
-            raise ValueError(
-                f"log_every must be a non-negative int (0 or None: only on exit and mon.log()), got {log_every!r}"
-            )
-        self._sinks = make_sinks(sink)
-        jsonl = [s for s in self._sinks if s.per_forward]
+    pending: dict | None
+    logged_at: int
+    written: list  # per-forward sinks that took this forward's line
+
+
+class LogPoints:
+    """The monitor's sinks and their log points.
+
+    Args:
+        sink: one sink or a list (``sinks.make_sinks``). log_every: forwards between log points
+            (0 or None: only on exit and ``mon.log()``).
+    """
+
+    def __init__(self, sink, log_every: int | None):
+        self.sinks = make_sinks(sink)
+        jsonl = [s for s in self.sinks if s.per_forward]
         self.sink_path = jsonl[0].path if jsonl else None  # per-forward sums: no buffering of 1-token forwards
         self.log_every = log_every or 0
         self.step: int | None = None  # the step of the next log point; None: the forward count
-        self._log_pending: dict | None = None  # a log point's values on their way to the host
-        self._log_host: torch.Tensor | None = None  # pinned, reused
-        self._logged_at = 0  # n_forwards at the last log point
-        self._summary_at: int | None = None  # n_forwards when the summary was last logged
+        self.pending: dict | None = None  # a log point's values on their way to the host
+        self._host: torch.Tensor | None = None  # pinned, reused
+        self.logged_at = 0  # n_forwards at the last log point
+        self.summary_at: int | None = None  # n_forwards when the summary was last logged
 
-    # ---- public ----
-    def scalars(self) -> dict[str, float]:
-        """The running values now, ``{tag: value}``: gamma_pre/mid/post, rho and n_tokens per
-        (layer, target), tagged ``eigenhooks/rho/L07/ov-modulus``. Reads the device (a sync)."""
-        self._prepare()
-        self._flush()
-        rows = torch.cat([self._state[i]["tgt"].detach().to("cpu", torch.float64) for i in sorted(self._layers)])
-        return self._values(rows.tolist())
+    @property
+    def scalar_sinks(self) -> bool:
+        return any(not s.per_forward for s in self.sinks)
 
-    def log(self, step: int | None = None) -> dict[str, float]:
-        """Log the running values to the sinks now, at ``step`` (default ``mon.step``, else the
-        forward count), after any earlier log point still on its way. Returns them.
+    def step_now(self, step: int | None, n_forwards: int) -> int:
+        return int(step if step is not None else self.step if self.step is not None else n_forwards)
 
-        Raises:
-            SinkError: a sink could not be written (the monitor's sums are untouched).
-        """
-        self._emit_pending()
-        values = self.scalars()
-        step = self._step_now(step)
-        for s in self._sinks:
-            if not s.per_forward:
-                _call(s, "scalars", step, values)
-        self._logged_at = self.n_forwards
-        return values
+    # ---- after each counted forward ----
+    def mark(self) -> LogMark:
+        return LogMark(self.pending, self.logged_at, [])
 
-    def log_summary(self, step: int | None = None):
-        """Log ``mon.summary()`` to the sinks in each one's own form (TensorBoard text, a wandb
-        Table, the MLflow artifact ``eigenhooks/summary.csv``); done on exit too. Returns the table.
+    def after_forward(self, mark: LogMark, acc: Accumulator, plan: Plan, fs: ForwardSums, labels) -> None:
+        """The forward's own line to the per-forward sinks, and a log point if one is due.
 
         Raises:
-            SinkError: a sink could not be written.
+            SinkError: a sink could not be written (the caller takes the forward back).
         """
-        df = self.summary()
-        step = self._step_now(step)
-        for s in self._sinks:
-            if not s.per_forward:
-                _call(s, "table", step, df)
-        self._summary_at = self.n_forwards
-        return df
+        if fs.layers and any(s.per_forward for s in self.sinks):
+            stats = forward_stats(plan, fs)
+            for s in self.sinks:
+                if s.per_forward:
+                    mark.written.append(s)
+                    call(s, "forward", acc.n_forwards, stats)
+        if self.log_every and acc.n_forwards % self.log_every == 0 and self.scalar_sinks:
+            self.emit_pending(labels)
+            self.enqueue(acc, self.step_now(None, acc.n_forwards))
 
-    # ---- in a forward ----
-    def _commit_logged(self) -> None:
-        """``_commit``, then the sinks; if a sink fails, the forward is taken back whole."""
-        if not self._sinks:
-            self._commit()
-            return
-        saved = self._save_commit()
-        written = []
-        try:
-            self._commit()
-            if self._pending and any(s.per_forward for s in self._sinks):
-                stats = self._forward_stats()
-                for s in self._sinks:
-                    if s.per_forward:
-                        written.append(s)
-                        _call(s, "forward", self.n_forwards, stats)
-            if self.log_every and self.n_forwards % self.log_every == 0 and self._scalar_sinks():
-                self._emit_pending()
-                self._enqueue(self._step_now(None))
-        except BaseException as e:
-            for s in written:
-                s.undo()
-            self._restore_commit(saved)
-            self._reset_forward(open_=False)
-            if self._closing:
-                self._finish_deferred_close(raised=True)
-            if isinstance(e, SinkError):
-                raise SinkError(f"{e}. This forward was not counted (its sums were taken back)") from e.__cause__
-            raise
-
-    def _forward_stats(self) -> list[dict]:
-        """This forward's own target sums (``_pending`` after ``_commit``), one dict per (layer, target)."""
-        out = []
-        for layer, (sums, _) in sorted(self._pending.items()):
-            for ti, meta in enumerate(self._layers[layer]["meta"]):
-                row = dict(zip(M.TGT_FIELDS, sums["tgt"][ti].tolist()))
-                out.append({"layer": layer, "target": meta["target"], **row})
-        return out
-
-    def _save_commit(self) -> tuple:
-        # _commit replaces the state's tensors (``st[k] = st[k] + v``), never writes into them, so
-        # copies of the dicts that hold them are the whole state before this forward.
-        return (
-            self.n_forwards,
-            {i: dict(st) for i, st in self._state.items()},
-            dict(self._rows),
-            {i: list(b) for i, b in self._buf.items()},
-            self._log_pending,
-            self._logged_at,
-        )
-
-    def _restore_commit(self, saved: tuple) -> None:
-        n, state, rows, buf, pending, logged_at = saved
-        self.n_forwards, self._state, self._rows, self._buf = n, state, rows, buf
-        self._log_pending, self._logged_at = pending, logged_at
-        self.token_records[:] = [r for r in self.token_records if r["forward"] != n]
+    def undo(self, mark: LogMark) -> None:
+        for s in mark.written:
+            s.undo()
+        self.pending, self.logged_at = mark.pending, mark.logged_at
 
     # ---- log points ----
-    def _scalar_sinks(self) -> bool:
-        return any(not s.per_forward for s in self._sinks)
-
-    def _step_now(self, step: int | None) -> int:
-        return int(step if step is not None else self.step if self.step is not None else self.n_forwards)
-
-    def _values(self, rows: list) -> dict[str, float]:
-        labels = [(i, meta["target"]) for i in sorted(self._layers) for meta in self._layers[i]["meta"]]
-        metrics = [m for m in METRICS if m != "gamma_post" or "post" in self.points]
-        metrics = [m for m in metrics if m not in ("gamma_mid", "rho") or "mid" in self.points]
-        return scalar_values(rows, labels, metrics, self.adapter.n_layers)
-
-    def _enqueue(self, step: int) -> None:
-        """Start copying the running sums to the host; ``_emit_pending`` reads them later."""
-        self._flush()
-        tgt = [self._state[i]["tgt"].detach() for i in sorted(self._layers)]
+    def enqueue(self, acc: Accumulator, step: int) -> None:
+        """Start copying the running sums to the host; ``emit_pending`` reads them later."""
+        acc.flush()
+        tgt = acc.target_sums()
         dev = next((t.device for t in tgt if t.device.type == "cuda"), None)
         event = None
         if dev is None:
             host = torch.cat([t.to(torch.float64) for t in tgt])  # a new tensor: later forwards do not touch it
         else:
             flat = torch.cat([t.to(dev, torch.float64, non_blocking=True) for t in tgt])  # (rows, len(TGT_FIELDS))
-            if self._log_host is None or self._log_host.shape != flat.shape:
-                self._log_host = torch.empty(flat.shape, dtype=flat.dtype, pin_memory=True)
-            self._log_host.copy_(flat, non_blocking=True)
+            if self._host is None or self._host.shape != flat.shape:
+                self._host = torch.empty(flat.shape, dtype=flat.dtype, pin_memory=True)
+            self._host.copy_(flat, non_blocking=True)
             event = torch.cuda.Event()
             event.record(torch.cuda.current_stream(dev))
-            host = self._log_host
-        self._log_pending = {"step": step, "forward": self.n_forwards, "host": host, "event": event, "done": set()}
-        self._logged_at = self.n_forwards
+            host = self._host
+        self.pending = {"step": step, "forward": acc.n_forwards, "host": host, "event": event, "done": set()}
+        self.logged_at = acc.n_forwards
 
-    def _emit_pending(self) -> None:
+    def emit_pending(self, labels) -> None:
         """Log the values of the last log point, once they are on the host (they are, by the next one)."""
-        p = self._log_pending
+        p = self.pending
         if p is None:
             return
         if p["event"] is not None and not p["event"].query():
             p["event"].synchronize()
-        values = self._values(p["host"].tolist())
-        for i, s in enumerate(self._sinks):
+        values = labels(p["host"].tolist())
+        for i, s in enumerate(self.sinks):
             if s.per_forward or i in p["done"]:
                 continue
-            _call(s, "scalars", p["step"], values)
+            call(s, "scalars", p["step"], values)
             p["done"].add(i)  # taken: not sent again if another sink fails
-        self._log_pending = None
+        self.pending = None
+
+    def scalars(self, step: int, values: dict) -> None:
+        for s in self.sinks:
+            if not s.per_forward:
+                call(s, "scalars", step, values)
+
+    def table(self, step: int, df, n_forwards: int) -> None:
+        for s in self.sinks:
+            if not s.per_forward:
+                call(s, "table", step, df)
+        self.summary_at = n_forwards
 
     # ---- on exit ----
-    def _end_logs(self, raised: bool) -> None:
-        """The with-block ended: the last values and the summary to the sinks, then flush them.
+    def end(self, raised: bool, acc: Accumulator, labels, log_summary) -> None:
+        """The with-block ended: the last values and the summary to the sinks, then close them.
 
         After an exception in the block a sink's own error is a warning, so the block's error is
         the one that propagates."""
-        if not self._sinks:
+        if not self.sinks:
             return
         try:
             try:
-                if self._scalar_sinks() and self.n_forwards:
-                    if self._logged_at != self.n_forwards:
-                        self._emit_pending()
-                        self._enqueue(self._step_now(None))
-                    self._emit_pending()
-                    if self._summary_at != self.n_forwards:
-                        self.log_summary()
+                if self.scalar_sinks and acc.n_forwards:
+                    if self.logged_at != acc.n_forwards:
+                        self.emit_pending(labels)
+                        self.enqueue(acc, self.step_now(None, acc.n_forwards))
+                    self.emit_pending(labels)
+                    if self.summary_at != acc.n_forwards:
+                        log_summary()
             finally:
-                for s in self._sinks:
-                    _call(s, "close")
+                for s in self.sinks:
+                    call(s, "close")
         except Exception as e:
             if not raised:
                 raise
-            warnings.warn(f"eigenhooks: {e}", RuntimeWarning, stacklevel=3)
+            warnings.warn(f"eigenhooks: {e}", RuntimeWarning, stacklevel=4)
 
 
-def _call(sink, method: str, *args) -> None:
+def forward_stats(plan: Plan, fs: ForwardSums) -> list[dict]:
+    """One forward's own target sums, one dict per (layer, target)."""
+    out = []
+    for layer, ls in sorted(fs.layers.items()):
+        for ti, meta in enumerate(plan.layers[layer].meta):
+            row = dict(zip(M.TGT_FIELDS, ls.sums["tgt"][ti].tolist()))
+            out.append({"layer": layer, "target": meta.name, **row})
+    return out
+
+
+def scalar_labels(plan: Plan, points: tuple[str, ...], n_layers: int):
+    """rows (list of TGT_FIELDS lists, in layer and target order) -> {tag: value} for the sinks."""
+    labels = [(i, meta.name) for i in sorted(plan.layers) for meta in plan.layers[i].meta]
+    metrics = [m for m in METRICS if m != "gamma_post" or "post" in points]
+    metrics = [m for m in metrics if m not in ("gamma_mid", "rho") or "mid" in points]
+    return lambda rows: scalar_values(rows, labels, metrics, n_layers)
+
+
+def call(sink, method: str, *args) -> None:
     """Call a sink, turning its error into a SinkError that names it."""
     try:
         getattr(sink, method)(*args)

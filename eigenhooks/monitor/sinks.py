@@ -58,7 +58,7 @@ _MLFLOW_BATCH = 1000  # MLflow's limit of metrics per log_batch call
 
 
 class SinkError(RuntimeError):
-    """A sink could not be written. Raised in a forward, that forward was not counted (DESIGN.md §1)."""
+    """A sink could not be written. Raised in a forward, that forward was not counted (docs/design.md, "Mathematics")."""
 
 
 class Sink:

@@ -1,6 +1,6 @@
 """Alignment statistics: per-token measures, streaming mergeable sums, and their nulls.
 
-Pure torch (plus numpy/scipy for the final summary). Definitions (DESIGN.md §1):
+Pure torch (plus numpy/scipy for the final summary). Definitions (docs/design.md, "Mathematics"):
 a(x) = ||U^T x|| / ||x||; delta = a(mid) - a(base), base = pre (pre-norm) or LN_t(pre)
 (post-norm: equal normalisation); rho = P(delta > GROWTH_EPS).
 

@@ -99,14 +99,11 @@ def _test_pause(stage: str) -> None:
 
 
 def _check_nulls(nulls: dict | None) -> dict:
-    """The monitor's null settings: its defaults (read off ``eh.monitor``'s signature), with those given;
+    """The monitor's null settings: its defaults (``MonitorConfig``), with those given;
     unknown names and bad values refused before any work."""
-    import inspect
+    from ..monitor.config import DEFAULTS, NULL_SETTINGS, check_nulls
 
-    from ..monitor.hooks import check_nulls, monitor
-
-    params = inspect.signature(monitor).parameters
-    full = {k: params[k].default for k in ("null_draws", "null_seed", "null_stride", "fnull_draws", "eig_top")}
+    full = {k: getattr(DEFAULTS, k) for k in NULL_SETTINGS}
     unknown = sorted(set(nulls or {}) - set(full))
     if unknown:
         raise ValueError(f"unknown null settings {unknown}; expected some of {sorted(full)}")
@@ -210,8 +207,8 @@ def run(
 
 
 def _study(st: _Study, model, texts, torch_dtype, ctx, backend, max_tokens, batch_size, seed, nulls, progress) -> None:
-    import eigenhooks as eh
-
+    from ..monitor import monitor
+    from ..spectra.compute import spectra
     from ..zoo.loading import load_model
 
     torch.manual_seed(seed)
@@ -222,12 +219,12 @@ def _study(st: _Study, model, texts, torch_dtype, ctx, backend, max_tokens, batc
     if st.folder is not None:
         st.folder.meta.update(_model_meta(st.model))
     st.stage("spectra")
-    st.specs = {rank: eh.spectra(st.model, variant=v, rank=rank) for v, rank in TARGETS}
+    st.specs = {rank: spectra(st.model, variant=v, rank=rank) for v, rank in TARGETS}
     st.stage("forwards")
     batches = TokenBatches(st.tok, texts, max_tokens, _seq_len(st.model), batch_size)
     sink = _sink(st, ctx)
     try:
-        st.mon = eh.monitor(st.model, targets=TARGETS, sink=sink, **nulls)
+        st.mon = monitor(st.model, targets=TARGETS, sink=sink, **nulls)
         t0 = time.perf_counter()
         try:
             _forwards(st, batches, ctx, backend, progress and ctx.rank == 0)
@@ -323,7 +320,7 @@ def _result_meta(st: _Study, ctx, status: str, error) -> dict:
 
 
 def _base_meta(model, backend, seed, max_tokens, batch_size, command, ctx) -> dict:
-    import eigenhooks as eh
+    from ..data import __version__
 
     return {
         "model": model,
@@ -333,7 +330,7 @@ def _base_meta(model, backend, seed, max_tokens, batch_size, command, ctx) -> di
         "max_tokens": max_tokens,
         "batch_size": batch_size,
         "world_size": ctx.world,
-        "eigenhooks": eh.__version__,
+        "eigenhooks": __version__,
         "torch": torch.__version__,
         "transformers": _version("transformers"),
         "python": platform.python_version(),
@@ -344,10 +341,10 @@ def _base_meta(model, backend, seed, max_tokens, batch_size, command, ctx) -> di
 
 
 def _model_meta(m) -> dict:
-    import eigenhooks as eh
+    from ..models import get_adapter
 
     p = next(m.parameters())
-    return {"device": str(p.device), "dtype": str(p.dtype), "adapter": eh.get_adapter(m).describe()}
+    return {"device": str(p.device), "dtype": str(p.dtype), "adapter": get_adapter(m).describe()}
 
 
 def _default_out(model: str) -> Path:
@@ -381,7 +378,7 @@ def _plots(out: Path, st: _Study, backend: str) -> None:
     except ImportError:
         (out / "plots-skipped.txt").write_text("matplotlib not installed: pip install 'eigenhooks[plot]'\n")
         return
-    import eigenhooks as eh
+    from ..monitor import monitor
 
     summary, model = st.summary, st.model
     for rank in ("modulus", "residual"):
@@ -389,7 +386,7 @@ def _plots(out: Path, st: _Study, backend: str) -> None:
             plots.alignment_by_layer(summary, rank).savefig(out / f"alignment_{rank}.png", dpi=110)
     plots.eigenvalue_planes(st.specs["modulus"]).savefig(out / "eigenvalues.png", dpi=110)
     first = st.first.to(next(model.parameters()).device)
-    with eh.monitor(model, targets=[("ov", "modulus")], tokens=True) as mon, torch.no_grad():
+    with monitor(model, targets=[("ov", "modulus")], tokens=True) as mon, torch.no_grad():
         model(first) if backend == "lens" else model(input_ids=first, attention_mask=torch.ones_like(first))
     recs = sorted((r for r in mon.token_records), key=lambda r: r["layer"])
     if recs:

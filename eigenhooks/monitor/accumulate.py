@@ -1,0 +1,207 @@
+"""The running sums: what every counted forward added, the open sequences, the decoding-step buffer.
+
+``Accumulator.add`` takes one forward's ``ForwardSums`` and returns an ``Undo`` that takes it back
+whole (a sink that fails after it, docs/api.md "A forward's life"). One-token decoding steps are
+buffered and reduced together, every layer in one stacked flush once every layer's step is in. A
+sequence stays one cluster across the forwards of a KV cache: its per-row counters stay open
+until it ends (``end_sequences``). Every state is a dict of float64-able sums in
+``stats.zero_state``'s layout, so states merge by addition and all_reduce sums them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from . import stats as M
+from .forward import ForwardSums, LayerSums, Step
+from .plan import Plan
+from .reduce import Grid, project, reduce_many
+
+BUFFER_TOKENS = 256  # one-token steps reduced together; bounds the buffer's memory
+
+
+@dataclass
+class Undo:
+    """Everything ``add`` may change, as it was before (the state's tensors are replaced, never written)."""
+
+    n_forwards: int
+    state: dict[int, dict[str, torch.Tensor]]
+    zero: set[int]
+    rows: dict[int, torch.Tensor]
+    buf: dict[int, list[Step]]
+    seen: dict
+    n_token_records: int
+
+
+class Accumulator:
+    """The running state of every measured layer of a ``Plan``."""
+
+    def __init__(self, plan: Plan):
+        self.plan = plan
+        self.state: dict[int, dict[str, torch.Tensor]] = {}
+        for i, lp in plan.layers.items():
+            b = lp.bases
+            self.state[i] = M.zero_state(b.T, len(b.ks), b.null_draws, max(b.eig_slots, 0), b.fnull_draws)
+        self.zero = set(plan.layers)  # layers whose state is still zeros: replaced, not added to, at first
+        self.rows: dict[int, torch.Tensor] = {}  # open sequences' counters (b, 5, T)
+        self.buf: dict[int, list[Step]] = {}  # buffered one-token steps per layer
+        self.seen: dict = {}  # stack -> (b, 1) valid tokens the open sequences have counted
+        self.n_forwards = 0
+        self.token_records: list[dict] = []
+
+    # ---- a forward ----
+    def add(self, fs: ForwardSums) -> Undo:
+        """Count one forward whole; returns what undoes it."""
+        undo = Undo(
+            self.n_forwards, {i: dict(st) for i, st in self.state.items()}, set(self.zero), dict(self.rows),
+            {i: list(b) for i, b in self.buf.items()}, dict(self.seen), len(self.token_records),
+        )  # fmt: skip
+        self._add_layers(list(fs.layers.items()))
+        self._buffer(fs.steps)
+        self.seen.update(fs.seen)
+        self.token_records.extend(fs.tokens)
+        self.n_forwards += 1
+        return undo
+
+    def undo(self, u: Undo) -> None:
+        self.n_forwards, self.state, self.zero, self.rows = u.n_forwards, u.state, u.zero, u.rows
+        self.buf, self.seen = u.buf, u.seen
+        del self.token_records[u.n_token_records :]
+
+    def _buffer(self, steps: dict[int, Step]) -> None:
+        """Append a forward's one-token steps; flush every layer at once when a buffer is full or the
+        batch changes (a flush taken before every layer's step is in would split the stack in two)."""
+        if not steps:
+            return
+        if any(self.buf.get(i) and self.buf[i][0].grid.mask.shape[0] != s.grid.mask.shape[0] for i, s in steps.items()):
+            self.flush()
+        for i, s in steps.items():
+            self.buf.setdefault(i, []).append(s)
+        if any(len(b) * b[0].grid.mask.shape[0] >= BUFFER_TOKENS for b in self.buf.values()):
+            self.flush()
+
+    def flush(self) -> None:
+        """Reduce the buffered one-token steps of every layer, stacked."""
+        cat = lambda xs: None if any(x is None for x in xs) else torch.cat(xs, 1)  # noqa: E731 (rows stay rows)
+        items = []
+        grids: dict[tuple, Grid] = {}  # the layers of a step share its Grid: their concatenations are one object,
+        for i in list(self.buf):  # so the reduction subsamples once for all
+            buf = self.buf.pop(i)
+            if not buf:
+                continue
+            points = {p: cat([s.points[p] for s in buf]) for p in buf[0].points}
+            key = tuple(id(s.grid) for s in buf)  # the steps' grids, alive in buf while this runs
+            if key not in grids:
+                grids[key] = Grid.cat([s.grid for s in buf])
+            bases = self.plan.layers[i].bases
+            items.append((i, bases, project(bases, points, grids[key], cat([s.base for s in buf]), consensus=False)))
+        done = reduce_many([(b, pr) for _, b, pr in items])
+        self._add_layers([(i, LayerSums(*d)) for (i, _, _), d in zip(items, done)])
+
+    def _add_layers(self, results: list[tuple[int, LayerSums]]) -> None:
+        """Add layers' sums into the running state: every (layer, field) sum in one ``torch._foreach_add``
+        per device and dtype, not one add each (one launch for the lot on CUDA)."""
+        olds, news, where = [], [], []
+        for layer, (sums, _) in results:
+            st = self.state[layer]
+            if layer in self.zero:  # nothing counted yet: the first sums are the state
+                self.zero.discard(layer)
+                self.state[layer] = {**st, **sums}
+                continue
+            for k, v in sums.items():
+                olds.append(st[k].to(v.device))
+                news.append(v)
+                where.append((layer, k))
+        for (layer, k), t in zip(where, foreach_sum(olds, news)):
+            self.state[layer] = {**self.state[layer], k: t}
+        olds, news, where = [], [], []
+        for layer, (_, rows) in results:
+            if rows is None:
+                continue
+            open_rows = self.rows.get(layer)
+            if open_rows is not None and open_rows.shape[0] != rows.shape[0]:
+                self._close_rows(layer)
+                open_rows = None
+            if open_rows is None:
+                self.rows[layer] = rows
+            else:
+                olds.append(open_rows)
+                news.append(rows)
+                where.append(layer)
+        for layer, t in zip(where, foreach_sum(olds, news)):
+            self.rows[layer] = t
+
+    # ---- sequences ----
+    def _close_rows(self, layer: int) -> None:
+        rows = self.rows.pop(layer, None)
+        if rows is not None:
+            st = self.state[layer]
+            self.state[layer] = {**st, "tgt": M.close_rows(st["tgt"].to(rows.device), rows)}
+
+    def end_sequences(self) -> None:
+        """The open sequences ended: fold their per-row counters into the cluster sums.
+
+        Layers whose counters have one shape and device are folded together, in one op each."""
+        self.flush()
+        self.seen = {}
+        groups: dict[tuple, list[int]] = {}
+        for layer, rows in self.rows.items():
+            groups.setdefault((rows.shape, rows.device), []).append(layer)
+        for layers in groups.values():
+            rows = torch.stack([self.rows.pop(i) for i in layers])
+            tgt = torch.stack([self.state[i]["tgt"].to(rows.device) for i in layers])
+            for i, t in zip(layers, M.close_rows(tgt, rows)):
+                self.state[i] = {**self.state[i], "tgt": t}
+
+    # ---- reading the state ----
+    def current(self, layer: int) -> dict[str, torch.Tensor]:
+        """This layer's state with the still-open sequences folded in, float64 on the CPU (flush first)."""
+        st = dict(self.state[layer])
+        rows = self.rows.get(layer)
+        if rows is not None:
+            st["tgt"] = M.close_rows(st["tgt"].to(rows.device), rows)
+        return {k: v.detach().to("cpu", torch.float64) for k, v in st.items()}
+
+    def target_sums(self) -> list[torch.Tensor]:
+        """Each layer's running per-target sums (T, len(TGT_FIELDS)), in layer order, on their devices."""
+        return [self.state[i]["tgt"].detach() for i in sorted(self.plan.layers)]
+
+    def replace(self, states: dict[int, dict[str, torch.Tensor]]) -> None:
+        """The state becomes ``states`` (a loaded one); nothing open or buffered is kept."""
+        self.zero.clear()
+        self.rows, self.buf = {}, {}
+        self.state = dict(states)
+
+    def merge(self, states: dict[int, dict[str, torch.Tensor]]) -> None:
+        """Add a state of the same layout (``stats.merge_states``)."""
+        self.zero.clear()
+        self.state = {i: M.merge_states(self.state[i], states[i]) for i in self.state}
+
+    def all_reduce(self, dist, group) -> None:
+        """Sum the whole state across the ranks of ``group`` (open sequences end first)."""
+        self.end_sequences()
+        backend = dist.get_backend(group)
+        dev = torch.device("cuda", torch.cuda.current_device()) if backend == "nccl" else torch.device("cpu")
+        parts = [(i, k, v) for i in sorted(self.state) for k, v in sorted(self.state[i].items())]
+        flat = torch.cat([v.detach().reshape(-1).to(dev, torch.float64) for _, _, v in parts])
+        dist.all_reduce(flat, op=dist.ReduceOp.SUM, group=group)
+        at = 0
+        for i, k, v in parts:
+            n = v.numel()
+            self.state[i] = {**self.state[i], k: flat[at : at + n].reshape(v.shape).to(v.device)}
+            at += n
+
+
+def foreach_sum(a: list[torch.Tensor], b: list[torch.Tensor]) -> list[torch.Tensor]:
+    """[a[i] + b[i]], in order, with one ``torch._foreach_add`` per (device, dtype) of b (a foreach op
+    takes one of each), not one add per pair."""
+    groups: dict[tuple, list[int]] = {}
+    for i, t in enumerate(b):
+        groups.setdefault((t.device, t.dtype), []).append(i)
+    out: list = [None] * len(b)
+    for idx in groups.values():
+        for i, t in zip(idx, torch._foreach_add([a[i] for i in idx], [b[i] for i in idx])):
+            out[i] = t
+    return out

@@ -1,0 +1,474 @@
+"""``Monitor`` and ``monitor()``: alignment measured while the model runs, as a small facade.
+
+``with eh.monitor(model) as mon: model(**batch)`` measures every forward pass inside the block,
+including ``generate`` with a KV cache (only newly computed positions are seen, so each position
+counts once, and a sequence stays one cluster across its forwards). For encoder-decoders
+(``Adapter.stacks``) a forward expects only the stacks that ran in it.
+
+Values are read where the model consumes them (docs/design.md, "Reading points"). A forward counts
+whole or not at all. Its life, with the part that owns each step (docs/api.md, "A forward's life"):
+``taps.Taps`` sees it start -> a ``forward.Forward`` collects its readings and projects each layer
+-> at its end ``Forward.finish`` reduces every layer at once -> ``accumulate.Accumulator.add``
+counts it and returns its ``Undo`` -> ``logs.LogPoints`` writes the sinks; if a write fails, the
+Undo takes the forward back, here in ``forward_end``. A forward that raised is dropped whole.
+Where hooks vanish or are bypassed, ``MeasurementWarning`` says so and the statistics stay NaN.
+"""
+
+from __future__ import annotations
+
+import warnings
+from pathlib import Path
+
+import torch
+
+from ..models import Adapter, get_adapter
+from . import fingerprint as FP
+from .accumulate import Accumulator
+from .config import DEFAULTS, MonitorConfig
+from .forward import Forward, continues
+from .lens import lens_call_mask, lens_string_mask
+from .logs import LogPoints, scalar_labels
+from .plan import Plan, build_plan, parse_targets
+from .sinks import SinkError
+from .summary import summary_table, target_stats
+from .taps import MeasurementWarning, Taps, Warner
+
+_ALIASES = {"K": "null_draws", "Kf": "fnull_draws", "m": "eig_top"}  # names before 0.2, one release more
+
+
+class Monitor:
+    """Streaming alignment statistics for every attention layer of a model.
+
+    Use through ``eigenhooks.monitor(...)`` (its docstring lists the arguments; ``config`` holds
+    them, frozen). After (or during) the block: ``summary()``, ``save(path)``, ``state_dict()`` /
+    ``load_state_dict()`` / ``merge_state_dict()``, ``all_reduce()`` under torch.distributed; with a
+    sink, ``log()``, ``log_summary()`` and ``step``.
+    """
+
+    def __init__(
+        self,
+        model,
+        targets=DEFAULTS.targets,
+        reading_points=DEFAULTS.reading_points,
+        tokens=DEFAULTS.tokens,
+        attention_mask=None,
+        null_seed: int = DEFAULTS.null_seed,
+        sink=None,
+        attach: bool = DEFAULTS.attach,
+        null_draws: int = DEFAULTS.null_draws,
+        fnull_draws: int = DEFAULTS.fnull_draws,
+        eig_top: int = DEFAULTS.eig_top,
+        null_stride: int | None = DEFAULTS.null_stride,
+        log_every: int | None = DEFAULTS.log_every,
+    ):
+        self.config = MonitorConfig(
+            targets=targets, reading_points=reading_points, tokens=tokens, null_seed=null_seed,
+            null_draws=null_draws, fnull_draws=fnull_draws, eig_top=eig_top, null_stride=null_stride,
+            log_every=log_every, attach=attach,
+        )  # fmt: skip
+        self.adapter: Adapter = get_adapter(model)
+        self.model = self.adapter.model
+        self.target_defs, self._vectors = parse_targets(self.adapter, self.config.targets)
+        self.explicit_mask = attention_mask
+        self._logs = LogPoints(sink, self.config.log_every)
+        self._warn = Warner()
+        self._plan: Plan | None = None
+        self._acc: Accumulator | None = None
+        self._taps: Taps | None = None
+        self._fwd: Forward | None = None  # the forward now running, if any
+        self._fingerprint: dict | None = None
+        self._all_valid: list = []  # Forward's reused all-True mask
+        self._active = False
+        self._closing = False  # closed while a forward was running: detach when it returns
+
+    # ---- settings, read-only ----
+    points = property(lambda self: self.config.reading_points)
+    null_seed = property(lambda self: self.config.null_seed)
+    null_stride = property(lambda self: self.config.stride)
+    null_draws = property(lambda self: self.config.null_draws)
+    fnull_draws = property(lambda self: self.config.fnull_draws)
+    eig_top = property(lambda self: self.config.eig_top)
+    keep_tokens = property(lambda self: self.config.tokens)
+    attach = property(lambda self: self.config.attach)
+    sink_path = property(lambda self: self._logs.sink_path)
+    log_every = property(lambda self: self._logs.log_every)
+
+    def __getattr__(self, name):
+        if name in _ALIASES:
+            warnings.warn(
+                f"Monitor.{name} is deprecated: use Monitor.{_ALIASES[name]}", DeprecationWarning, stacklevel=2
+            )
+            return getattr(self.config, _ALIASES[name])
+        raise AttributeError(f"'Monitor' object has no attribute {name!r}")
+
+    @property
+    def step(self) -> int | None:
+        """The step of the next log point (your own global step); None: the forward count."""
+        return self._logs.step
+
+    @step.setter
+    def step(self, value: int | None) -> None:
+        self._logs.step = value
+
+    @property
+    def n_forwards(self) -> int:
+        return self._acc.n_forwards if self._acc is not None else 0
+
+    @property
+    def token_records(self) -> list[dict]:
+        return self._acc.token_records if self._acc is not None else []
+
+    # ---- lifecycle ----
+    def _prepare(self) -> Accumulator:
+        """The plan (spectra, bases, nulls) and an empty accumulator, made once."""
+        if self._plan is None:
+            self._plan = build_plan(self.adapter, self.config, self.target_defs, self._vectors)
+            self._acc = Accumulator(self._plan)
+        return self._acc
+
+    def __enter__(self) -> Monitor:
+        if self._active:
+            raise RuntimeError("this monitor is already active; leave its with-block before entering it again")
+        self._prepare()
+        if self.config.attach:
+            self._taps = Taps(self.adapter, self._plan, self.points, self, self._warn)
+            self._taps.on_end = self._after_end
+            self._taps.attach()
+        self._active = True
+        return self
+
+    def __exit__(self, exc_type, *exc) -> None:
+        self.close(_raised=exc_type is not None)
+
+    def close(self, _raised: bool = False) -> None:
+        """Remove the monitor's own hooks (only those), after checking they were still there.
+
+        Closed while a forward of the model is still running (the with-block was entered inside
+        nnsight's ``model.trace(...)``, whose body runs within the model's forward), the hooks
+        stay until that forward returns, so it counts whole; then they come off.
+        """
+        if not self._active or self._closing:
+            return
+        taps = self._taps if self._taps is not None and self._taps.attached else None
+        if self._fwd is not None and taps is not None and not _raised and not taps.gone() and taps.in_forward():
+            self._closing = True  # _after_end finishes the close
+            return
+        self._active = False
+        try:
+            if taps is not None:
+                gone = taps.check_handles()
+                if not taps.started and not taps.orphans and not _raised and not gone:
+                    self._warn(
+                        "no-forward",
+                        "no forward pass reached the monitor's hooks inside its with-block. If the model was "
+                        "compiled (torch.compile) before the monitor, hooks added later are ignored: enter "
+                        "eh.monitor before compiling, or call torch._dynamo.reset() first.",
+                    )
+            self._acc.flush()
+            self._end_logs(_raised)
+        finally:
+            if taps is not None:
+                taps.remove()
+
+    def _after_end(self, raised: bool) -> None:
+        """A forward ended: if a close waited for it, detach now (see ``close``)."""
+        if not self._closing:
+            return
+        self._closing = False
+        if not raised or self.adapter.backend == "lens":
+            self.close()
+            return
+        self._taps.remove_in_raising_forward()
+        self._active = False
+        self._acc.flush()
+        self._end_logs(raised=True)
+
+    # ---- a forward's events (from the taps) ----
+    def forward_start(self, args, kwargs, fresh: bool = False, mask=None) -> None:
+        """The model's forward starts: the open sequences end unless it continues them (a KV cache)."""
+        if self._fwd is not None:
+            self._fwd.drop()
+        if fresh or not continues(args, kwargs):
+            self._acc.end_sequences()
+        if fresh:  # TransformerLens run_with_hooks: the mask comes from the running forward's frame
+            mask = self.explicit_mask if self.explicit_mask is not None else mask
+        else:
+            mask = self.explicit_mask if self.explicit_mask is not None else kwargs.get("attention_mask")
+            if mask is None and self.adapter.backend == "lens":
+                mask = lens_string_mask(self.model, args, kwargs)
+        mask = mask if isinstance(mask, torch.Tensor) and mask.dim() == 2 else None
+        buffer = self._logs.sink_path is None and not self.config.tokens
+        acc = self._acc
+        self._fwd = Forward(
+            self._plan, self.points, mask, acc.seen, buffer, self.config.tokens, acc.n_forwards, self._all_valid
+        )
+
+    def stack_start(self, name: str, mask) -> None:
+        if self._fwd is not None:
+            self._fwd.stack_started(name, mask)
+
+    def reading(self, layer: int, point: str, x: torch.Tensor) -> None:
+        self._fwd.read(layer, point, x)
+
+    def forward_end(self, ok: bool) -> None:
+        """The forward ended: dropped if it raised; else reduced, counted, and logged, or taken back whole."""
+        fwd, self._fwd = self._fwd, None
+        if fwd is None:
+            return
+        if not ok:
+            fwd.drop()
+            return
+        self._check(fwd)
+        undo = mark = None
+        try:
+            fs = fwd.finish()
+            undo = self._acc.add(fs)
+            mark = self._logs.mark()
+            self._logs.after_forward(mark, self._acc, self._plan, fs, self._labels())
+        except BaseException as e:
+            fwd.drop()
+            if mark is not None:
+                self._logs.undo(mark)
+            if undo is not None:
+                self._acc.undo(undo)
+            if isinstance(e, SinkError):
+                raise SinkError(f"{e}. This forward was not counted (its sums were taken back)") from e.__cause__
+            raise
+
+    def _check(self, fwd: Forward) -> None:
+        """Warn (once each) about layers a forward should have measured and did not."""
+        missing, partial = fwd.unmeasured(self.adapter.stacks)
+        if not (missing or partial) or (self._taps is not None and self._taps.check_handles()):
+            return
+        if partial:
+            self._warn(
+                "partial-layers",
+                f"in layers {partial} the attention or the next sublayer was not seen (its module skipped, "
+                "replaced or swapped by another tool, e.g. a swapped HookPoint): gamma_mid and rho stay NaN there",
+            )
+        if missing:
+            self._warn(
+                "missing-layers",
+                f"layers {missing} were not measured in a forward (their hooks did not fire: a block skipped, "
+                "a module replaced or swapped by another tool, or hooks bypassed); their statistics stay NaN. "
+                "A model compiled (torch.compile) before the monitor ignores hooks added later: enter eh.monitor "
+                "before compiling, or call torch._dynamo.reset() after entering it.",
+            )
+
+    # ---- TransformerLens ----
+    def fwd_hooks(self) -> list[tuple[str, object]]:
+        """[(hook_name, fn)] for TransformerLens ``run_with_hooks`` (create the monitor with attach=False).
+
+        run_with_hooks hides the call's ``attention_mask`` and string input from hooks, so the
+        first hook reads them from the bridge's running forward; ``eh.monitor(..., attention_mask=)``
+        overrides that.
+        """
+        if self.adapter.backend != "lens":
+            raise TypeError("fwd_hooks() is for TransformerLens models; HF models are hooked by the with-block")
+        if self._taps is not None and self._taps.attached:
+            raise RuntimeError(
+                "this monitor is already attached to the model; create it with attach=False to use fwd_hooks()"
+            )
+        self._prepare()
+        self._taps = Taps(self.adapter, self._plan, self.points, self, self._warn)
+        return self._taps.fwd_hooks(self._plan, lambda: lens_call_mask(self.model))
+
+    # ---- results ----
+    def _current(self, layer: int) -> dict[str, torch.Tensor]:
+        return self._acc.current(layer)
+
+    @property
+    def stats(self) -> dict[tuple[int, str], dict[str, float]]:
+        """(layer, target) -> the raw per-target sums and counts (``stats.TGT_FIELDS``)."""
+        self._prepare().flush()
+        return target_stats(self._plan, self._acc.current)
+
+    def summary(self):
+        """pandas DataFrame, one row per (layer, target); see docs/concepts.md, 'Statistics'."""
+        self._prepare().flush()
+        return summary_table(self._plan, self._acc.current, self.config, self.adapter.norm_position == "post")
+
+    def save(self, path) -> Path:
+        """Write the summary as Parquet, CSV or JSON (by the file's suffix)."""
+        path = Path(path)
+        if path.suffix not in (".parquet", ".csv", ".json"):
+            raise ValueError(f"unknown format {path.suffix!r}: use .parquet, .csv or .json")
+        df = self.summary()
+        if path.suffix == ".parquet":
+            df.to_parquet(path)
+        elif path.suffix == ".csv":
+            df.to_csv(path, index=False)
+        else:
+            df.to_json(path, orient="records", indent=2)
+        return path
+
+    # ---- the state ----
+    def _layout(self) -> dict:
+        """The fingerprint of what the sums mean, computed once the monitor is prepared and kept from
+        its first call (the bases were fixed then: later edits of the weights do not change it)."""
+        self._prepare()
+        if self._fingerprint is None:
+            self._fingerprint = FP.fingerprint(self.adapter, self.config, self._plan, self.target_defs)
+        return self._fingerprint
+
+    def state_dict(self) -> dict:
+        """The whole streaming state (open sequences folded in) as plain lists: JSON-able, mergeable.
+
+        Returns:
+            {"fingerprint": what the sums mean (weights, targets, reading points, null settings),
+            "layers": {"i": {name: nested lists}}}.
+        """
+        self._prepare().flush()
+        layers = {str(i): {k: v.tolist() for k, v in self._acc.current(i).items()} for i in self._plan.layers}
+        return {"fingerprint": self._layout(), "layers": layers}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Replace the statistics with a saved state (``state_dict`` of a monitor that means the same).
+
+        Raises:
+            ValueError: the state comes from other weights, targets, reading points or null
+                settings, predates the fingerprint, or is malformed; the message names what differs.
+        """
+        self._prepare()
+        self._acc.replace(FP.check_state(self._layout(), state, self._acc.state))
+
+    def merge_state_dict(self, state: dict) -> None:
+        """Add a saved state (another batch, process or run of a monitor that means the same) to this one.
+
+        Raises:
+            ValueError: as ``load_state_dict``; a refused state adds nothing.
+        """
+        self._prepare()
+        self._acc.merge(FP.check_state(self._layout(), state, self._acc.state))
+
+    def all_reduce(self, group=None) -> None:
+        """Sum the whole state across the ranks of ``group`` with torch.distributed (gloo or NCCL).
+
+        Every rank must call it with a monitor that means the same (same weights, targets,
+        reading points and null settings, so the null draws agree): the ranks' fingerprints are
+        compared first, and any difference raises on every rank with the same message. Open
+        sequences end here. Afterwards every rank holds the total.
+
+        Raises:
+            RuntimeError: torch.distributed is not initialised.
+            ValueError: the ranks' monitors differ; the message names the first rank that differs
+                from rank 0 and how.
+        """
+        import torch.distributed as dist
+
+        if not dist.is_available() or not dist.is_initialized():
+            raise RuntimeError("all_reduce needs torch.distributed initialised (torchrun, or dist.init_process_group)")
+        FP.check_ranks(self._layout(), dist, group)
+        self._acc.all_reduce(dist, group)
+
+    # ---- sinks ----
+    def _labels(self):
+        return scalar_labels(self._plan, self.points, self.adapter.n_layers)
+
+    def scalars(self) -> dict[str, float]:
+        """The running values now, ``{tag: value}``: gamma_pre/mid/post, rho and n_tokens per
+        (layer, target), tagged ``eigenhooks/rho/L07/ov-modulus``. Reads the device (a sync)."""
+        acc = self._prepare()
+        acc.flush()
+        rows = torch.cat([t.to("cpu", torch.float64) for t in acc.target_sums()])
+        return self._labels()(rows.tolist())
+
+    def log(self, step: int | None = None) -> dict[str, float]:
+        """Log the running values to the sinks now, at ``step`` (default ``mon.step``, else the
+        forward count), after any earlier log point still on its way. Returns them.
+
+        Raises:
+            SinkError: a sink could not be written (the monitor's sums are untouched).
+        """
+        self._logs.emit_pending(self._labels())
+        values = self.scalars()
+        self._logs.scalars(self._logs.step_now(step, self.n_forwards), values)
+        self._logs.logged_at = self.n_forwards
+        return values
+
+    def log_summary(self, step: int | None = None):
+        """Log ``mon.summary()`` to the sinks in each one's own form (TensorBoard text, a wandb
+        Table, the MLflow artifact ``eigenhooks/summary.csv``); done on exit too. Returns the table.
+
+        Raises:
+            SinkError: a sink could not be written.
+        """
+        df = self.summary()
+        self._logs.table(self._logs.step_now(step, self.n_forwards), df, self.n_forwards)
+        return df
+
+    def _end_logs(self, raised: bool) -> None:
+        self._logs.end(raised, self._acc, self._labels(), self.log_summary)
+
+
+def monitor(
+    model,
+    targets=DEFAULTS.targets,
+    reading_points=DEFAULTS.reading_points,
+    tokens=DEFAULTS.tokens,
+    *,
+    attention_mask=None,
+    null_seed: int = DEFAULTS.null_seed,
+    null_draws: int = DEFAULTS.null_draws,
+    fnull_draws: int = DEFAULTS.fnull_draws,
+    eig_top: int = DEFAULTS.eig_top,
+    null_stride: int | None = DEFAULTS.null_stride,
+    sink=None,
+    log_every: int | None = DEFAULTS.log_every,
+    attach: bool = DEFAULTS.attach,
+) -> Monitor:
+    """Measure alignment with each layer's principal subspace while the model runs.
+
+    Args:
+        model: HF or TransformerLens model (or an Adapter).
+        targets: a non-empty list of built-in (variant, rank) pairs — default ('ov', 'modulus')
+            and ('ov', 'residual') — and custom (name, tensor): a unit vector (d,), an orthonormal
+            basis (d, k), in any float dtype (orthonormal to its precision), or a complex one (the
+            real subspace span(Re v, Im v), e.g. ``spec.v_1``), or a dict {layer: tensor} (int keys,
+            negative from the end). Rows are labelled 'ov/modulus', 'ov/residual' or the name.
+        reading_points: which of 'pre', 'mid', 'post' to read ('pre' is required).
+        tokens: also keep per-token alignments (``mon.token_records``), for plots.
+        attention_mask: (batch, seq) mask overriding the one passed to the model call. Encoder-decoders:
+            each stack's layers use the mask passed to that stack (the encoder's ``attention_mask``, the
+            decoder's ``decoder_attention_mask``; none: every position counts), not this one.
+        null_seed: seed of all null draws (recorded in the summary).
+        null_draws: Haar-random subspaces per layer (p_null resolution 1/(null_draws + 1)).
+        fnull_draws: directions orth(F g) per layer (0: none).
+        eig_top: F's own top eigen-subspaces the target is ranked among (0: none).
+        null_stride: the nulls (Haar, F-null, eigen-subspaces) are measured on every s-th
+            valid token of each sequence, by its index in that sequence (counted across a KV
+            cache's steps), so batching, padding, sharding and generation do not move them (a
+            fixed rate: each forward weighs by its size); p_null, the percentiles, eig_rank and
+            lift compare the target on the same tokens (``rho_null_tokens``), so the test stays
+            exact. 1 or None: every token.
+        sink: where the numbers go while the model runs (docs/api.md, "Sinks"); one or a list of:
+            a .jsonl path (one line per forward: that forward's own target sums; ``log_every``
+            does not apply); a ``SummaryWriter`` or ``"tensorboard:DIR"``; a wandb run or
+            ``"wandb"`` (the active one); ``"mlflow"`` (the active run); a callable
+            ``(step, scalars)``. They get the running gamma_pre/mid/post, rho and n_tokens per
+            (layer, target), tagged ``eigenhooks/rho/L07/ov-modulus``, and on exit the summary
+            table. A forward whose sink write fails is not counted and raises ``SinkError``.
+        log_every: forwards between log points (default 1; 0 or None: only on exit and
+            ``mon.log()``). The step is ``mon.step`` if set (your own global step), else the
+            forward count. On a GPU a log point's values are read at the next one (no sync).
+        attach: register hooks on enter (TransformerLens users may set False and pass
+            ``mon.fwd_hooks()`` to ``run_with_hooks``).
+
+    Defaults live in ``MonitorConfig``. Raises:
+        ValueError: no targets, a malformed target list, an unknown variant or rank, names not unique.
+        TargetError: a custom target of the wrong shape, not orthonormal, or with a bad layer key.
+
+    Example:
+        >>> model, tok = eh.zoo.load("gpt2-tiny")          # doctest: +SKIP
+        >>> with eh.monitor(model) as mon:                   # doctest: +SKIP
+        ...     model(**tok(["def f(x):"], return_tensors="pt"))
+        >>> mon.summary()[["layer", "target", "rho", "null_rho_lo", "null_rho_hi", "verdict"]]  # doctest: +SKIP
+    """
+    return Monitor(
+        model, targets=targets, reading_points=reading_points, tokens=tokens, attention_mask=attention_mask,
+        null_seed=null_seed, sink=sink, attach=attach, null_draws=null_draws, fnull_draws=fnull_draws,
+        eig_top=eig_top, null_stride=null_stride, log_every=log_every,
+    )  # fmt: skip
+
+
+__all__ = ["MeasurementWarning", "Monitor", "monitor"]

@@ -1,0 +1,228 @@
+"""One forward's scratch: its readings, its grids, its projections, and at its end its sums.
+
+A ``Forward`` is made when the model's forward starts and dropped when it ends. The taps hand it
+each reading (``read``); once a layer's readings are all in it is projected (``reduce.project``)
+while its activations are hot, or, for a one-token decoding step, kept for the accumulator's
+batched flush. ``finish`` reduces every layer at once (``reduce.reduce_many``) and returns a
+``ForwardSums``. A forward that raised is dropped whole (``drop``): nothing of it counts.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import NamedTuple
+
+import torch
+
+from ..models.base import as_tokens
+from . import stats as M
+from .plan import LayerPlan, Plan
+from .reduce import Grid, Projection, project, reduce_many
+
+
+class LayerSums(NamedTuple):
+    """One layer's sums of one forward (``stats.zero_state``'s layout) and its per-row counters (b, 5, T)."""
+
+    sums: dict[str, torch.Tensor]
+    rows: torch.Tensor | None
+
+
+class Step(NamedTuple):
+    """One layer's readings of a one-token decoding step, kept for the accumulator's batched flush."""
+
+    points: dict[str, torch.Tensor | None]
+    grid: Grid
+    base: torch.Tensor | None
+
+
+@dataclass
+class ForwardSums:
+    """What one forward adds: each projected layer's sums, each buffered layer's step, and the open
+    sequences' valid-token counts once it is counted (per stack)."""
+
+    layers: dict[int, LayerSums] = field(default_factory=dict)
+    steps: dict[int, Step] = field(default_factory=dict)
+    seen: dict = field(default_factory=dict)  # stack -> (b, 1) valid tokens of each open sequence so far
+    tokens: list[dict] = field(default_factory=list)  # per-token records (``tokens=True``)
+
+
+class Forward:
+    """One forward's captures, grids and projections.
+
+    Args:
+        plan: what is measured. points: the reading points.
+        mask: the forward's (b, n) attention mask, or None (every token counts).
+        seen: stack -> (b, 1) valid tokens the open sequences had before this forward (a KV cache).
+        buffer_steps: keep one-token layers' readings for a batched flush (no per-forward sink, no tokens).
+        keep_tokens: record per-token alignments. index: this forward's number (for token records).
+        all_valid: the monitor's one all-True (b, n) mask of the latest shape, reused across forwards
+            (never written), so a decoding step with no mask makes none.
+    """
+
+    def __init__(
+        self, plan: Plan, points, mask, seen: dict, buffer_steps: bool, keep_tokens: bool, index: int, all_valid: list
+    ):
+        self.plan, self.read_mid, self.all_valid = plan, "mid" in points, all_valid
+        self.mask, self.seen = mask, seen
+        self.buffer_steps, self.keep_tokens, self.index = buffer_steps, keep_tokens, index
+        self.stack_masks: dict[str, torch.Tensor | None] = {}  # the mask passed to each stack that ran
+        self.ran: set[str] = set()  # stacks (Adapter.stacks) whose root ran in this forward
+        self.captures: dict[int, dict[str, torch.Tensor | None]] = {}  # layer -> point -> reading
+        self.grids: dict[tuple, Grid] = {}  # the valid tokens of this forward, per stack and shape
+        self.memo: dict = {}  # norms and consensus sums of this forward's readings (reduce.Memo)
+        self.projections: dict[int, Projection] = {}
+        self.steps: dict[int, Step] = {}
+        self.tokens: list[dict] = []
+
+    def stack_started(self, name: str, mask: torch.Tensor | None) -> None:
+        self.ran.add(name)
+        self.stack_masks[name] = mask
+
+    def read(self, layer: int, point: str, x: torch.Tensor) -> None:
+        """A reading of (layer, point). The first one counts; the layer is projected at its last point."""
+        cap = self.captures.get(layer)
+        if cap is None:
+            cap = self.captures[layer] = {}
+        elif point in cap:
+            return
+        cap[point] = x
+        if point == self.plan.layers[layer].last_point:
+            self._project(self.plan.layers[layer], cap)
+            for p in cap:  # projected: keep which points were seen, not their activations, so the
+                cap[p] = None  # allocator reuses them (memory flat in layers, no fresh pages per layer)
+
+    def _project(self, lp: LayerPlan, cap: dict) -> None:
+        """The layer's readings are all in: project them (or, for a one-token step, keep them)."""
+        pre = cap.get("pre")
+        if pre is None or pre.dim() != 3 or pre.shape[1] == 0:
+            return
+        shape = pre.shape
+        mid = None
+        if self.read_mid and "attn" in cap:  # no attention step ran: no delta
+            mid = pre + cap["attn"] if lp.mid_is_sum else cap.get("mid")
+        post = cap.get("post")
+        points = {
+            "pre": pre,
+            "mid": mid if mid is None or mid.shape == shape else as_tokens(mid, pre),
+            "post": post if post is None or post.shape == shape else as_tokens(post, pre),
+        }
+        base = None
+        if lp.post_norm is not None and mid is not None:
+            with torch.no_grad():
+                base = lp.post_norm.forward(pre)  # LN_t(pre), without running anyone's hooks
+        if lp.masked:
+            grid = self._grid(pre, lp.stack)
+        else:  # a tower the forward's attention_mask does not describe: all its tokens count
+            grid = Grid(torch.ones(shape[:2], dtype=torch.bool, device=pre.device))
+        if shape[1] == 1 and self.buffer_steps:
+            self.steps[lp.index] = Step(points, grid, base)  # reduced in batches by the accumulator
+            return
+        # post(t) and pre(t+1) are one tensor: its norms and sums are taken once (the memo)
+        self.projections[lp.index] = project(lp.bases, points, grid, base, memo=self.memo)
+        if self.keep_tokens:
+            self.tokens.append(self._token_record(lp, points, grid.mask))
+
+    def _grid(self, x: torch.Tensor, stack) -> Grid:
+        """x's valid tokens and their indices in their sequences: made once per stack and shape in a
+        forward and shared by its layers, with its null subsample."""
+        key = (stack, x.shape[:2], x.device)
+        if key not in self.grids:
+            self.grids[key] = self._indexed(stack, self._valid(x, stack))
+        return self.grids[key]
+
+    def _call_mask(self, stack):
+        return self.stack_masks[stack] if stack in self.stack_masks else self.mask
+
+    def _indexed(self, stack, mask: torch.Tensor) -> Grid:
+        """``mask``'s Grid: each token's index among its sequence's valid tokens, counting the ones
+        each sequence had before this forward (a KV cache's earlier positions). From the call's own
+        mask where it covers them (one cumsum over it: 2 ops a decoding step), else from what the
+        accumulator counted over the open sequences' forwards. Device ops only."""
+        b, n = mask.shape
+        full = self._call_mask(stack)
+        if full is not None and full.shape[0] == b and full.shape[1] > n:
+            upto = full.to(mask.device).cumsum(1, dtype=torch.int64)  # valid tokens up to each position
+            return Grid(mask, upto[:, -n:] - 1, after=upto[:, -1:])
+        seen = self.seen.get(stack)
+        if seen is None or seen.shape[0] != b or seen.device != mask.device:
+            return Grid(mask)
+        return Grid(mask, seen + mask.cumsum(1) - 1)
+
+    def _valid(self, x: torch.Tensor, stack) -> torch.Tensor:
+        b, n = x.shape[:2]
+        m = self._call_mask(stack)
+        if m is None:  # every token counts: one all-True mask per shape, shared by the layers and forwards
+            old = self.all_valid[0] if self.all_valid else None
+            if old is None or old.shape != (b, n) or old.device != x.device:
+                self.all_valid[:] = [torch.ones(b, n, dtype=torch.bool, device=x.device)]
+            return self.all_valid[0]
+        if m.shape[0] != b or m.shape[1] < n:
+            raise ValueError(
+                f"attention mask of shape {tuple(m.shape)} does not fit activations of shape {tuple(x.shape)}"
+            )
+        return m[:, -n:].to(x.device).bool()  # with a KV cache only the newest positions are computed
+
+    def _token_record(self, lp: LayerPlan, points: dict, mask: torch.Tensor) -> dict:
+        t, meta = lp.targets[0], lp.meta[0]
+        U = t.U.to(points["pre"].device, torch.float32)
+        rec = {"layer": lp.index, "target": meta.name, "forward": self.index, "mask": mask.cpu()}
+        for p in M.POINTS:
+            if points.get(p) is not None:
+                rec[f"a_{p}"] = M.alignment(points[p].float(), U).cpu()
+        return rec
+
+    # ---- the end ----
+    def unmeasured(self, stacks: dict) -> tuple[list[int], list[int]]:
+        """(missing, partial): layers expected in this forward that were not measured at all, and
+        measured layers that lack their attention output or their mid reading."""
+        plan = self.plan.layers
+        expected = [i for i, lp in plan.items() if lp.stack not in stacks or lp.stack in self.ran]
+        measured = set(self.projections) | set(self.steps)
+        missing = [i for i in expected if i not in measured]
+        partial = [i for i in expected if i in measured and self._unread(plan[i])]
+        return missing, partial
+
+    def _unread(self, lp: LayerPlan) -> bool:
+        cap = self.captures.get(lp.index, {})
+        return "attn" not in cap or (lp.need_mid and "mid" not in cap)
+
+    def finish(self) -> ForwardSums:
+        """Every projected layer reduced at once (stacked by layout), with this forward's steps and counts."""
+        layers = list(self.projections)
+        done = reduce_many([(self.plan.layers[i].bases, self.projections[i]) for i in layers])
+        seen = {stack: grid.after for (stack, _, _), grid in self.grids.items()}
+        return ForwardSums({i: LayerSums(*d) for i, d in zip(layers, done)}, dict(self.steps), seen, self.tokens)
+
+    def drop(self) -> None:
+        """The forward raised: give every arena row it took back; nothing of it counts."""
+        for arena in self.plan.arenas:
+            arena.release()
+
+
+def continues(args, kwargs) -> bool:
+    """True when this forward extends the previous one's sequences (a KV-cache step).
+
+    Read without waiting for the device where possible: a mask wider than the positions computed,
+    a cache whose length is a host int, a ``cache_position`` on the CPU. Only a cache that keeps its
+    length on the device, with no such mask, costs one read.
+    """
+    past = kwargs.get("past_key_values", kwargs.get("cache"))  # transformers 5 passes `cache`
+    cp = kwargs.get("cache_position")
+    if past is None and not isinstance(cp, torch.Tensor):
+        return False
+    mask = kwargs.get("attention_mask")
+    x = kwargs.get("input_ids", kwargs.get("inputs_embeds", args[0] if args else None))
+    if isinstance(mask, torch.Tensor) and mask.dim() == 2 and isinstance(x, torch.Tensor) and x.dim() >= 2:
+        return mask.shape[1] > x.shape[1]
+    if isinstance(cp, torch.Tensor) and cp.numel() and cp.device.type == "cpu":
+        return bool(cp.reshape(-1)[0] > 0)
+    if past is not None:
+        try:
+            length = past.get_seq_length()
+        except (AttributeError, TypeError):
+            return bool(past)
+        if isinstance(length, int):
+            return length > 0
+        if not isinstance(cp, torch.Tensor):
+            return int(length) > 0
+    return bool(cp.numel() and cp.reshape(-1)[0] > 0)

@@ -1,0 +1,161 @@
+"""One layer's bases: its targets, F's eigen-subspaces, the Haar and F-null frames, as projection matrices.
+
+``LayerBases`` lays a layer's bases out as two matrices, ``Bt64`` (d, target columns) and
+``Bn64`` (d, null columns: eigen-subspaces | Haar frames | F-null frames), and keeps them on
+the activations' device (``on``). Layers of one kind are padded to one layout (``pad_group``)
+so that their reductions stack; a zero column changes no norm, so no number moves.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..stats import TargetSpec
+from .kernels import has_out_dtype, split
+
+
+class LayerBases:
+    """One layer's bases (targets, F's eigen-subspaces, Haar and F-null frames).
+
+    The targets are projected on every token. The nulls are projected on a subsample: the valid
+    tokens whose index in their own sequence is a multiple of ``null_stride`` (``Grid.sub``), a
+    fixed rate that does not depend on how sequences are batched. The targets' own alignments on
+    the same tokens are kept beside them, so p_null, the percentiles and eig_rank compare like with like.
+
+    Args:
+        targets: the layer's targets.
+        haar: (null_draws, d, k_max) Haar frames. fnull: {key: (fnull_draws, d, k_max)} F-null frames.
+        null_stride: the subsample takes every s-th token (1 or None: every token).
+        eig_slots: eigen-subspaces per target (at least the longest ``eig``): layers whose spectra give
+            fewer (a complex pair cut at the last slot) keep the rest NaN and stack with the others.
+    """
+
+    def __init__(
+        self,
+        targets: list[TargetSpec],
+        haar: torch.Tensor,
+        fnull: dict[str, torch.Tensor],
+        null_stride: int | None = None,
+        eig_slots: int = 0,
+    ):
+        self.targets = targets
+        self.T = len(targets)
+        self.null_draws, self.d, self.k_max = haar.shape
+        self.null_stride = null_stride or 1
+        self.ks = sorted({t.k for t in targets})  # every k <= k_max: the frames are k_max wide
+        self.k_index = [self.ks.index(t.k) for t in targets]
+        self.eig_slots = max([len(t.eig) for t in targets] + [eig_slots if any(t.eig for t in targets) else 0])
+        self.fkeys = sorted(fnull)
+        self.fnull_draws = next(iter(fnull.values())).shape[0] if fnull else 0
+        self.t_slices, at = [], 0
+        for t in targets:
+            self.t_slices.append(slice(at, at + t.k))
+            at += t.k
+        self.Bt64 = torch.cat([t.U for t in targets], 1)  # (d, target columns)
+        # the layout of the group this layer is reduced with (``pad_group``); its own until then
+        self.g_slices, self.g_ks = list(self.t_slices), list(self.ks)
+        self.g_fks = sorted({t.k for t in targets if t.fnull is not None})
+        eig_cols, seg = self._eig_columns(targets)
+        self._haar, self._fnull = haar, fnull
+        self._build_null(eig_cols, seg, sum(E.shape[1] for E in eig_cols))
+        self.eig_valid = torch.zeros(self.T, max(self.eig_slots, 1), dtype=torch.bool)
+        for ti, t in enumerate(targets):
+            self.eig_valid[ti, : len(t.eig)] = True
+        self.cos_targets = [ti for ti, t in enumerate(targets) if t.v1 is not None]
+        self.fnull_targets = [(ti, t.fnull, t.k) for ti, t in enumerate(targets) if t.fnull is not None]
+        self.arena = None  # set by arena.pad_to_stack: the group's buffers, this layer's row in them
+        self.row = 0
+        self._group_consts: dict = {}  # arena.group_constants' cache, when this layer is its group's first
+
+    def _eig_columns(self, targets) -> tuple[list[torch.Tensor], list[list[int]]]:
+        """F's eigen-subspaces over all targets, each projected once; seg: the (target, j) slots it fills."""
+        cols: list[torch.Tensor] = []
+        seg: list[list[int]] = []
+        for ti, t in enumerate(targets):
+            for j, E in enumerate(t.eig):
+                hit = next((c for c, C in enumerate(cols) if C.shape == E.shape and torch.equal(C, E)), None)
+                if hit is None:
+                    cols.append(E)
+                    seg.append([])
+                    hit = len(cols) - 1
+                seg[hit].append(ti * self.eig_slots + j)
+        return cols, seg
+
+    def _build_null(self, eig_cols, seg, width: int) -> None:
+        """Bn64 (d, null columns) = [eig columns, zero padding to ``width`` | Haar | F-null]; S_eig."""
+        S = torch.zeros(width, max(self.T * self.eig_slots, 1), dtype=torch.float64)
+        at = 0
+        for E, owners in zip(eig_cols, seg):
+            S[at : at + E.shape[1], owners] = 1.0
+            at += E.shape[1]
+        self.S_eig = S  # (eig columns, T * eig_slots): which columns make each (target, j) subspace
+        cols = list(eig_cols) + [torch.zeros(self.d, width - at, dtype=torch.float64)]
+        self.haar_start = width
+        kw = self.frame_width
+        cols.append(self._haar.permute(1, 0, 2).reshape(self.d, self.null_draws * kw))  # column j*kw + i
+        self.f_start = {}
+        for key in self.fkeys:
+            self.f_start[key] = sum(c.shape[1] for c in cols)
+            cols.append(self._fnull[key].permute(1, 0, 2).reshape(self.d, self.fnull_draws * kw))
+        self.Bn64 = torch.cat(cols, 1)
+        self._eig_cols, self._seg = eig_cols, seg
+        self._dev: dict = {}
+
+    def pad_group(self, widths: list[int], k_max: int, eig_width: int, ks: list[int], fks: list[int]) -> None:
+        """Lay this layer out like the rest of its group, so that they stack: each target's columns
+        zero-padded to ``widths``, the Haar and F-null frames to ``k_max`` columns, the eigen-columns
+        to ``eig_width``; the prefix norms taken at the group's ``ks`` (``fks`` for the F-null frames).
+        A zero column changes no norm, so every number of this layer stays what it was; the stacked
+        reduction reads each layer's own k, cosines and F-null k back out (``stacked``)."""
+        pad = lambda t, w: torch.nn.functional.pad(t, (0, w - t.shape[-1]))  # noqa: E731  zero columns on the right
+        self.Bt64 = torch.cat([pad(t.U, w) for t, w in zip(self.targets, widths)], 1)
+        self.g_slices, at = [], 0
+        for w in widths:
+            self.g_slices.append(slice(at, at + w))
+            at += w
+        self.g_ks, self.g_fks = list(ks), list(fks)
+        self._haar = pad(self._haar, k_max)
+        self._fnull = {key: pad(f, k_max) for key, f in self._fnull.items()}
+        width = max(eig_width, self.haar_start) if self.eig_slots else self.haar_start
+        self._build_null(self._eig_cols, self._seg, width)
+        if self.arena is not None:  # its group's device constants were made for the old layout
+            self.arena.constants.clear()
+
+    @property
+    def frame_width(self) -> int:
+        """Columns per Haar and F-null frame in ``Bn64``: k_max, or its group's when padded (``pad_group``)."""
+        return self._haar.shape[2]
+
+    @property
+    def kind(self) -> tuple:
+        """What layers must share to be padded into one group (``arena.pad_to_stack``)."""
+        return (
+            self.T,
+            self.d,
+            self.null_draws,
+            self.fnull_draws,
+            tuple(self.fkeys),
+            self.eig_slots,
+            tuple((ti, f) for ti, f, _ in self.fnull_targets),
+        )
+
+    @property
+    def layout(self) -> tuple:
+        """Everything the stacked reduction needs to be the same across layers."""
+        return (
+            self.kind, tuple((g.start, g.stop) for g in self.g_slices), self.frame_width, tuple(self.g_ks),
+            tuple(self.g_fks), self.haar_start, self.Bn64.shape[1],
+        )  # fmt: skip
+
+    def on(self, device: torch.device, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """(Bt, Bn) for activations of this device and dtype, made once: float32 (d, C), or
+        [B_hi | B_lo] (d, 2C) in the activations' half dtype on CUDA."""
+        key = (device, dtype if has_out_dtype(device, dtype) else torch.float32)
+        if key not in self._dev:
+            f = lambda t: t.to(device, torch.float32)  # noqa: E731
+            # (C, d) row-major, used as B.T: X @ B with a skinny row-major B is slow in MKL (docs/scale.md)
+            Bt, Bn = f(self.Bt64.T).contiguous().T, f(self.Bn64.T).contiguous().T  # (d, C) views
+            if key[1] != torch.float32:
+                Bt, Bn = split(Bt, key[1]), split(Bn, key[1])
+            self._dev[key] = (Bt, Bn)
+        return self._dev[key]

@@ -1,0 +1,340 @@
+"""The monitor's taps on the model: where they go, and the forward events they raise.
+
+Taps are registered on the model (HF module hooks, or TransformerLens's forward and HookPoints)
+and know nothing of sums. They turn what the model runs into a few events for their listener
+(the ``Monitor``): a forward starts, a stack of an encoder-decoder starts (with its mask), a
+reading of (layer, point) arrives, the forward ends (whole or raised). They also answer whether
+their hooks are still in place (another tool may have cleared them) and whether the model's
+forward is running below the caller (a with-block closed inside nnsight's trace).
+
+Registration is all-or-nothing and every handle comes off in ``remove``; only the handles the
+taps registered are ever removed.
+"""
+
+from __future__ import annotations
+
+import sys
+import warnings
+from contextlib import ExitStack
+from typing import Protocol
+
+import torch
+
+from ..models import Adapter
+from .plan import Plan
+
+
+class MeasurementWarning(UserWarning):
+    """Something the monitor should have measured was not: hooks removed, bypassed or never reached."""
+
+
+class Warner:
+    """Each kind of ``MeasurementWarning`` once per monitor."""
+
+    def __init__(self):
+        self.said: set[str] = set()
+
+    def __call__(self, key: str, msg: str) -> None:
+        if key not in self.said:
+            self.said.add(key)
+            warnings.warn(msg, MeasurementWarning, stacklevel=4)
+
+
+class Listener(Protocol):
+    """What taps tell (the ``Monitor``)."""
+
+    def forward_start(self, args, kwargs, fresh: bool = False, mask=None) -> None: ...
+    def stack_start(self, name: str, mask: torch.Tensor | None) -> None: ...
+    def reading(self, layer: int, point: str, x: torch.Tensor) -> None: ...
+    def forward_end(self, ok: bool) -> None: ...
+
+
+class Taps:
+    """The monitor's hooks on one model, and the per-forward bookkeeping of which call reads what.
+
+    Args:
+        adapter: the model's adapter. plan: what is measured. points: the reading points.
+        listener: gets the forward's events. warn: a ``Warner``.
+    """
+
+    def __init__(self, adapter: Adapter, plan: Plan, points: tuple[str, ...], listener: Listener, warn: Warner):
+        self.adapter, self.model = adapter, adapter.model
+        self.listener, self.warn = listener, warn
+        self.slots = build_slots(adapter, plan, points)  # (id(module), where) -> (module, where, roles)
+        self.roles = {key: entry[2]["roles"] for key, entry in self.slots.items()}
+        self.open = False  # a forward of the model is running (started and not ended)
+        self.started = 0  # forwards whose start the taps saw (whole or not)
+        self.orphans = 0  # tap calls that came outside any forward of the model
+        self.on_end = None  # set by the Monitor: called after each forward's end (a deferred close)
+        self._counts: dict = {}  # calls of each slot in this forward
+        self._root = None  # the stack root that opened this forward, when it ran outside the model's
+        self._stack: ExitStack | None = None
+        self._handles: list = []  # (module, dict attribute, id) of every hook, to see if it is still there
+        self._raw: list = []  # (module, handle) of every hook registered
+        self._inert: list = []  # model-level handles left to remove at the model's next call
+
+    @property
+    def attached(self) -> bool:
+        return self._stack is not None
+
+    # ---- registration ----
+    def attach(self) -> None:
+        """Register every hook, or none: if one fails, those already registered come off first."""
+        self._stack = ExitStack()
+        try:
+            self._register()
+        except BaseException:
+            self.remove()
+            raise
+
+    def _hook(self, module, fn, kind: str, **kw) -> None:
+        reg = {"pre": module.register_forward_pre_hook, "fwd": module.register_forward_hook}[kind]
+        handle = reg(fn, **kw)
+        self._stack.callback(handle.remove)
+        self._raw.append((module, handle))
+        self._handles.append((module, "_forward_pre_hooks" if kind == "pre" else "_forward_hooks", handle.id))
+
+    def _register(self) -> None:
+        ad = self.adapter
+        if ad.backend == "lens":
+            self._wrap_lens_forward()
+        else:
+            self._hook(self.model, self._start, "pre", with_kwargs=True)
+            self._hook(self.model, self._end, "fwd", always_call=True)
+            for name, (root, mask_kw) in ad.stacks.items():
+                self._hook(root, self._stack_start(name, mask_kw), "pre", with_kwargs=True)
+                self._hook(root, self._stack_end, "fwd", always_call=True)
+        for key, (module, where, _) in self.slots.items():
+            if where == "input":
+                self._hook(module, self._input_tap(key), "pre", with_kwargs=True)
+            else:
+                self._hook(module, self._output_tap(key), "fwd")
+
+    def _wrap_lens_forward(self) -> None:
+        """TransformerLens calls ``self.forward`` directly from run_with_hooks, bypassing module
+        hooks, so the forward's start and end (and its input, for the mask) are caught here."""
+        model, prev = self.model, self.model.__dict__.get("forward")
+        inner = model.forward
+
+        def forward(*args, **kwargs):
+            self._start(model, args, kwargs)
+            ok = False
+            try:
+                out = inner(*args, **kwargs)
+                ok = True
+                return out
+            finally:
+                self._end(model, args, True if ok else None)
+
+        model.forward = forward
+
+        def restore():
+            if model.__dict__.get("forward") is forward:
+                if prev is None:
+                    del model.forward
+                else:
+                    model.forward = prev
+
+        self._stack.callback(restore)
+
+    def remove(self) -> None:
+        """Take every hook off (only the taps' own)."""
+        if self._stack is not None:
+            self._stack.close()
+        self._stack, self._handles, self._raw = None, [], []
+
+    def remove_in_raising_forward(self) -> None:
+        """Take the hooks off while torch iterates the model's forward hooks to call the always_call
+        hooks of a raising forward: removing one of those now would break its loop, so the two
+        model-level hooks come off at the model's next call (inert until then); the others now."""
+        self._stack.pop_all()
+        for module, handle in self._raw:
+            if module is self.model:
+                self._inert.append(handle)
+            else:
+                handle.remove()
+        self._stack, self._handles, self._raw = None, [], []
+
+    # ---- liveness ----
+    def gone(self) -> list:
+        """Modules from which one of the taps' hooks was removed by something else."""
+        return [m for m, attr, hid in self._handles if hid not in getattr(m, attr, {})]
+
+    def check_handles(self) -> bool:
+        """Warn (once) and say True if another tool removed some of the taps' hooks."""
+        gone = self.gone()
+        if gone:
+            self.warn(
+                "handles",
+                f"{len(gone)} of the monitor's {len(self._handles)} hooks were removed by something else "
+                f"(e.g. on {type(gone[0]).__name__}); another tool cleared the model's hooks (pyvene does). "
+                "What ran after that was not measured: enter eh.monitor inside the other tool's context.",
+            )
+        return bool(gone)
+
+    def in_forward(self) -> bool:
+        """Whether the model's forward is running below us (not merely opened by a forward that
+        was interrupted, e.g. by a KeyboardInterrupt caught since). nnsight runs a trace's body
+        in a greenlet whose parent is suspended inside the forward: its stack counts too."""
+        frames = [sys._getframe(1)]
+        gl = sys.modules.get("greenlet")
+        g = gl.getcurrent().parent if gl is not None else None
+        while g is not None:
+            frames.append(g.gr_frame)
+            g = g.parent
+        for f in frames:
+            while f is not None:
+                if f.f_code.co_name == "_call_impl" and f.f_locals.get("self") is self.model:
+                    return True
+                f = f.f_back
+        return False
+
+    # ---- events ----
+    def _start(self, module, args, kwargs, fresh: bool = False, mask=None) -> None:
+        if self._inert:  # left by a close that waited for a forward which raised
+            for handle in self._inert:
+                handle.remove()
+            self._inert = []
+            return
+        self.started += 1
+        self.open, self._counts, self._root = True, {}, None
+        self.listener.forward_start(args, kwargs, fresh, mask)
+
+    def _end(self, module, args, output) -> None:
+        if not self.open:
+            return
+        self.open = False
+        try:
+            self.listener.forward_end(output is not None)  # None: the forward raised
+        except BaseException:
+            if self.on_end is not None:
+                self.on_end(True)
+            raise
+        if self.on_end is not None:
+            self.on_end(output is None)
+
+    def _stack_start(self, name: str, mask_kw: str | None):
+        """A stack's root starts: it runs in this forward, with its own mask (or opens a forward of its own,
+        as ``generate`` runs an encoder-decoder's encoder once, outside the model's forward)."""
+
+        def fn(module, args, kwargs):
+            if not self.open:
+                self._start(module, args, kwargs)
+                self._root = module
+            m = kwargs.get(mask_kw) if mask_kw else None
+            self.listener.stack_start(name, m if isinstance(m, torch.Tensor) and m.dim() == 2 else None)
+
+        return fn
+
+    def _stack_end(self, module, args, output):
+        if self._root is module:
+            self._end(module, args, output)
+
+    def _input_tap(self, key):
+        tap = self.tap
+
+        def fn(module, args, kwargs):
+            x = kwargs.get("hidden_states", args[0] if args else None)
+            tap(key, x[0] if isinstance(x, tuple | list) else x)
+
+        return fn
+
+    def _output_tap(self, key):
+        tap = self.tap
+
+        def fn(module, args, output):
+            tap(key, output[0] if isinstance(output, tuple | list) else output)
+
+        return fn
+
+    def tap(self, key, x) -> None:
+        """One call of a tapped module: its reading goes to each (layer, point) this call is for."""
+        if not isinstance(x, torch.Tensor):
+            return
+        if not self.open:
+            self.orphans += 1
+            self.warn(
+                "orphan",
+                "the monitor's layer hooks ran outside a forward of the model it was given (a submodule "
+                "called directly?); nothing was counted. Call the model passed to eh.monitor.",
+            )
+            return
+        c = self._counts.get(key, 0)
+        self._counts[key] = c + 1
+        roles = self.roles[key].get(c)  # (layer, point) pairs this call of the module reads
+        if not roles:
+            return
+        if x.requires_grad:
+            x = x.detach()
+        for layer, point in roles:
+            self.listener.reading(layer, point, x)
+
+    # ---- TransformerLens run_with_hooks ----
+    def fwd_hooks(self, plan: Plan, call_mask) -> list[tuple[str, object]]:
+        """[(hook_name, fn)] for ``run_with_hooks``: the first opens a forward (with the mask
+        ``call_mask()`` finds), the one that completes the last layer ends it."""
+        first = self.adapter.reading_points(0).pre.hook_name
+        last = plan.layers[max(plan.layers)]
+        last_name = getattr(last.reading, last.last_point).hook_name
+        hooks = []
+        for key, (module, _, _) in self.slots.items():
+            name = next(n for n, hp in self.model.hook_dict.items() if hp is module)
+
+            def fn(act, hook, key=key, name=name):
+                if name == first:
+                    self._start(self.model, (), {}, fresh=True, mask=call_mask())
+                self.tap(key, act)
+                if name == last_name and self.open:
+                    self._end(self.model, (), True)
+
+            hooks.append((name, fn))
+        return hooks
+
+
+def _tap_module(adapter: Adapter, tap):
+    if tap.hook_name is not None:
+        return adapter.model.hook_dict[tap.hook_name], "output"
+    return tap.module, tap.where
+
+
+def build_slots(adapter: Adapter, plan: Plan, points: tuple[str, ...]) -> dict:
+    """(id(module), where) -> (module, where, {"uses", "roles"}): the roles of each of its calls in one
+    forward, in order.
+
+    A module shared by several layers (ALBERT) is called once per use, so its calls are matched to
+    layers by order; post(t) is read at layer t+1's pre tap, one reading for both.
+    """
+    ad = adapter
+    lens = ad.backend == "lens"
+    mods = [
+        {id(m) for m in (ly.block, ly.attn_in, ly.attn_out, ly.norm, ly.mid_in, ly.pre_in, ly.mid_out) if m is not None}
+        for ly in ad.layers
+    ]
+    slots: dict = {}
+
+    def add(tap, owner: int | None, role):
+        module, where = _tap_module(ad, tap)
+        key = (id(module), where)
+        if key not in slots:
+            uses = [i for i, s in enumerate(mods) if id(module) in s] if not lens else []
+            if len({ad.layers[j].group for j in uses}) > 1:
+                # layers with different attention weights meet at this module (a decoder layer's block, or
+                # the norm between its self- and cross-attention): it runs once for all of them
+                uses = uses[:1]
+            slots[key] = (module, where, {"uses": uses or [owner], "roles": {}})
+        entry = slots[key][2]
+        idx = entry["uses"].index(owner) if owner in entry["uses"] else 0
+        entry["roles"].setdefault(idx, []).append(role)
+
+    for i, lp in sorted(plan.layers.items()):
+        rp = lp.reading
+        add(rp.pre, i, (i, "pre"))
+        add(rp.attn, i, (i, "attn"))
+        if "mid" in points and rp.mid is not None:
+            add(rp.mid, i, (i, "mid"))
+        if "post" in points:
+            module, _ = _tap_module(ad, rp.post)
+            nxt = i + 1 < ad.n_layers and not lens and id(module) in mods[i + 1]
+            owner = i + 1 if nxt else (i if not lens and id(module) in mods[i] else None)
+            add(rp.post, owner, (i, "post"))
+    return slots
