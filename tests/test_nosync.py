@@ -1,4 +1,4 @@
-"""No host synchronisation inside a monitored forward or generation step (DESIGN.md §2).
+"""No host synchronisation inside a monitored forward or generation step (docs/design.md, "Architecture").
 
 On a GPU, reading a value back (``.item()``, ``.tolist()``, ``.cpu()``, ``bool(t)``), a
 data-dependent shape (``nonzero``, boolean-mask indexing) or a tensor made from host data and

@@ -1,7 +1,7 @@
 """Spectra of a factored layer matrix F = O V, in float64.
 
 Pure torch: this module takes tensors and returns tensors or dataclasses, and knows
-nothing about any model library. Conventions (../DESIGN.md §1): column vectors,
+nothing about any model library. Conventions (docs/design.md, "Mathematics"): column vectors,
 F v = lambda v (right eigenvectors), eigenvalues ranked by ``modulus`` (|lambda|) or
 ``residual`` (|1 + lambda|, the dominant eigenvalue of I + F).
 """
@@ -182,8 +182,8 @@ def _fix_sign(u: torch.Tensor) -> torch.Tensor:
 def real_eigvals(M: torch.Tensor) -> torch.Tensor:
     """All eigenvalues of a real square float64 matrix, without vectors: (n,) complex128.
 
-    LAPACK ``dgeev`` (no vectors) through numpy's OpenBLAS: on the 1024 x 1024 small side of a
-    Llama-8B layer OpenBLAS took 0.84 s against torch's 1.17 s here (MKL, 2 cores).
+    LAPACK ``dgeev`` (no vectors) through numpy's OpenBLAS, faster than torch's on a Llama-8B
+    layer's small side (docs/scale.md, "Figures behind the code").
     """
     w = np.linalg.eigvals(M.detach().cpu().numpy())  # numpy releases the GIL in LAPACK (see full_eig)
     return torch.from_numpy(np.asarray(w, dtype=np.complex128))
@@ -200,7 +200,7 @@ def full_eig(M: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
     LAPACK ``dgeev`` through numpy, which releases the GIL while LAPACK runs: layers decomposed side
     by side in threads really run side by side (scipy's wrapper holds the GIL, which serialised
-    them: 16 Llama-1B layers took 5.2 s on 16 cores instead of ~0.4 s). Columns are unit vectors,
+    them: docs/scale.md, "Figures behind the code"). Columns are unit vectors,
     M v_i = w_i v_i.
     """
     w, vr = np.linalg.eig(M.detach().cpu().numpy())
@@ -365,9 +365,8 @@ def eig_factored(
     if r < d:
         return _small_side(O, V, top, ranks)
     F = _finite(O @ V)
-    # The dense path keeps torch's eigvals: on GPT-2-small (12 dense 768 x 768 layers) it was
-    # faster inside eh.spectra (3.9-4.2 s against 4.9-5.5 s with scipy), while on its own
-    # a 768 x 768 eigvals takes the same time with either.
+    # The dense path keeps torch's eigvals: faster inside eh.spectra on GPT-2-small's dense
+    # layers (docs/scale.md, "Figures behind the code").
     if top * len(ranks) > FULL_EIG_VECTORS:
         eigenvalues, all_vecs = full_eig(F)
         cand = _leading(eigenvalues, top, ranks, extra=1)

@@ -80,7 +80,7 @@ class Tap:
 
 @dataclass(frozen=True)
 class ReadingPoints:
-    """Where the residual stream around one attention block is read (DESIGN.md §1).
+    """Where the residual stream around one attention block is read (docs/design.md, "Mathematics").
 
     Values are read where they are consumed, so an edit by any other tool or hook is
     measured as the model computed it:

@@ -1,6 +1,6 @@
 """Llama-style decoders: separate (or fused) q/k/v/o projections in ``base.layers[i].self_attn``.
 
-Every family here computes F = o_proj.weight @ v_proj.weight per kv group (DESIGN.md §1);
+Every family here computes F = o_proj.weight @ v_proj.weight per kv group (docs/design.md, "Mathematics");
 they differ in where the norms sit, and so in where ``pre`` and ``mid`` are read:
 
 - pre-norm (Llama, Mistral, Qwen, Mixtral, ...): norm -> attention -> add; ``mid`` is the

@@ -4,7 +4,7 @@ A family is one ``model_type``. Its ``rows`` function takes the bare model and i
 and yields, per attention application and in forward order, a dict of ``Layer`` fields
 (see ``row``). Everything else about the family is data on the ``Family`` record.
 
-Weight layouts (DESIGN.md §1): ``nn.Linear`` stores (out, in), so V = v_proj.weight and
+Weight layouts (docs/design.md, "Mathematics"): ``nn.Linear`` stores (out, in), so V = v_proj.weight and
 O = o_proj.weight; GPT-2's ``Conv1D`` stores (in, out).
 """
 

@@ -1,7 +1,7 @@
 """Decoders with unusual attention: MoE/MLA/sinks (gpt_oss, deepseek_v3, llama4) and the attention layers of hybrids.
 
 Three of these value paths are not linear in x, so the identical-token probe is not F
-there (DESIGN.md §1). In each, F is the linear map of the weights with the nonlinear
+there (docs/design.md, "Mathematics"). In each, F is the linear map of the weights with the nonlinear
 factor at its neutral value, stated exactly in the rule's docstring and in the notes:
 
 - gpt_oss, attention sinks: a learned logit per head joins each softmax row and is

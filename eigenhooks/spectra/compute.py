@@ -167,8 +167,8 @@ def _cores() -> int:
 @contextmanager
 def _blas_threads(n: int):
     """Limit the BLAS / LAPACK threads of torch and numpy/scipy to n while the layers run side by side,
-    so that workers x BLAS threads never exceed the cores (16 workers each using all 16 cores' BLAS
-    was most of a 75 s entry on an H200 machine)."""
+    so that workers x BLAS threads never exceed the cores (oversubscribed BLAS dominated a GPU
+    machine's entry: docs/scale.md, "Figures behind the code")."""
     before = torch.get_num_threads()
     try:
         from threadpoolctl import threadpool_limits

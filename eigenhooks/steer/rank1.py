@@ -1,6 +1,6 @@
 """The algebra of rank-1 steering: a change ΔO = a bᵀ of one layer's output matrix.
 
-Pure torch, float64, CPU; no model library. Notation (DESIGN.md §1, docs/steering.md):
+Pure torch, float64, CPU; no model library. Notation (docs/design.md, "Mathematics", docs/steering.md):
 V is the stacked value map (H*d_head, d) — each query head's group's V_g, repeated under
 GQA — and O (d, H*d_head) the output projection, so F = O V. A change ΔO = a bᵀ
 (a in R^d, b in the stacked head space) gives F' = F + a cᵀ with c = Vᵀ b, and adds
