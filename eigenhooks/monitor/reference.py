@@ -29,8 +29,8 @@ Definitions (DESIGN.md §1, stats.py):
 - consensus, per forward and sequence with >= 2 valid tokens, none non-finite at any of the
   layer's points: (||sum_i x_i/||x_i|| ||^2 - n) / (n (n - 1)) at each of pre, mid, post;
 - per sequence (spanning a KV cache's forwards) the counters n, u, n_sub, u_sub, ubar_sub
-  (``stats._ROW``) are kept open and folded into the cluster sums when it ends, as
-  ``stats.close_rows`` does; the states returned have the still-open sequences folded in.
+  (the order of ``stats._ROW``) are kept open and folded into the cluster sums (``n_clu``,
+  ``clu_*``) when it ends; the states returned have the still-open sequences folded in.
 """
 
 from __future__ import annotations
@@ -43,6 +43,7 @@ from ..spectra.compute import layer_stacked, spectra_by_rank
 from . import stats as M
 
 _F = {name: i for i, name in enumerate(M.TGT_FIELDS)}
+_ROW = ("n", "u", "n_sub", "u_sub", "ubar_sub")  # a sequence's open counters, per target
 
 
 @dataclass
@@ -191,15 +192,34 @@ class _LayerSums:
     def close(self) -> None:
         """Fold the open sequences' counters into the cluster sums (they ended)."""
         if self.rows is not None:
-            self.state["tgt"] = M.close_rows(self.state["tgt"], self.rows)
+            _fold_rows(self.state["tgt"], self.rows)
             self.rows = None
 
     def folded(self) -> dict[str, torch.Tensor]:
         """The state with the open sequences folded in, the sequences left open."""
         st = {k: v.clone() for k, v in self.state.items()}
         if self.rows is not None:
-            st["tgt"] = M.close_rows(st["tgt"], self.rows)
+            _fold_rows(st["tgt"], self.rows)
         return st
+
+
+def _fold_rows(tgt: torch.Tensor, rows: torch.Tensor) -> None:
+    """Add ended sequences' counters rows (b, 5, T) to the cluster sums of tgt (T, F), in place.
+
+    Per sequence s and target: n_s its counted tokens, u_s those up, ns_s and us_s the same on
+    the null subsample, w_s = us_s - ubar_s (ubar_s: its up-counts there averaged over the draws).
+    """
+    for r in rows:
+        for ti in range(tgt.shape[0]):
+            n, u, ns, us, ubar = (float(v) for v in r[:, ti])
+            w, c = us - ubar, tgt[ti]
+            c[_F["n_clu"]] += float(n > 0)
+            c[_F["clu_u2"]] += u * u
+            c[_F["clu_un"]] += u * n
+            c[_F["clu_n2"]] += n * n
+            c[_F["clu_w2"]] += w * w
+            c[_F["clu_wn"]] += w * ns
+            c[_F["clu_ns2"]] += ns * ns
 
 
 def reference_states(
@@ -233,7 +253,7 @@ def _add_forward(ls: _LayerSums, rd: LayerReading, mask: torch.Tensor, index: to
     """Add one forward's readings of one layer to its sums, one sequence at a time."""
     b = mask.shape[0]
     T = len(ls.bases.targets)
-    rows = torch.zeros(b, len(M._ROW), T, dtype=torch.float64)
+    rows = torch.zeros(b, len(_ROW), T, dtype=torch.float64)
     for row in range(b):
         valid = mask[row]
         pts = {

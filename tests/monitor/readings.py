@@ -95,8 +95,10 @@ class Recorder:
         self._calls.setdefault(key, []).append(x.detach().clone())
 
     def _start(self, module, args, kwargs) -> None:
-        self._kwargs = dict(kwargs, _args=args)
+        self._kwargs = dict(kwargs)
         self._calls = {}
+        past = kwargs.get("past_key_values", kwargs.get("cache"))  # transformers 5 passes `cache`
+        self._continues = past is not None and past.get_seq_length() > 0  # read before this forward adds to it
 
     def _end(self, module, args, output) -> None:
         kw, self._kwargs = self._kwargs, None
@@ -104,8 +106,7 @@ class Recorder:
         b, n = readings[0].pre.shape[:2]
         mask = kw.get("attention_mask")
         mask = torch.ones(b, n, dtype=torch.bool) if mask is None else mask[:, -n:].bool()
-        past = kw.get("past_key_values")
-        continues = past is not None and past.get_seq_length() > 0
+        continues = self._continues
         start = self._seen if continues and self._seen is not None and self._seen.shape[0] == b else None
         index = mask.long().cumsum(1) - 1 + (0 if start is None else start[:, None])
         self._seen = index[:, -1] + 1
