@@ -53,8 +53,8 @@ TEXT_COLUMNS = ["target", "variant", "rank", "kind", "verdict"]
 
 @pytest.fixture(autouse=True, scope="module")
 def one_thread():
-    """One intra-op thread: these matrices are tiny, so threads only add their hand-offs (on a busy
-    2-core machine the generate case took 50 s with 2 threads, 3 s with one)."""
+    """One intra-op thread: these matrices are tiny, so more threads only add hand-offs, which on a busy
+    machine made the generate case an order of magnitude slower."""
     before = torch.get_num_threads()
     torch.set_num_threads(1)
     yield
