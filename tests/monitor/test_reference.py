@@ -72,10 +72,10 @@ def tiny(model):
     return model.eval()
 
 
-def run(model, feed, targets=DEFAULT, settings=SETTINGS):
-    """Run ``feed(model)`` under the monitor and the recorder; (monitor, reference states)."""
-    mon = eh.monitor(model, targets=targets, **settings)
-    with torch.no_grad(), mon, Recorder(model) as rec:
+def run(model, feed, targets=DEFAULT, settings=SETTINGS, points=M.POINTS):
+    """Run ``feed(model)`` under the monitor and the recorder; (monitor, reference states, recorder)."""
+    mon = eh.monitor(model, targets=targets, reading_points=points, **settings)
+    with torch.no_grad(), mon, Recorder(model, points) as rec:
         feed(model)
     bases = build_bases(
         get_adapter(model),
@@ -114,9 +114,9 @@ def compare_states(fast_layers: dict, ref: dict) -> None:
                 torch.testing.assert_close(g, w, rtol=RTOL, atol=ATOL_PER_TERM * max(1.0, terms), msg=msg)
 
 
-def compare_summaries(model, mon, ref, targets=DEFAULT, settings=SETTINGS) -> pd.DataFrame:
+def compare_summaries(model, mon, ref, targets=DEFAULT, settings=SETTINGS, points=M.POINTS) -> pd.DataFrame:
     """(b): every column of summary(), the reference's state loaded into a fresh monitor."""
-    fresh = eh.monitor(model, targets=targets, **settings)
+    fresh = eh.monitor(model, targets=targets, reading_points=points, **settings)
     fresh.load_state_dict({"fingerprint": mon.state_dict()["fingerprint"], "layers": to_state_dict_layers(ref)})
     got, want = mon.summary(), fresh.summary()
     assert list(got.columns) == list(want.columns) and len(got) == len(want)
@@ -137,9 +137,9 @@ def compare_summaries(model, mon, ref, targets=DEFAULT, settings=SETTINGS) -> pd
     return got
 
 
-def check(model, mon, ref, targets=DEFAULT, settings=SETTINGS) -> pd.DataFrame:
+def check(model, mon, ref, targets=DEFAULT, settings=SETTINGS, points=M.POINTS) -> pd.DataFrame:
     compare_states(mon.state_dict()["layers"], ref)
-    return compare_summaries(model, mon, ref, targets, settings)
+    return compare_summaries(model, mon, ref, targets, settings, points)
 
 
 # ---- models ----
@@ -180,6 +180,16 @@ def test_gpt2_right_padded_batch(gpt2):
     assert len(rec.forwards) == 1
     df = check(model, mon, ref, targets)
     assert (df["n_tokens"] == int(batch["attention_mask"].sum())).all()
+
+
+@pytest.mark.parametrize("points", [("pre", "mid"), ("pre",)], ids=["no-post", "pre-only"])
+def test_reading_points(gpt2, points):
+    """Fewer reading points: without mid there is no delta (no up-count, no cluster, no null up-count)."""
+    model, tok = gpt2
+    batch = tok(TEXTS, return_tensors="pt", padding=True)
+    mon, ref, _ = run(model, lambda m: m(**batch), points=points)
+    df = check(model, mon, ref, points=points)
+    assert df["gamma_post"].isna().all() and df["rho"].isna().all() == ("mid" not in points)
 
 
 def test_albert_shared_post_norm():
