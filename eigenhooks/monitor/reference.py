@@ -31,6 +31,15 @@ Definitions (DESIGN.md §1, stats.py):
 - per sequence (spanning a KV cache's forwards) the counters n, u, n_sub, u_sub, ubar_sub
   (the order of ``stats._ROW``) are kept open and folded into the cluster sums (``n_clu``,
   ``clu_*``) when it ends; the states returned have the still-open sequences folded in.
+
+Not modelled: a token whose reading is exactly zero (the fast path counts a(0) = 0; here it is
+NaN) and a finite reading whose float32 norm overflows (the fast path calls it non-finite).
+
+Example (tests/monitor/readings.py records the forwards with hooks of its own):
+    >>> bases = build_bases(get_adapter(model), [("ov", "modulus")], 128, 64, 16, 0)  # doctest: +SKIP
+    >>> states = reference_states(recorder.forwards, bases, null_stride=5)  # doctest: +SKIP
+    >>> mon.load_state_dict({"fingerprint": mon.state_dict()["fingerprint"],  # doctest: +SKIP
+    ...                      "layers": to_state_dict_layers(states)})
 """
 
 from __future__ import annotations

@@ -28,7 +28,15 @@ import eigenhooks as eh
 from eigenhooks.dynamics.planted import planted_gpt2, planted_matrix
 from eigenhooks.models import get_adapter
 from eigenhooks.monitor import stats as M
-from eigenhooks.monitor.reference import build_bases, reference_states, to_state_dict_layers
+from eigenhooks.monitor.reference import (
+    Forward,
+    LayerBases,
+    LayerReading,
+    TargetBases,
+    build_bases,
+    reference_states,
+    to_state_dict_layers,
+)
 
 from .readings import Recorder
 
@@ -350,8 +358,6 @@ def test_near_ablated_attention():
 def test_reference_against_the_definitions():
     """The reference itself, on readings made up here, against the definitions written out the long way
     (a pairwise n x n cosine matrix, explicit loops over tokens): the oracle's oracle."""
-    from eigenhooks.monitor.reference import Forward, LayerBases, LayerReading, TargetBases
-
     g = torch.Generator().manual_seed(9)
     d, K, s = 4, 3, 2
     U = torch.eye(d, dtype=torch.float64)[:, :1]
