@@ -13,6 +13,11 @@ from the spectra and the seeds and every state sum from the recorded readings. C
 (b) every column of ``summary()``, with the reference's state loaded into a fresh monitor of the
     same settings: the columns made from counts alone (p_null, q_null, eig_rank, the percentiles,
     the verdict, rho, the null quantiles ...) exactly, the means of alignments to the same RTOL.
+    The two gamma percentiles rank float sums among the draws' sums: exact while no draw lies
+    within rounding of the target's, as on these inputs.
+
+Up-counts are exact because no delta on these inputs lies within float32 rounding of GROWTH_EPS. If a
+change of the fast path's float order makes a count differ by one, look at that token's delta first.
 """
 
 from __future__ import annotations
