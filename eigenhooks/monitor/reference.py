@@ -1,0 +1,361 @@
+"""The plain float64 twin of the monitor's reduction: every state sum, token by token.
+
+The monitor's fast path (reduce.py) stacks layers into arenas, pads layer groups to one
+layout, splits bases into half-precision pairs and memoises norms. This module computes the
+same sums the obvious way, one layer and one sequence at a time, in float64, with no
+arena, grouping, padding, memo or stacking, so that the fast path can be tested against it
+(DESIGN.md, "Fast paths keep a plain twin").
+
+Two steps, both from public pieces only:
+
+1. ``build_bases`` re-derives each layer's bases: the built-in targets' principal subspaces
+   and F's own eigen-subspaces from ``spectra_by_rank``, custom targets through
+   ``stats.check_target``, the Haar frames (``stats.haar_frames``) and the F-null frames
+   (``stats.power_step_frames`` on ``layer_stacked``), with the monitor's seeds.
+2. ``reference_states`` runs over the forwards' readings (``Forward``: each layer's pre,
+   mid, post and, post-norm, base = LN_t(pre); the valid-token mask; each token's index among
+   its sequence's valid tokens; whether the forward continues the previous one's sequences)
+   and returns one state per layer in the ``stats.zero_state`` layout (float64).
+
+Definitions (DESIGN.md §1, stats.py):
+
+- a token counts (``n``) when it is valid and finite at every reading point of the layer
+  (base included); a valid token that is not is counted in ``n_nonfinite`` and nowhere else;
+- a(x) = ||U^T x|| / ||x||; delta = a(mid) - a(ref), ref = base (post-norm) or pre; a token
+  is "up" when delta > ``GROWTH_EPS``; ``n_norm_up``: a(base) - a(pre) > ``GROWTH_EPS``;
+- the null subsample is the counted tokens whose index in their sequence is a multiple of
+  ``null_stride``; every null (Haar, eigen-subspaces, F-null) and the ``*_sub`` sums are taken
+  on it; ``null_pre`` needs no mid reading, every up-count does;
+- consensus, per forward and sequence with >= 2 valid tokens, none non-finite at any of the
+  layer's points: (||sum_i x_i/||x_i|| ||^2 - n) / (n (n - 1)) at each of pre, mid, post;
+- per sequence (spanning a KV cache's forwards) the counters n, u, n_sub, u_sub, ubar_sub
+  (the order of ``stats._ROW``) are kept open and folded into the cluster sums (``n_clu``,
+  ``clu_*``) when it ends; the states returned have the still-open sequences folded in.
+
+Not modelled: a token whose reading is exactly zero (the fast path counts a(0) = 0; here it is
+NaN) and a finite reading whose float32 norm overflows (the fast path calls it non-finite).
+
+Example (tests/monitor/readings.py records the forwards with hooks of its own):
+    >>> bases = build_bases(get_adapter(model), [("ov", "modulus")], 128, 64, 16, 0)  # doctest: +SKIP
+    >>> states = reference_states(recorder.forwards, bases, null_stride=5)  # doctest: +SKIP
+    >>> mon.load_state_dict({"fingerprint": mon.state_dict()["fingerprint"],  # doctest: +SKIP
+    ...                      "layers": to_state_dict_layers(states)})
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from ..spectra.compute import layer_stacked, spectra_by_rank
+from . import stats as M
+
+_F = {name: i for i, name in enumerate(M.TGT_FIELDS)}
+_ROW = ("n", "u", "n_sub", "u_sub", "ubar_sub")  # a sequence's open counters, per target
+
+
+@dataclass
+class LayerReading:
+    """One layer's readings in one forward, (b, n, d) each; None where not read."""
+
+    pre: torch.Tensor
+    mid: torch.Tensor | None = None  # None: no attention step ran (no delta)
+    post: torch.Tensor | None = None
+    base: torch.Tensor | None = None  # post-norm only: LN_t(pre)
+
+
+@dataclass
+class Forward:
+    """One forward of the model, as the monitor sees it.
+
+    Attributes:
+        layers: layer index -> its readings.
+        mask: (b, n) bool, the valid (non-padding) tokens.
+        index: (b, n) int64, each token's index among its sequence's valid tokens, counted
+            from the sequence's start (across a KV cache's forwards).
+        continues: this forward extends the previous forward's sequences (a KV-cache step).
+    """
+
+    layers: dict[int, LayerReading]
+    mask: torch.Tensor
+    index: torch.Tensor
+    continues: bool = False
+
+
+@dataclass
+class TargetBases:
+    """One (layer, target): U (d, k), its eigen-subspaces and its F-null frames (Kf, d, k_max)."""
+
+    name: str
+    U: torch.Tensor
+    eig: list[torch.Tensor]
+    fnull: torch.Tensor | None
+
+    @property
+    def k(self) -> int:
+        return self.U.shape[1]
+
+
+@dataclass
+class LayerBases:
+    """One layer's targets and Haar frames (K, d, k_max); ``ks`` the distinct k, ``m`` the eig width."""
+
+    targets: list[TargetBases]
+    haar: torch.Tensor
+    ks: list[int] = field(default_factory=list)
+    m: int = 0
+    Kf: int = 0
+
+
+def seed(null_seed: int, layer: int, which: int) -> int:
+    """The monitor's seed of one layer's draws: which = 0 Haar, 1 + j the j-th F-null variant."""
+    return (null_seed * 1_000_003 + layer * 101 + which) % (2**63)
+
+
+def build_bases(
+    adapter, targets, null_draws: int, fnull_draws: int, eig_top: int, null_seed: int
+) -> dict[int, LayerBases]:
+    """Every layer's bases, re-derived from the spectra, the target list and the seeds.
+
+    Args:
+        adapter: ``eigenhooks.models.get_adapter(model)``.
+        targets: as ``eh.monitor`` takes them: (variant, rank) pairs, or (name, tensor) /
+            (name, {layer: tensor}) custom targets (int layer keys, negative from the end).
+        null_draws, fnull_draws, eig_top, null_seed: the monitor's null settings.
+
+    Returns:
+        layer -> LayerBases, for the layers with at least one target.
+    """
+    top = max(4, 2 * eig_top)
+    defs = []  # (name, variant, rank, {layer: U} or None)
+    for t in targets:
+        if isinstance(t[1], str):
+            defs.append((f"{t[0]}/{t[1]}", t[0], t[1], None))
+        else:
+            name, U = t
+            L = adapter.n_layers
+            given = {k % L: u for k, u in U.items()} if isinstance(U, dict) else dict.fromkeys(range(L), U)
+            defs.append(
+                (name, "ov", "modulus", {i: M.check_target(name, u, adapter.width(i)) for i, u in given.items()})
+            )
+    specs = {}
+    for _, variant, rank, _ in defs:
+        if (variant, rank) not in specs:
+            specs[(variant, rank)] = spectra_by_rank(adapter, variant, (rank,), top=top)[rank]
+    out = {}
+    for i in range(adapter.n_layers):
+        chosen = [(name, variant, rank, per) for name, variant, rank, per in defs if per is None or i in per]
+        if chosen:
+            out[i] = _layer_bases(adapter, i, chosen, specs, null_draws, fnull_draws, eig_top, null_seed)
+    return out
+
+
+def _layer_bases(adapter, i, chosen, specs, K, Kf, m, null_seed) -> LayerBases:
+    d = adapter.width(i)
+    rows = []
+    for name, variant, rank, per in chosen:
+        s = specs[(variant, rank)][i]
+        if per is None:  # F's own top subspace, ranked among the next m
+            U, eig = s.basis.double(), M.eig_subspaces(s.eigenvalues, s.eigenvectors, m + 1)[1:]
+        else:  # a custom target is ranked among F's (ov, modulus) top m
+            U, eig = per[i], M.eig_subspaces(s.eigenvalues, s.eigenvectors, m)
+        rows.append((name, variant, U, eig))
+    k_max = max(U.shape[1] for _, _, U, _ in rows)
+    haar = M.haar_frames(d, k_max, K, seed(null_seed, i, 0))
+    frames = {}
+    if Kf:
+        for j, variant in enumerate(sorted({v for _, v, _, _ in rows})):
+            O, V = layer_stacked(adapter, i, variant)
+            frames[variant] = M.power_step_frames(lambda G: O @ (V @ G), d, k_max, Kf, seed(null_seed, i, 1 + j))
+    tgts = [TargetBases(name, U, eig, frames.get(variant)) for name, variant, U, eig in rows]
+    width = max([len(t.eig) for t in tgts] + [m if any(t.eig for t in tgts) else 0])
+    return LayerBases(tgts, haar, sorted({t.k for t in tgts}), width, Kf if frames else 0)
+
+
+def align(X: torch.Tensor, U: torch.Tensor) -> torch.Tensor:
+    """a(x) = ||U^T x|| / ||x|| for each row of X (n, d), U (d, k); (n,), float64."""
+    return torch.linalg.vector_norm(X @ U, dim=-1) / torch.linalg.vector_norm(X, dim=-1)
+
+
+def align_frames(X: torch.Tensor, frames: torch.Tensor, k: int) -> torch.Tensor:
+    """a(x) against each frame's first k columns: X (n, d), frames (K, d, k_max); (n, K)."""
+    P = torch.einsum("nd,jdk->njk", X, frames[:, :, :k])
+    return torch.linalg.vector_norm(P, dim=-1) / torch.linalg.vector_norm(X, dim=-1)[:, None]
+
+
+def up(a_to: torch.Tensor, a_from: torch.Tensor) -> torch.Tensor:
+    """Which tokens grew: a_to - a_from > GROWTH_EPS."""
+    return (a_to - a_from) > M.GROWTH_EPS
+
+
+class _LayerSums:
+    """One layer's running state and its open sequences' counters (b, 5, T)."""
+
+    def __init__(self, bases: LayerBases, K: int):
+        self.bases = bases
+        T = len(bases.targets)
+        self.state = M.zero_state(T, len(bases.ks), K, bases.m, bases.Kf)
+        self.rows: torch.Tensor | None = None
+
+    def close(self) -> None:
+        """Fold the open sequences' counters into the cluster sums (they ended)."""
+        if self.rows is not None:
+            _fold_rows(self.state["tgt"], self.rows)
+            self.rows = None
+
+    def folded(self) -> dict[str, torch.Tensor]:
+        """The state with the open sequences folded in, the sequences left open."""
+        st = {k: v.clone() for k, v in self.state.items()}
+        if self.rows is not None:
+            _fold_rows(st["tgt"], self.rows)
+        return st
+
+
+def _fold_rows(tgt: torch.Tensor, rows: torch.Tensor) -> None:
+    """Add ended sequences' counters rows (b, 5, T) to the cluster sums of tgt (T, F), in place.
+
+    Per sequence s and target: n_s its counted tokens, u_s those up, ns_s and us_s the same on
+    the null subsample, w_s = us_s - ubar_s (ubar_s: its up-counts there averaged over the draws).
+    """
+    for r in rows:
+        for ti in range(tgt.shape[0]):
+            n, u, ns, us, ubar = (float(v) for v in r[:, ti])
+            w, c = us - ubar, tgt[ti]
+            c[_F["n_clu"]] += float(n > 0)
+            c[_F["clu_u2"]] += u * u
+            c[_F["clu_un"]] += u * n
+            c[_F["clu_n2"]] += n * n
+            c[_F["clu_w2"]] += w * w
+            c[_F["clu_wn"]] += w * ns
+            c[_F["clu_ns2"]] += ns * ns
+
+
+def reference_states(
+    forwards: list[Forward], bases: dict[int, LayerBases], null_stride: int | None
+) -> dict[int, dict[str, torch.Tensor]]:
+    """The monitor's state of every layer after these forwards, in float64, the plain way.
+
+    Args:
+        forwards: the forwards in order (``Forward``).
+        bases: ``build_bases``'s result.
+        null_stride: the subsample takes the tokens whose index in their sequence is a multiple
+            of it (1 or None: every token).
+
+    Returns:
+        layer -> {name: tensor} in the ``stats.zero_state`` layout, open sequences folded in.
+    """
+    s = null_stride or 1
+    K = next(iter(bases.values())).haar.shape[0] if bases else 0
+    sums = {i: _LayerSums(b, K) for i, b in bases.items()}
+    for fw in forwards:
+        if not fw.continues:
+            for ls in sums.values():
+                ls.close()
+        for i, rd in fw.layers.items():
+            if i in sums:
+                _add_forward(sums[i], rd, fw.mask.bool(), fw.index, s)
+    return {i: ls.folded() for i, ls in sums.items()}
+
+
+def _add_forward(ls: _LayerSums, rd: LayerReading, mask: torch.Tensor, index: torch.Tensor, s: int) -> None:
+    """Add one forward's readings of one layer to its sums, one sequence at a time."""
+    b = mask.shape[0]
+    T = len(ls.bases.targets)
+    rows = torch.zeros(b, len(_ROW), T, dtype=torch.float64)
+    for row in range(b):
+        valid = mask[row]
+        pts = {
+            p: x[row][valid].double() for p, x in (("pre", rd.pre), ("mid", rd.mid), ("post", rd.post)) if x is not None
+        }
+        base = rd.base[row][valid].double() if rd.base is not None else None
+        finite = torch.ones(int(valid.sum()), dtype=torch.bool)
+        for X in [*pts.values(), *([base] if base is not None else [])]:
+            finite &= torch.isfinite(X).all(-1)
+        sub = finite & (index[row][valid] % s == 0)
+        X = {p: x[finite] for p, x in pts.items()}
+        Xb = base[finite] if base is not None else None
+        tgt = ls.state["tgt"]
+        tgt[:, _F["n_nonfinite"]] += float((~finite).sum())
+        if finite.all() and finite.numel() >= 2:
+            _consensus(tgt, pts)
+        _add_targets(ls, X, Xb, sub[finite], rows[row])
+        _add_nulls(ls, X, Xb, sub[finite], rows[row])
+    if ls.rows is not None and ls.rows.shape[0] != b:
+        ls.close()
+    ls.rows = rows if ls.rows is None else ls.rows + rows
+
+
+def _consensus(tgt: torch.Tensor, pts: dict[str, torch.Tensor]) -> None:
+    """Mean pairwise cosine of one sequence's valid tokens at each point, (||sum x_hat||^2 - n) / (n (n - 1))."""
+    for p, X in pts.items():
+        n = X.shape[0]
+        sv = (X / torch.linalg.vector_norm(X, dim=-1, keepdim=True)).sum(0)
+        tgt[:, _F[f"cons_sum_{p}"]] += (float(sv @ sv) - n) / (n * (n - 1))
+    tgt[:, _F["n_seq"]] += 1
+
+
+def _add_targets(ls: _LayerSums, X: dict, Xb, sub: torch.Tensor, row: torch.Tensor) -> None:
+    """The per-target sums of one sequence's counted tokens X[p] (n, d); its counters into row (5, T)."""
+    tgt = ls.state["tgt"]
+    n = X["pre"].shape[0]
+    for ti, t in enumerate(ls.bases.targets):
+        c = tgt[ti]
+        a = {p: align(x, t.U) for p, x in X.items()}
+        c[_F["n"]] += n
+        c[_F["n_pre_sub"]] += float(sub.sum())
+        c[_F["sum_pre_sub"]] += float(a["pre"][sub].sum())
+        for p, x in X.items():
+            c[_F[f"sum_{p}"]] += float(a[p].sum())
+            if p != "pre":
+                c[_F[f"n_{p}"]] += n
+            if t.k == 1:  # the signed cosine with v_1, the one column of U
+                c[_F[f"cos_sum_{p}"]] += float((x @ t.U[:, 0] / torch.linalg.vector_norm(x, dim=-1)).sum())
+        if "mid" not in X:
+            continue
+        ref = align(Xb, t.U) if Xb is not None else a["pre"]
+        u = up(a["mid"], ref)
+        c[_F["n_up"]] += float(u.sum())
+        c[_F["sum_delta"]] += float((a["mid"] - ref).sum())
+        if Xb is not None:
+            c[_F["n_norm_up"]] += float(up(ref, a["pre"]).sum())
+        c[_F["n_sub"]] += float(sub.sum())
+        c[_F["n_up_sub"]] += float(u[sub].sum())
+        c[_F["sum_mid_sub"]] += float(a["mid"][sub].sum())
+        row[0, ti], row[1, ti] = n, float(u.sum())
+        row[2, ti], row[3, ti] = float(sub.sum()), float(u[sub].sum())
+
+
+def _add_nulls(ls: _LayerSums, X: dict, Xb, sub: torch.Tensor, row: torch.Tensor) -> None:
+    """Haar, eigen-subspace and F-null sums on the subsample of one sequence's counted tokens."""
+    st, lb = ls.state, ls.bases
+    Y = {p: x[sub] for p, x in X.items() if p != "post"}
+    Yr = Xb[sub] if Xb is not None else Y["pre"]
+    K = lb.haar.shape[0]
+    ubar = {}  # k -> this sequence's up-counts on the subsample, averaged over the K draws
+    for ki, k in enumerate(lb.ks):
+        st["null_pre"][ki] += align_frames(Y["pre"], lb.haar, k).sum(0)
+        if "mid" in Y:
+            a_mid = align_frames(Y["mid"], lb.haar, k)
+            st["null_mid"][ki] += a_mid.sum(0)
+            ups = up(a_mid, align_frames(Yr, lb.haar, k))  # (n_sub, K)
+            st["null_up"][ki] += ups.sum(0)
+            ubar[k] = float(ups.sum()) / K
+    if "mid" not in Y:
+        return
+    for ti, t in enumerate(lb.targets):
+        row[4, ti] = ubar[t.k]
+        for j in range(lb.m):
+            if j >= len(t.eig):  # F has no j-th subspace within the spectrum kept: NaN, as the fast path
+                st["eig_up"][ti, j] = float("nan")
+                continue
+            E = t.eig[j]
+            st["eig_up"][ti, j] += float(up(align(Y["mid"], E), align(Yr, E)).sum())
+        if t.fnull is not None:
+            ups = up(align_frames(Y["mid"], t.fnull, t.k), align_frames(Yr, t.fnull, t.k))
+            st["fnull_up"][ti] += ups.sum(0)
+
+
+def to_state_dict_layers(states: dict[int, dict[str, torch.Tensor]]) -> dict[str, dict[str, list]]:
+    """``reference_states``'s result as ``Monitor.state_dict()["layers"]`` (plain nested lists)."""
+    return {str(i): {k: v.tolist() for k, v in st.items()} for i, st in states.items()}
