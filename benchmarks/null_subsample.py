@@ -24,7 +24,8 @@ from eigenhooks.run.texts import make_batches, sample_text
 
 
 def null_draws(mon, layer: int) -> np.ndarray:
-    st = mon._current_state(layer)
+    mon._acc.flush()
+    st = mon._acc.current(layer)
     ns = float(st["tgt"][0][stats.TGT_FIELDS.index("n_sub")])
     return st["null_up"][0].numpy() / ns
 

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import torch
 
 from . import stats as M
-from .forward import ForwardSums, LayerSums, Step
+from .forward import ForwardSums, LayerSums, Step, fold_copies
 from .plan import Plan
 from .reduce import Grid, project, reduce_many
 
@@ -53,11 +53,15 @@ class Accumulator:
 
     # ---- a forward ----
     def add(self, fs: ForwardSums) -> Undo:
-        """Count one forward whole; returns what undoes it."""
+        """Count one forward whole; returns what undoes it. A forward that starts new sequences ends the
+        open ones first (here, when it counts, not when it starts: forwards of other threads may have
+        counted in between, and their sequences are not its own)."""
         undo = Undo(
             self.n_forwards, {i: dict(st) for i, st in self.state.items()}, set(self.zero), dict(self.rows),
             {i: list(b) for i, b in self.buf.items()}, dict(self.seen), len(self.token_records),
         )  # fmt: skip
+        if fs.fresh:
+            self.end_sequences()
         self._add_layers(list(fs.layers.items()))
         self._buffer(fs.steps)
         self.seen.update(fs.seen)
@@ -75,7 +79,7 @@ class Accumulator:
         batch changes (a flush taken before every layer's step is in would split the stack in two)."""
         if not steps:
             return
-        if any(self.buf.get(i) and self.buf[i][0].grid.mask.shape[0] != s.grid.mask.shape[0] for i, s in steps.items()):
+        if any(self.buf.get(i) and self.buf[i][0].grid.mask.shape != s.grid.mask.shape for i, s in steps.items()):
             self.flush()
         for i, s in steps.items():
             self.buf.setdefault(i, []).append(s)
@@ -96,9 +100,10 @@ class Accumulator:
             if key not in grids:
                 grids[key] = Grid.cat([s.grid for s in buf])
             bases = self.plan.layers[i].bases
-            items.append((i, bases, project(bases, points, grids[key], cat([s.base for s in buf]), consensus=False)))
-        done = reduce_many([(b, pr) for _, b, pr in items])
-        self._add_layers([(i, LayerSums(*d)) for (i, _, _), d in zip(items, done)])
+            pr = project(bases, points, grids[key], cat([s.base for s in buf]), consensus=False)
+            items.append((i, bases, pr, buf[0].copies))
+        done = reduce_many([(b, pr) for _, b, pr, _ in items])
+        self._add_layers([(i, LayerSums(d[0], fold_copies(d[1], c))) for (i, _, _, c), d in zip(items, done)])
 
     def _add_layers(self, results: list[tuple[int, LayerSums]]) -> None:
         """Add layers' sums into the running state: every (layer, field) sum in one ``torch._foreach_add``

@@ -1,9 +1,8 @@
 """``Monitor`` and ``monitor()``: alignment measured while the model runs, as a small facade.
 
-``with eh.monitor(model) as mon: model(**batch)`` measures every forward pass inside the block,
-including ``generate`` with a KV cache (only newly computed positions are seen, so each position
-counts once, and a sequence stays one cluster across its forwards). For encoder-decoders
-(``Adapter.stacks``) a forward expects only the stacks that ran in it.
+``with eh.monitor(model) as mon: model(**batch)`` measures every forward pass inside the block, in
+any thread, and ``generate`` (each position once, a sequence one cluster across its forwards, with
+or without a KV cache; beams and returned sequences clustered by input row).
 
 Values are read where the model consumes them (docs/design.md, "Reading points"). A forward counts
 whole or not at all. Its life, with the part that owns each step (docs/api.md, "A forward's life"):
@@ -16,6 +15,8 @@ Where hooks vanish or are bypassed, ``MeasurementWarning`` says so and the stati
 
 from __future__ import annotations
 
+import contextlib
+import threading
 import warnings
 from pathlib import Path
 
@@ -25,13 +26,13 @@ from ..models import Adapter, get_adapter
 from . import fingerprint as FP
 from .accumulate import Accumulator
 from .config import DEFAULTS, MonitorConfig
-from .forward import Forward, continues
+from .forward import Call, Forward, Generation, continues
 from .lens import lens_call_mask, lens_string_mask
 from .logs import LogPoints, scalar_labels
 from .plan import Plan, build_plan, parse_targets
 from .sinks import SinkError
-from .summary import summary_table, target_stats
-from .taps import MeasurementWarning, Taps, Warner
+from .summary import save_table, summary_table, target_stats
+from .taps import MeasurementWarning, Taps, Warner, thread_key
 
 _ALIASES = {"K": "null_draws", "Kf": "fnull_draws", "m": "eig_top"}  # names before 0.2, one release more
 
@@ -75,7 +76,9 @@ class Monitor:
         self._plan: Plan | None = None
         self._acc: Accumulator | None = None
         self._taps: Taps | None = None
-        self._fwd: Forward | None = None  # the forward now running, if any
+        self._fwds: dict[int, Forward] = {}  # thread -> the forward running there (threads share a model)
+        self._gens: dict[int, Generation] = {}  # thread -> the generate call running there
+        self._lock = threading.Lock()  # one forward counts at a time
         self._fingerprint: dict | None = None
         self._all_valid: list = []  # Forward's reused all-True mask
         self._active = False
@@ -150,7 +153,7 @@ class Monitor:
         if not self._active or self._closing:
             return
         taps = self._taps if self._taps is not None and self._taps.attached else None
-        if self._fwd is not None and taps is not None and not _raised and not taps.gone() and taps.in_forward():
+        if self._fwds and taps is not None and not _raised and not taps.gone() and taps.in_forward():
             self._closing = True  # _after_end finishes the close
             return
         self._active = False
@@ -185,11 +188,12 @@ class Monitor:
 
     # ---- a forward's events (from the taps) ----
     def forward_start(self, args, kwargs, fresh: bool = False, mask=None) -> None:
-        """The model's forward starts: the open sequences end unless it continues them (a KV cache)."""
-        if self._fwd is not None:
-            self._fwd.drop()
-        if fresh or not continues(args, kwargs):
-            self._acc.end_sequences()
+        """The model's forward starts (in this thread): a new ``Forward``, told what the call is."""
+        tid = thread_key()
+        old = self._fwds.pop(tid, None)
+        if old is not None:  # its end never came (interrupted): nothing of it counts
+            old.drop()
+        call = self._call(args, kwargs, fresh or not continues(args, kwargs))
         if fresh:  # TransformerLens run_with_hooks: the mask comes from the running forward's frame
             mask = self.explicit_mask if self.explicit_mask is not None else mask
         else:
@@ -198,35 +202,61 @@ class Monitor:
                 mask = lens_string_mask(self.model, args, kwargs)
         mask = mask if isinstance(mask, torch.Tensor) and mask.dim() == 2 else None
         buffer = self._logs.sink_path is None and not self.config.tokens
-        acc = self._acc
-        self._fwd = Forward(
-            self._plan, self.points, mask, acc.seen, buffer, self.config.tokens, acc.n_forwards, self._all_valid
+        acc, keep = self._acc, self.config.tokens
+        seen = {} if call.fresh else acc.seen
+        self._fwds[tid] = Forward(
+            self._plan, self.points, mask, seen, buffer, keep, acc.n_forwards, self._all_valid, call
         )
 
+    def _call(self, args, kwargs, fresh: bool) -> Call:
+        """What this forward is (``forward.Generation`` when it is a step of a ``generate``)."""
+        gen = self._gens.get(thread_key())
+        x = kwargs.get("input_ids", kwargs.get("inputs_embeds", args[0] if args else None))
+        if gen is None or not isinstance(x, torch.Tensor) or x.dim() < 2:
+            return Call(fresh)
+        call = gen.next_call(x.shape[0], x.shape[1], fresh)
+        if call.copies > 1 and call.first_copy_only:
+            self._warn(
+                "copies",
+                f"generate ran {call.copies} copies of each input row (num_beams or num_return_sequences): "
+                "each input row is one cluster; its prompt positions were counted once, and the generated "
+                f"positions of every copy ({call.copies} per step and input row) were counted",
+            )
+        return call
+
+    def generate_start(self, rows: int | None) -> None:
+        self._gens[thread_key()] = Generation(rows)
+
+    def generate_end(self) -> None:
+        self._gens.pop(thread_key(), None)
+
     def stack_start(self, name: str, mask) -> None:
-        if self._fwd is not None:
-            self._fwd.stack_started(name, mask)
+        fwd = self._fwds.get(thread_key())
+        if fwd is not None:
+            fwd.stack_started(name, mask)
 
     def reading(self, layer: int, point: str, x: torch.Tensor) -> None:
-        self._fwd.read(layer, point, x)
+        self._fwds[thread_key()].read(layer, point, x)
 
     def forward_end(self, ok: bool) -> None:
         """The forward ended: dropped if it raised; else reduced, counted, and logged, or taken back whole."""
-        fwd, self._fwd = self._fwd, None
+        fwd = self._fwds.pop(thread_key(), None)
         if fwd is None:
             return
         if not ok:
-            fwd.drop()
+            self._drop(fwd)
             return
         self._check(fwd)
         undo = mark = None
         try:
             fs = fwd.finish()
-            undo = self._acc.add(fs)
-            mark = self._logs.mark()
-            self._logs.after_forward(mark, self._acc, self._plan, fs, self._labels())
+            # threads sharing the model: one forward counts, and is logged, at a time (compiled: one thread)
+            with contextlib.nullcontext() if torch.compiler.is_compiling() else self._lock:
+                undo = self._acc.add(fs)
+                mark = self._logs.mark()
+                self._logs.after_forward(mark, self._acc, self._plan, fs, self._labels())
         except BaseException as e:
-            fwd.drop()
+            self._drop(fwd)
             if mark is not None:
                 self._logs.undo(mark)
             if undo is not None:
@@ -234,6 +264,14 @@ class Monitor:
             if isinstance(e, SinkError):
                 raise SinkError(f"{e}. This forward was not counted (its sums were taken back)") from e.__cause__
             raise
+
+    def _drop(self, fwd: Forward) -> None:
+        """A forward that does not count gives its arena rows back (all of them when no other runs: a
+        projection that raised half-way leaves its row taken)."""
+        fwd.drop()
+        if not self._fwds:
+            for arena in self._plan.arenas:
+                arena.release()
 
     def _check(self, fwd: Forward) -> None:
         """Warn (once each) about layers a forward should have measured and did not."""
@@ -274,9 +312,6 @@ class Monitor:
         return self._taps.fwd_hooks(self._plan, lambda: lens_call_mask(self.model))
 
     # ---- results ----
-    def _current(self, layer: int) -> dict[str, torch.Tensor]:
-        return self._acc.current(layer)
-
     @property
     def stats(self) -> dict[tuple[int, str], dict[str, float]]:
         """(layer, target) -> the raw per-target sums and counts (``stats.TGT_FIELDS``)."""
@@ -290,17 +325,7 @@ class Monitor:
 
     def save(self, path) -> Path:
         """Write the summary as Parquet, CSV or JSON (by the file's suffix)."""
-        path = Path(path)
-        if path.suffix not in (".parquet", ".csv", ".json"):
-            raise ValueError(f"unknown format {path.suffix!r}: use .parquet, .csv or .json")
-        df = self.summary()
-        if path.suffix == ".parquet":
-            df.to_parquet(path)
-        elif path.suffix == ".csv":
-            df.to_csv(path, index=False)
-        else:
-            df.to_json(path, orient="records", indent=2)
-        return path
+        return save_table(self.summary, path)
 
     # ---- the state ----
     def _layout(self) -> dict:

@@ -33,6 +33,23 @@ class Step(NamedTuple):
     points: dict[str, torch.Tensor | None]
     grid: Grid
     base: torch.Tensor | None
+    copies: int = 1  # rows that are copies of one input row (beams): their counters are summed
+
+
+class Call(NamedTuple):
+    """What a forward is, as the monitor knows at its start.
+
+    fresh: it starts new sequences (else it continues the open ones: a KV-cache step, or a step of
+    ``generate`` that recomputes the whole sequence). start: positions already counted, left out
+    (that recomputation). copies: consecutive rows that are copies of one input row (``generate``
+    with beams or several returned sequences): one cluster. first_copy_only: only the first copy's
+    tokens count (the prompt, identical in every copy).
+    """
+
+    fresh: bool = True
+    start: int = 0
+    copies: int = 1
+    first_copy_only: bool = False
 
 
 @dataclass
@@ -42,8 +59,35 @@ class ForwardSums:
 
     layers: dict[int, LayerSums] = field(default_factory=dict)
     steps: dict[int, Step] = field(default_factory=dict)
+    fresh: bool = True  # it starts new sequences: the open ones end before it counts
     seen: dict = field(default_factory=dict)  # stack -> (b, 1) valid tokens of each open sequence so far
     tokens: list[dict] = field(default_factory=list)  # per-token records (``tokens=True``)
+
+
+@dataclass
+class Generation:
+    """A ``generate`` call of a decoder, running in one thread: what each of its forwards is.
+
+    Its first forward starts the sequences; the others continue them, with a KV cache (new positions
+    only) or without one (the whole sequence again: only its new positions count). Beams and returned
+    sequences are copies of the input rows: one cluster per input row, the prompt counted once.
+    """
+
+    rows: int | None  # the input rows it was given
+    steps: int = 0  # forwards so far
+    copies: int = 1  # rows per input row in its forwards
+    positions: int = 0  # positions its sequences have so far
+
+    def next_call(self, b: int, n: int, fresh: bool) -> Call:
+        """The ``Call`` of its next forward, of b rows and n positions (``fresh``: no KV cache continued)."""
+        self.steps += 1
+        if self.steps == 1:
+            self.copies = b // self.rows if self.rows and b > self.rows and b % self.rows == 0 else 1
+            self.positions = n
+            return Call(True, 0, self.copies, True)
+        start = self.positions if fresh else 0
+        self.positions = n if fresh else self.positions + n
+        return Call(False, start, self.copies, False)
 
 
 class Forward:
@@ -57,12 +101,22 @@ class Forward:
         keep_tokens: record per-token alignments. index: this forward's number (for token records).
         all_valid: the monitor's one all-True (b, n) mask of the latest shape, reused across forwards
             (never written), so a decoding step with no mask makes none.
+        call: what this forward is (``Call``).
     """
 
     def __init__(
-        self, plan: Plan, points, mask, seen: dict, buffer_steps: bool, keep_tokens: bool, index: int, all_valid: list
+        self,
+        plan: Plan,
+        points,
+        mask,
+        seen: dict,
+        buffer_steps: bool,
+        keep_tokens: bool,
+        index: int,
+        all_valid: list,
+        call: Call = Call(),
     ):
-        self.plan, self.read_mid, self.all_valid = plan, "mid" in points, all_valid
+        self.plan, self.read_mid, self.all_valid, self.call = plan, "mid" in points, all_valid, call
         self.mask, self.seen = mask, seen
         self.buffer_steps, self.keep_tokens, self.index = buffer_steps, keep_tokens, index
         self.stack_masks: dict[str, torch.Tensor | None] = {}  # the mask passed to each stack that ran
@@ -80,6 +134,8 @@ class Forward:
 
     def read(self, layer: int, point: str, x: torch.Tensor) -> None:
         """A reading of (layer, point). The first one counts; the layer is projected at its last point."""
+        if self.call.start and x.dim() == 3:  # a step that recomputed the whole sequence: its new positions
+            x = x[:, self.call.start :]
         cap = self.captures.get(layer)
         if cap is None:
             cap = self.captures[layer] = {}
@@ -115,7 +171,7 @@ class Forward:
         else:  # a tower the forward's attention_mask does not describe: all its tokens count
             grid = Grid(torch.ones(shape[:2], dtype=torch.bool, device=pre.device))
         if shape[1] == 1 and self.buffer_steps:
-            self.steps[lp.index] = Step(points, grid, base)  # reduced in batches by the accumulator
+            self.steps[lp.index] = Step(points, grid, base, self.call.copies)  # reduced in batches by the accumulator
             return
         # post(t) and pre(t+1) are one tensor: its norms and sums are taken once (the memo)
         self.projections[lp.index] = project(lp.bases, points, grid, base, memo=self.memo)
@@ -127,7 +183,10 @@ class Forward:
         forward and shared by its layers, with its null subsample."""
         key = (stack, x.shape[:2], x.device)
         if key not in self.grids:
-            self.grids[key] = self._indexed(stack, self._valid(x, stack))
+            valid = self._valid(x, stack)
+            if self.call.first_copy_only and self.call.copies > 1:
+                valid = self._first_copies(valid)
+            self.grids[key] = self._indexed(stack, valid)
         return self.grids[key]
 
     def _call_mask(self, stack):
@@ -162,6 +221,12 @@ class Forward:
             )
         return m[:, -n:].to(x.device).bool()  # with a KV cache only the newest positions are computed
 
+    def _first_copies(self, valid: torch.Tensor) -> torch.Tensor:
+        """``valid`` on the first copy of each input row only (the prompt of a generate with beams)."""
+        c = self.call.copies
+        first = torch.arange(valid.shape[0], device=valid.device).remainder_(c).eq_(0)
+        return valid & first[:, None]
+
     def _token_record(self, lp: LayerPlan, points: dict, mask: torch.Tensor) -> dict:
         t, meta = lp.targets[0], lp.meta[0]
         U = t.U.to(points["pre"].device, torch.float32)
@@ -191,12 +256,21 @@ class Forward:
         layers = list(self.projections)
         done = reduce_many([(self.plan.layers[i].bases, self.projections[i]) for i in layers])
         seen = {stack: grid.after for (stack, _, _), grid in self.grids.items()}
-        return ForwardSums({i: LayerSums(*d) for i, d in zip(layers, done)}, dict(self.steps), seen, self.tokens)
+        sums = {i: LayerSums(d[0], fold_copies(d[1], self.call.copies)) for i, d in zip(layers, done)}
+        return ForwardSums(sums, dict(self.steps), self.call.fresh, seen, self.tokens)
 
     def drop(self) -> None:
-        """The forward raised: give every arena row it took back; nothing of it counts."""
-        for arena in self.plan.arenas:
-            arena.release()
+        """The forward raised: give back the arena rows it took; nothing of it counts."""
+        for pr in self.projections.values():
+            if pr.slot is not None:
+                pr.slot.give_back()
+
+
+def fold_copies(rows: torch.Tensor | None, copies: int) -> torch.Tensor | None:
+    """Per-row counters (b, 5, T) of rows that are copies of one input row, summed per input row."""
+    if rows is None or copies == 1:
+        return rows
+    return rows.view(rows.shape[0] // copies, copies, *rows.shape[1:]).sum(1)
 
 
 def continues(args, kwargs) -> bool:

@@ -8,6 +8,7 @@ layers, cluster-robust intervals, the verdict). Columns: docs/concepts.md, "Stat
 from __future__ import annotations
 
 from collections.abc import Callable
+from pathlib import Path
 
 import torch
 
@@ -61,3 +62,18 @@ def summary_table(
             df.loc[idx, "q_null"] = M.bh(df.loc[idx, "p_null"].to_numpy())
         df["verdict"] = [M.verdict(q, lift) for q, lift in zip(df["q_null"], df["lift"])]
     return df
+
+
+def save_table(summary: Callable, path) -> Path:
+    """Write ``summary()`` as Parquet, CSV or JSON, by the file's suffix (checked before the table is made)."""
+    path = Path(path)
+    if path.suffix not in (".parquet", ".csv", ".json"):
+        raise ValueError(f"unknown format {path.suffix!r}: use .parquet, .csv or .json")
+    df = summary()
+    if path.suffix == ".parquet":
+        df.to_parquet(path)
+    elif path.suffix == ".csv":
+        df.to_csv(path, index=False)
+    else:
+        df.to_json(path, orient="records", indent=2)
+    return path

@@ -14,6 +14,7 @@ taps registered are ever removed.
 from __future__ import annotations
 
 import sys
+import threading
 import warnings
 from contextlib import ExitStack
 from typing import Protocol
@@ -47,6 +48,25 @@ class Listener(Protocol):
     def stack_start(self, name: str, mask: torch.Tensor | None) -> None: ...
     def reading(self, layer: int, point: str, x: torch.Tensor) -> None: ...
     def forward_end(self, ok: bool) -> None: ...
+    def generate_start(self, rows: int | None) -> None: ...
+    def generate_end(self) -> None: ...
+
+
+def thread_key() -> int:
+    """The running thread's key (threads sharing one model run forwards side by side); 0 while
+    torch.compile traces a forward, which sees no threads (and could not trace the lookup)."""
+    if torch.compiler.is_compiling():
+        return 0
+    return threading.get_ident()
+
+
+class _PerThread:
+    """A thread's own forward bookkeeping."""
+
+    def __init__(self):
+        self.open = False  # a forward of the model is running in this thread (started and not ended)
+        self.counts: dict = {}  # calls of each slot in this forward
+        self.root = None  # the stack root that opened this forward, when it ran outside the model's
 
 
 class Taps:
@@ -62,12 +82,10 @@ class Taps:
         self.listener, self.warn = listener, warn
         self.slots = build_slots(adapter, plan, points)  # (id(module), where) -> (module, where, roles)
         self.roles = {key: entry[2]["roles"] for key, entry in self.slots.items()}
-        self.open = False  # a forward of the model is running (started and not ended)
+        self._threads: dict[int, _PerThread] = {}
         self.started = 0  # forwards whose start the taps saw (whole or not)
         self.orphans = 0  # tap calls that came outside any forward of the model
         self.on_end = None  # set by the Monitor: called after each forward's end (a deferred close)
-        self._counts: dict = {}  # calls of each slot in this forward
-        self._root = None  # the stack root that opened this forward, when it ran outside the model's
         self._stack: ExitStack | None = None
         self._handles: list = []  # (module, dict attribute, id) of every hook, to see if it is still there
         self._raw: list = []  # (module, handle) of every hook registered
@@ -76,6 +94,19 @@ class Taps:
     @property
     def attached(self) -> bool:
         return self._stack is not None
+
+    @property
+    def _here(self) -> _PerThread:
+        key = thread_key()
+        here = self._threads.get(key)
+        if here is None:
+            here = self._threads[key] = _PerThread()
+        return here
+
+    @property
+    def open(self) -> bool:
+        """Whether a forward of the model is running in this thread."""
+        return self._here.open
 
     # ---- registration ----
     def attach(self) -> None:
@@ -104,6 +135,7 @@ class Taps:
             for name, (root, mask_kw) in ad.stacks.items():
                 self._hook(root, self._stack_start(name, mask_kw), "pre", with_kwargs=True)
                 self._hook(root, self._stack_end, "fwd", always_call=True)
+            self._wrap_generate()
         for key, (module, where, _) in self.slots.items():
             if where == "input":
                 self._hook(module, self._input_tap(key), "pre", with_kwargs=True)
@@ -134,6 +166,33 @@ class Taps:
                     del model.forward
                 else:
                     model.forward = prev
+
+        self._stack.callback(restore)
+
+    def _wrap_generate(self) -> None:
+        """A decoder's ``generate`` is wrapped, so that its forwards are known as one call's steps: the
+        input rows it was given (beams and returned sequences copy them), and steps that recompute the
+        whole sequence (no KV cache). Encoder-decoders keep their stacks' own account."""
+        model, gen = self.model, getattr(self.model, "generate", None)
+        if gen is None or not callable(gen) or self.adapter.stacks:
+            return
+        prev = model.__dict__.get("generate")
+
+        def generate(*args, **kwargs):
+            self.listener.generate_start(_input_rows(args, kwargs))
+            try:
+                return gen(*args, **kwargs)
+            finally:
+                self.listener.generate_end()
+
+        model.generate = generate
+
+        def restore():
+            if model.__dict__.get("generate") is generate:
+                if prev is None:
+                    del model.generate
+                else:
+                    model.generate = prev
 
         self._stack.callback(restore)
 
@@ -197,13 +256,14 @@ class Taps:
             self._inert = []
             return
         self.started += 1
-        self.open, self._counts, self._root = True, {}, None
+        here = self._here
+        here.open, here.counts, here.root = True, {}, None
         self.listener.forward_start(args, kwargs, fresh, mask)
 
     def _end(self, module, args, output) -> None:
-        if not self.open:
+        if not self._here.open:
             return
-        self.open = False
+        self._here.open = False
         try:
             self.listener.forward_end(output is not None)  # None: the forward raised
         except BaseException:
@@ -218,16 +278,16 @@ class Taps:
         as ``generate`` runs an encoder-decoder's encoder once, outside the model's forward)."""
 
         def fn(module, args, kwargs):
-            if not self.open:
+            if not self._here.open:
                 self._start(module, args, kwargs)
-                self._root = module
+                self._here.root = module
             m = kwargs.get(mask_kw) if mask_kw else None
             self.listener.stack_start(name, m if isinstance(m, torch.Tensor) and m.dim() == 2 else None)
 
         return fn
 
     def _stack_end(self, module, args, output):
-        if self._root is module:
+        if self._here.root is module:
             self._end(module, args, output)
 
     def _input_tap(self, key):
@@ -251,7 +311,8 @@ class Taps:
         """One call of a tapped module: its reading goes to each (layer, point) this call is for."""
         if not isinstance(x, torch.Tensor):
             return
-        if not self.open:
+        here = self._here
+        if not here.open:
             self.orphans += 1
             self.warn(
                 "orphan",
@@ -259,8 +320,8 @@ class Taps:
                 "called directly?); nothing was counted. Call the model passed to eh.monitor.",
             )
             return
-        c = self._counts.get(key, 0)
-        self._counts[key] = c + 1
+        c = here.counts.get(key, 0)
+        here.counts[key] = c + 1
         roles = self.roles[key].get(c)  # (layer, point) pairs this call of the module reads
         if not roles:
             return
@@ -289,6 +350,14 @@ class Taps:
 
             hooks.append((name, fn))
         return hooks
+
+
+def _input_rows(args, kwargs) -> int | None:
+    """The rows of the batch a ``generate`` call was given (before beams or returned sequences copy them)."""
+    for x in (kwargs.get("input_ids"), kwargs.get("inputs_embeds"), args[0] if args else None):
+        if isinstance(x, torch.Tensor) and x.dim() >= 2:
+            return x.shape[0]
+    return None
 
 
 def _tap_module(adapter: Adapter, tap):

@@ -325,7 +325,12 @@ def test_a_reduced_layer_does_not_hold_its_activations(gpt2):
     held = []
 
     def at_final_norm(module, args):
-        held.append({i: [p for p, v in cap.items() if v is not None] for i, cap in mon._fwd.captures.items()})
+        held.append(
+            {
+                i: [p for p, v in cap.items() if v is not None]
+                for i, cap in next(iter(mon._fwds.values())).captures.items()
+            }
+        )
 
     mon = eh.monitor(model)
     h = model.transformer.ln_f.register_forward_pre_hook(at_final_norm)

@@ -158,7 +158,7 @@ def test_null_quantiles_and_ci_match_an_independent_recomputation(gpt2):
     h1 = blk.ln_1.register_forward_pre_hook(lambda m, a: got.__setitem__("pre", a[0].detach()))
     h2 = blk.ln_2.register_forward_pre_hook(lambda m, a: got.__setitem__("mid", a[0].detach()))
     # nulls on every token: these short texts leave 9 tokens at the default stride, too few for
-    # two Monte Carlos' quantiles to agree within 0.06 (test_statistics checks the stride exactly)
+    # two Monte Carlos' quantiles to agree within 0.06 (test_null_subsample checks the stride exactly)
     with eh.monitor(model, targets=[("ov", "modulus")], null_draws=400, null_stride=1) as mon, torch.no_grad():
         model(**batch)
     h1.remove()
