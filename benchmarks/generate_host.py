@@ -15,7 +15,7 @@ API (``eh.monitor``) only.
   the calls of the monitor's hook functions, and Python function calls (``sys.setprofile``,
   'call' and 'c_call' events), monitored minus plain.
 
-Usage: python benchmarks/generate_host.py [--pairs 15] [--quick]
+Usage: PYTHONPATH=. python benchmarks/generate_host.py [--pairs 15] [--quick]   (from the repository root)
 """
 
 from __future__ import annotations
@@ -158,8 +158,11 @@ def _report(a, ratios, tp, tm, counts) -> None:
     dp, dm = statistics.median(tp), statistics.median(tm)
     extra_us = (dm - dp) / steps * 1e6
     (op_p, hk_p, py_p), (op_m, hk_m, py_m) = counts["plain"], counts["monitored"]
+    import eigenhooks
+
     print(f"generate host cost: {L}-layer Llama width {SHAPE['hidden_size']}, batch {a.batch}, "
-          f"{a.prompt} + {a.new} tokens, float32, 1 thread, {len(ratios)} interleaved pairs")  # fmt: skip
+          f"{a.prompt} + {a.new} tokens, float32, 1 thread, {len(ratios)} interleaved pairs; "
+          f"code: {Path(eigenhooks.__file__).parent}")  # fmt: skip
     print(f"  thread CPU time monitored / plain, median paired ratio: {med:.3f} "
           f"(quartiles {q1:.3f}-{q3:.3f})  goal <= {GOAL_RATIO}  {'met' if med <= GOAL_RATIO else 'NOT met'}")  # fmt: skip
     print(f"  plain {dp * 1e3:.1f} ms a generate ({dp / steps * 1e3:.3f} ms a step); monitored +{extra_us:.0f} us "
