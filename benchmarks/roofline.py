@@ -359,7 +359,9 @@ def main(argv=None) -> int:
     print(f"  as CUDA runs it: {next(iter(cur.values()))['paths']}")
     if a.calibrate:
         old = _raw_from(a.calibrate, shapes)
-        floor, est_old = fit_floor(old, mm_eff)
+        for _ in range(3):  # the floor and the plain forward's matmul efficiency, each fitted given the other
+            floor, est_old = fit_floor(old, mm_eff)
+            mm_eff = fit_mm_eff(cur["llama-1b"], floor)
         print(f"calibrated on {a.calibrate}: floor {floor * 1e6:.1f} us a kernel; the old code's estimates "
               + ", ".join(f"{k} {v:.3f} (measured {MEASURED_OLD[k]})" for k, v in est_old.items()))  # fmt: skip
         for k, r in old.items():
