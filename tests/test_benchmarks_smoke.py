@@ -1,0 +1,27 @@
+"""Smoke runs of the CPU proxies in benchmarks/ (their --quick modes): they run and print each figure
+beside its goal. Not timed: the figures themselves are read from a full run (docs/scale.md)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _run(script: str, *args: str) -> str:
+    env = dict(os.environ, PYTHONPATH=str(ROOT), HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
+    p = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / script), *args], env=env, capture_output=True, text=True, timeout=300
+    )
+    assert p.returncode == 0, p.stdout + p.stderr
+    return p.stdout
+
+
+def test_generate_host_quick():
+    out = _run("generate_host.py", "--quick")
+    for line in ("median paired ratio", "launching aten ops: +", "monitor hook calls: ", "Python function calls"):
+        assert line in out, out
+    assert out.count("goal <=") == 2, out
