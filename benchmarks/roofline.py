@@ -12,15 +12,15 @@ its entry (spectra of F = O V), so its model is the same shape at full depth wit
 bfloat16 values in every layer's V and O only (1B: 0.17 GB, 8B: 1.3 GB), every other weight a
 broadcast zero and a 512-token vocabulary; once entered it is moved to meta and run at the real
 batch x sequence. Two internals are switched to what CUDA runs, as ``monitor_ops.py`` does: the
-frames widened to one stacked group (``state.pad_to_stack``) and the bfloat16 [B_hi | B_lo] matmuls
-with float32 output (``reduce._has_out_dtype``), which otherwise hold only for tensors on a CUDA
+frames widened to one stacked group (``plan.pad_to_stack``) and the bfloat16 [B_hi | B_lo] matmuls
+with float32 output (``reduce.kernels.has_out_dtype``), which otherwise hold only for tensors on a CUDA
 device; where a name is missing the output says so.
 
 Calibration: ``--calibrate`` runs the same count on another checkout of the package (the code
 measured on the H200 at 1.18 (1B) and 1.07 (8B), commit a514878) and fits the floor so that its
 estimate meets those ratios; the plain forward's matmul efficiency is fitted to the measured 1B
 plain forward (45.7 ms, ../shared/gpu/h200-gpu_scale.log). The fused-read line prices the hooks'
-reads as ``eigenhooks.monitor.kernels`` would make them: one read of each distinct activation
+reads as ``eigenhooks.monitor.reduce.fused`` would make them: one read of each distinct activation
 per layer (pre(t) is post(t-1)) plus the null rows, every other monitor kernel as counted.
 
 Usage (from the repository root):
@@ -175,19 +175,30 @@ class _Attention(TorchFunctionMode):
 def _cuda_paths() -> str:
     """Take, on meta tensors, the code paths CUDA takes; say which could be switched."""
     said = []
+    half = lambda device, dtype: dtype in (torch.bfloat16, torch.float16)  # noqa: E731
+    try:  # the rebuilt monitor (reduce/ a package, plan.py) or the code before it (reduce.py, state.py)
+        from eigenhooks.monitor.reduce import bases, kernels
+
+        bases.has_out_dtype = kernels.has_out_dtype = half
+        said.append("bf16 [hi|lo] matmuls")
+    except ImportError:
+        try:
+            from eigenhooks.monitor import reduce
+
+            reduce._has_out_dtype = half
+            reduce._OUT_DTYPE.clear()
+            said.append("bf16 [hi|lo] matmuls")
+        except AttributeError:
+            said.append("NOT the bf16 [hi|lo] matmuls (no switch found: float32 copies counted)")
     try:
         from eigenhooks.monitor import reduce
 
-        reduce._has_out_dtype = lambda device, dtype: dtype in (torch.bfloat16, torch.float16)
-        reduce._OUT_DTYPE.clear()
-        said.append("bf16 [hi|lo] matmuls")
-    except (ImportError, AttributeError):
-        said.append("NOT the bf16 [hi|lo] matmuls (reduce._has_out_dtype missing: float32 copies counted)")
-    try:
-        from eigenhooks.monitor import reduce, state
-
-        if hasattr(state, "pad_to_stack") and "widen_frames" in reduce.pad_to_stack.__code__.co_varnames:
-            state.pad_to_stack = lambda rs, widen_frames=False: reduce.pad_to_stack(rs, widen_frames=True)
+        try:
+            from eigenhooks.monitor import plan as where
+        except ImportError:
+            from eigenhooks.monitor import state as where
+        if hasattr(where, "pad_to_stack") and "widen_frames" in reduce.pad_to_stack.__code__.co_varnames:
+            where.pad_to_stack = lambda rs, widen_frames=False: reduce.pad_to_stack(rs, widen_frames=True)
             said.append("frames widened to one group")
         else:
             said.append("the monitor's own grouping (no widen_frames switch)")
@@ -281,7 +292,7 @@ def estimate(r: dict, floor: float, mm_eff: float, fused: bool = False) -> dict:
 
 
 def _fused_read(r: dict, floor: float) -> float:
-    """The hooks' reads as kernels.fused_read makes them: per layer one pass over mid and one over
+    """The hooks' reads as fused.fused_read makes them: per layer one pass over mid and one over
     post(t) = pre(t+1) (post(t-1) for the first), each writing its norms, projections and consensus
     partials; a gather-GEMM over the null rows of pre and mid; a sum of the partials per pass. The
     projections' FLOPs are the counted ones (the same [hi | lo] products), on tensor cores."""

@@ -1,6 +1,6 @@
 """The plain float64 twin of the monitor's reduction: every state sum, token by token.
 
-The monitor's fast path (reduce.py) stacks layers into arenas, pads layer groups to one
+The monitor's fast path (reduce/) stacks layers into arenas, pads layer groups to one
 layout, splits bases into half-precision pairs and memoises norms. This module computes the
 same sums the obvious way, one layer and one sequence at a time, in float64, with no
 arena, grouping, padding, memo or stacking, so that the fast path can be tested against it

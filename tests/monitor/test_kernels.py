@@ -1,4 +1,4 @@
-"""The fused read (``eigenhooks.monitor.kernels``): Triton kernels against the aten twin and float64 numpy.
+"""The fused read (``eigenhooks.monitor.reduce.fused``): Triton kernels against the aten twin and float64 numpy.
 
 The Triton kernels run on CPU tensors under Triton's interpreter (``TRITON_INTERPRET=1``, set per
 test), and on CUDA where there is one. Tolerances are relative to the sizes of the summands
@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import torch
 
-from eigenhooks.monitor import kernels as K
+from eigenhooks.monitor.reduce import fused as K
 
 needs_triton = pytest.mark.skipif(
     not K.triton_available(), reason="triton is not installed (pip install 'triton>=3.9': Linux, Python >= 3.11)"

@@ -150,7 +150,7 @@ def test_the_trap_catches_each_kind_of_sync():
     """The trap itself: every kind of read-back, called from eigenhooks' code, is caught."""
     x = torch.arange(6.0)
     # run each probe from a frame whose file is inside the package, as a hook's code would be
-    inside = compile("probe()", os.path.join(PKG, "monitor", "reduce.py"), "exec")
+    inside = compile("probe()", os.path.join(PKG, "monitor", "reduce", "projection.py"), "exec")
     kinds = {
         "aten::_local_scalar_dense": lambda: x.sum().item(),
         "aten::nonzero": lambda: torch.nonzero(x),

@@ -1,4 +1,4 @@
-"""The oracle: the fast monitor (reduce.py's stacked reduction) against the plain float64 reference.
+"""The oracle: the fast monitor (reduce/'s stacked reduction) against the plain float64 reference.
 
 Each case runs a tiny model once with the monitor and, at the same time, with hooks of our own
 (``readings.Recorder``); the reference (``eigenhooks.monitor.reference``) re-derives the bases

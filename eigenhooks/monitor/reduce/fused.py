@@ -18,7 +18,7 @@ null frames are wide (hundreds of columns), so doing it in the first pass would 
 s, and ``flat`` may name one row twice (empty slots repeat the last position), which a one-pass
 scatter could not write. On half dtypes both kernels multiply on tensor cores by splitting each
 float32 basis chunk as B_hi + B_lo in X's dtype (products exact, sums in float32, B kept to ~2^-16, as
-``reduce._split`` does); float32 inputs use ``tl.dot(..., input_precision="ieee")``, never TF32.
+``reduce.kernels.split`` does); float32 inputs use ``tl.dot(..., input_precision="ieee")``, never TF32.
 
 Non-finite rows behave as in the twin: the norm of a row holding inf is inf and of one holding NaN is
 NaN; w_i x_i is then NaN somewhere (0 * inf, NaN * x), so the sequence's ``sv`` holds NaN, also when
@@ -38,7 +38,7 @@ from typing import NamedTuple
 
 import torch
 
-_EPS = 1e-30  # the clamp of a zero norm, as reduce.py's consensus weights
+_EPS = 1e-30  # the clamp of a zero norm, as the projection's consensus weights
 _TRITON_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
 
