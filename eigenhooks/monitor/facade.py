@@ -187,8 +187,9 @@ class Monitor:
         self._end_logs(raised=True)
 
     # ---- a forward's events (from the taps) ----
-    def forward_start(self, args, kwargs, fresh: bool = False, mask=None) -> None:
-        """The model's forward starts (in this thread): a new ``Forward``, told what the call is."""
+    def forward_start(self, args, kwargs, fresh: bool = False, mask=None):
+        """The model's forward starts (in this thread): a new ``Forward``, told what the call is; its
+        ``read`` takes the readings from the taps."""
         tid = thread_key()
         old = self._fwds.pop(tid, None)
         if old is not None:  # its end never came (interrupted): nothing of it counts
@@ -204,9 +205,9 @@ class Monitor:
         buffer = self._logs.sink_path is None and not self.config.tokens
         acc, keep = self._acc, self.config.tokens
         seen = {} if call.fresh else acc.seen
-        self._fwds[tid] = Forward(
-            self._plan, self.points, mask, seen, buffer, keep, acc.n_forwards, self._all_valid, call
-        )
+        fwd = Forward(self._plan, self.points, mask, seen, buffer, keep, acc.n_forwards, self._all_valid, call)
+        self._fwds[tid] = fwd
+        return fwd.read
 
     def _call(self, args, kwargs, fresh: bool) -> Call:
         """What this forward is (``forward.Generation`` when it is a step of a ``generate``)."""
@@ -234,9 +235,6 @@ class Monitor:
         fwd = self._fwds.get(thread_key())
         if fwd is not None:
             fwd.stack_started(name, mask)
-
-    def reading(self, layer: int, point: str, x: torch.Tensor) -> None:
-        self._fwds[thread_key()].read(layer, point, x)
 
     def forward_end(self, ok: bool) -> None:
         """The forward ended: dropped if it raised; else reduced, counted, and logged, or taken back whole."""

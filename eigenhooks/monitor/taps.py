@@ -2,8 +2,9 @@
 
 Taps are registered on the model (HF module hooks, or TransformerLens's forward and HookPoints)
 and know nothing of sums. They turn what the model runs into a few events for their listener
-(the ``Monitor``): a forward starts, a stack of an encoder-decoder starts (with its mask), a
-reading of (layer, point) arrives, the forward ends (whole or raised). They also answer whether
+(the ``Monitor``): a forward starts (the listener hands back what takes its readings: the taps
+give each reading of (layer, point) straight to it), a stack of an encoder-decoder starts (with
+its mask), the forward ends (whole or raised). They also answer whether
 their hooks are still in place (another tool may have cleared them) and whether the model's
 forward is running below the caller (a with-block closed inside nnsight's trace).
 
@@ -16,6 +17,7 @@ from __future__ import annotations
 import sys
 import threading
 import warnings
+from collections.abc import Callable
 from contextlib import ExitStack
 from typing import Protocol
 
@@ -44,9 +46,10 @@ class Warner:
 class Listener(Protocol):
     """What taps tell (the ``Monitor``)."""
 
-    def forward_start(self, args, kwargs, fresh: bool = False, mask=None) -> None: ...
+    def forward_start(self, args, kwargs, fresh: bool = False, mask=None) -> Callable[[int, str, torch.Tensor], None]:
+        """A forward starts in this thread; returns what takes its readings, (layer, point, x)."""
+
     def stack_start(self, name: str, mask: torch.Tensor | None) -> None: ...
-    def reading(self, layer: int, point: str, x: torch.Tensor) -> None: ...
     def forward_end(self, ok: bool) -> None: ...
     def generate_start(self, rows: int | None) -> None: ...
     def generate_end(self) -> None: ...
@@ -67,6 +70,7 @@ class _PerThread:
         self.open = False  # a forward of the model is running in this thread (started and not ended)
         self.counts: dict = {}  # calls of each slot in this forward
         self.root = None  # the stack root that opened this forward, when it ran outside the model's
+        self.read = None  # takes this forward's readings (the listener's, from forward_start)
 
 
 class Taps:
@@ -258,7 +262,7 @@ class Taps:
         self.started += 1
         here = self._here
         here.open, here.counts, here.root = True, {}, None
-        self.listener.forward_start(args, kwargs, fresh, mask)
+        here.read = self.listener.forward_start(args, kwargs, fresh, mask)
 
     def _end(self, module, args, output) -> None:
         if not self._here.open:
@@ -327,8 +331,9 @@ class Taps:
             return
         if x.requires_grad:
             x = x.detach()
+        read = here.read
         for layer, point in roles:
-            self.listener.reading(layer, point, x)
+            read(layer, point, x)
 
     # ---- TransformerLens run_with_hooks ----
     def fwd_hooks(self, plan: Plan, call_mask) -> list[tuple[str, object]]:

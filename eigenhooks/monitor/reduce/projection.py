@@ -9,12 +9,13 @@ constant made on the host per forward (docs/design.md, "On a GPU").
 
 from __future__ import annotations
 
+import os
 import weakref
 from dataclasses import dataclass
 
 import torch
 
-from . import kernels
+from . import fused, kernels
 from .arena import Row, parts
 from .bases import LayerBases
 from .grid import Grid
@@ -86,6 +87,8 @@ def project(
     """
     grid = mask if isinstance(mask, Grid) else Grid(mask)
     pre = points["pre"]
+    if fused_wanted(pre):
+        return _project_fused(bases, points, grid, base, consensus)
     Bt, Bn = bases.on(pre.device, pre.dtype)
     b, n = pre.shape[:2]
     names = [p for p in ("pre", "mid", "post") if points.get(p) is not None]
@@ -157,3 +160,34 @@ def _consensus_sums(cons, grid: Grid, out: dict, views: dict, memo: Memo, pre, h
             memo.put(X, "sv", got)
         sv_parts.append(got)  # the same tensor, stacked twice: no op at all
     return sv_parts
+
+
+def fused_wanted(X: torch.Tensor) -> bool:
+    """The fused read (``fused.fused_read``: one pass over each reading for its norms, projections and
+    consensus) is taken only when asked for, ``EIGENHOOKS_TRITON=1``, and usable for X: it is tested
+    against the aten path on the CPU under Triton's interpreter, not yet measured on a GPU."""
+    return os.environ.get("EIGENHOOKS_TRITON", "").strip() == "1" and fused.use_triton(X)
+
+
+def _project_fused(bases: LayerBases, points: dict, grid: Grid, base, consensus: bool) -> Projection:
+    """``project`` by the fused read: each reading read once (float32 bases; the half split is the kernel's)."""
+    pre = points["pre"]
+    Bt, Bn = bases.on(pre.device, torch.float32)
+    b, n = pre.shape[:2]
+    names = [p for p in ("pre", "mid", "post") if points.get(p) is not None]
+    X3 = [points[p] for p in names]
+    if base is not None:
+        names.append("base")
+        X3.append(base)
+    s = bases.null_stride
+    flat, _ = grid.sub(s)
+    reads = [
+        fused.fused_read(X, grid.mask, Bt, None if p == "post" else Bn, flat, consensus and p != "base")
+        for p, X in zip(names, X3)
+    ]
+    norms = torch.stack([r.norms for r in reads])  # (P, b*n)
+    Pt = torch.stack([r.Pt for r in reads])  # (P, b*n, C)
+    Pn = torch.cat([r.Pn for p, r in zip(names, reads) if p != "post"])  # (P_null * N, Cn)
+    sv = [r.sv for p, r in zip(names, reads) if consensus and p != "base"]
+    sv = torch.stack(sv)[:, :, None] if sv else None  # (P_c, b, 1, d)
+    return Projection(grid, tuple(names), (b, n, s), consensus, 1, norms, Pt, Pn, sv, None, None)
