@@ -36,10 +36,10 @@ import warnings
 from pathlib import Path
 
 from ..zoo.store import pid_alive
+from .integrity import STATUSES, files_stamp
 
 log = logging.getLogger(__name__)
 RUN_FILES = ("meta.json", "summary.csv", "stats.jsonl")
-STATUSES = ("running", "complete", "interrupted", "failed")
 
 
 class RunFolderError(RuntimeError):
@@ -172,6 +172,7 @@ class RunFolder:
             _write_tables(self.path, summary, self.meta)
         if specs:
             _write_json(self.path / "spectra.json", _spectra_rows(specs), indent=None)
+        self.meta["files"] = files_stamp(self.path)  # stats.jsonl, spectra.json, plots: `eigenhooks report` checks
         self.meta["status"] = status
         self.write_meta()
         if summary is not None:  # else `eigenhooks report` says in one line why there is none

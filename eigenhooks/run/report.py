@@ -133,6 +133,8 @@ def _status(run_dir: Path, meta: dict) -> str:
         return f"interrupted at stage {stage}: partial results ({meta.get('forwards', '?')} forwards)"
     if status == "failed":
         return f"failed at stage {stage}: {meta.get('error', 'unknown error')}"
+    if status != "complete":  # ``integrity.damage`` lists it as damage
+        return f"status {status!r} unknown"
     return "complete"
 
 
