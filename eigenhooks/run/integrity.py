@@ -108,7 +108,9 @@ def _meta_facts(run_dir: Path, meta: dict, df) -> list[str]:
             if not p.is_file():
                 out.append(f"{name} is missing (meta.json records it)")
             elif _file_stamp(p) != rec:
-                out.append(f"{name} is not the file meta.json recorded (SHA-256 differs: edited, damaged, or cut short)")
+                out.append(
+                    f"{name} is not the file meta.json recorded (SHA-256 differs: edited, damaged, or cut short)"
+                )
     forwards, stats = meta.get("forwards"), run_dir / "stats.jsonl"
     if isinstance(forwards, int) and not isinstance(forwards, bool) and forwards > 0:
         if not stats.is_file():
