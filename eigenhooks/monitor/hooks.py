@@ -36,6 +36,7 @@ from . import stats as M
 from .lens import MonitorLens, lens_string_mask
 from .logs import MonitorLogs
 from .reduce import Grid
+from .sinks import check_tags
 from .state import MonitorState, continues
 
 log = logging.getLogger(__name__)
@@ -119,6 +120,7 @@ class Monitor(MonitorState, MonitorLens, MonitorLogs):
         names = [d[0] for d in self.target_defs]
         if len(set(names)) != len(names):
             raise ValueError(f"target names must be unique, got {names}")
+        check_tags(names)  # unique per (layer, target) in every sink too
         self.points = tuple(p for p in M.POINTS if p in reading_points)
         self.keep_tokens = tokens
         self.explicit_mask = attention_mask

@@ -286,7 +286,32 @@ def running(row: Sequence[float]) -> dict[str, float]:
 def tag(metric: str, layer: int, target: str, width: int = 2) -> str:
     """``eigenhooks/rho/L07/ov-modulus``: metric, then layer, then target ('/' and characters
     the trackers refuse become '-')."""
-    return f"eigenhooks/{metric}/L{layer:0{width}d}/{re.sub(r'[^A-Za-z0-9_.-]', '-', target)}"
+    return f"eigenhooks/{metric}/L{layer:0{width}d}/{_tag_part(target)}"
+
+
+def _tag_part(target: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_.-]", "-", target)
+
+
+def check_tags(target_names: Sequence[str]) -> None:
+    """Refuse target names that two sinks' tags cannot tell apart (``tag`` maps both to one).
+
+    Raises:
+        ValueError: two names give one tag (e.g. 'ov-modulus' and the built-in 'ov/modulus'),
+            naming both and the tag.
+
+    Example:
+        >>> check_tags(["ov/modulus", "mine"])
+    """
+    seen: dict[str, str] = {}
+    for name in target_names:
+        part = _tag_part(name)
+        if part in seen and seen[part] != name:
+            raise ValueError(
+                f"targets {seen[part]!r} and {name!r} share the sink tag '.../{part}' (characters other than "
+                "letters, digits, '_', '.', '-' become '-'): rename one of them"
+            )
+        seen[part] = name
 
 
 def scalar_values(rows: Sequence[Sequence[float]], labels: Sequence[tuple[int, str]], metrics, n_layers: int) -> dict:
