@@ -114,12 +114,15 @@ def _emit(title: str, columns: list[str], rows: list[list], as_json: bool, recor
         return
     from rich.console import Console
     from rich.table import Table
+    from rich.text import Text
 
-    table = Table(title=title, header_style="bold")
+    # Text, not str: a title or cell holding user text (a folder, a prompt, a token) is printed as it
+    # is, never read as rich markup ('[/]' would raise, '[bold red]' would vanish)
+    table = Table(title=Text(title), header_style="bold")
     for c in columns:
-        table.add_column(c, justify="left" if c in ("kind", "rank", "name", "path") else "right", no_wrap=True)
+        table.add_column(Text(c), justify="left" if c in ("kind", "rank", "name", "path") else "right", no_wrap=True)
     for r in rows:
-        table.add_row(*[str(x) for x in r])
+        table.add_row(*[Text(str(x)) for x in r])
     Console(width=None if sys.stdout.isatty() else 160).print(table)
 
 
