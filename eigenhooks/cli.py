@@ -317,6 +317,9 @@ def run(
     _emit(f"{model}: alignment per layer ({int(df['n_tokens'].iloc[0])} tokens)", heads, rows, False, [])
     if res.tokens_per_s:
         typer.echo(f"throughput: {res.tokens_per_s:,.0f} tokens/s (monitored forwards)")
+    if res.report_error:  # the warning above said why and what to run
+        typer.echo(f"run folder: {res.out}  (no report.html)")
+        raise typer.Exit(1)
     typer.echo(f"run folder: {res.out}  (report: {res.out / 'report.html'})")
 
 

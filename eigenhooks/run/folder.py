@@ -94,6 +94,7 @@ class RunFolder:
         self.path = self.out
         self.meta: dict = {}
         self.kept = True
+        self.report_error: str | None = None  # why report.html could not be written, if it could not
         self._replaces = None  # identity of the run in ``out`` at open that --overwrite may replace
 
     def open(self, meta: dict) -> None:
@@ -224,8 +225,12 @@ class RunFolder:
 
             try:
                 build_report(self.path)
-            except Exception as e:  # rebuilt with `eigenhooks report`; the status stays true
-                log.warning("report.html not written: %s", e)
+            except Exception as e:  # rebuilt with `eigenhooks report`; the status (of the measurement) stays true
+                why = e.strerror if isinstance(e, OSError) and e.strerror else str(e).strip().splitlines()[0]
+                self.report_error = f"report.html not written ({why})"
+                self.meta["report"] = f"not written: {why}"
+                with contextlib.suppress(OSError):
+                    self.write_meta()
         wanted = self.out
         other = self._swap_in()
         if other is None:

@@ -37,13 +37,14 @@ import secrets
 import sys
 import tempfile
 import time
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
 from . import distributed as D
-from .folder import RunFolder, RunFolderError, deferred_sigint
+from .folder import RunFolder, RunFolderError, RunFolderWarning, deferred_sigint
 from .texts import DataLoadError, TokenBatches, iter_texts, load_texts, make_batches, sample_text
 
 TARGETS = (("ov", "modulus"), ("ov", "residual"))
@@ -62,6 +63,7 @@ class RunResult:
     forwards: int = 0  # forwards measured (over all ranks' monitors, on rank 0 after the reduction)
     kept: bool = True  # False: nothing was measured and ``out`` was left as it was
     rank: int = 0
+    report_error: str | None = None  # why report.html was not written (e.g. a full disk), if it was not
 
     @property
     def interrupted(self) -> bool:
@@ -206,7 +208,22 @@ def run(
     if error is not None:
         raise error
     m = folder.meta
-    return RunResult(folder.out, st.summary, status, stage, m.get("tokens_per_s"), m.get("forwards", 0), folder.kept)
+    if folder.report_error:
+        warnings.warn(
+            f"{folder.report_error}; the run's files are whole: free space, then `eigenhooks report {folder.out}`",
+            RunFolderWarning,
+            stacklevel=2,
+        )
+    return RunResult(
+        folder.out,
+        st.summary,
+        status,
+        stage,
+        m.get("tokens_per_s"),
+        m.get("forwards", 0),
+        folder.kept,
+        report_error=folder.report_error,
+    )
 
 
 def _study(st: _Study, model, texts, torch_dtype, ctx, backend, max_tokens, batch_size, seed, nulls, progress) -> None:
