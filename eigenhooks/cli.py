@@ -392,6 +392,7 @@ def steer(
             with torch.no_grad():
                 after = torch.softmax(m(**batch).logits[0, -1].double(), -1)
             rep = s.report(target_token=None if random_head else target)
+        _check_steered(before, after, alpha, gap_ratio)
     except Exception as e:
         _fail(e, debug, "steer")
         return
@@ -424,6 +425,20 @@ def steer(
     typer.echo(f"final residuals' mean |cos| with u: {rep.alignment_before:.3f} -> {rep.alignment_after:.3f}")
     if rep.prob_before is not None:
         typer.echo(f"p({toward!r}) at the last position: {rep.prob_before:.2e} -> {rep.prob_after:.2e}")
+
+
+def _check_steered(before, after, alpha, gap_ratio) -> None:
+    """Refuse a steering that drove the model's next-token probabilities to NaN or inf (a table of NaN)."""
+    import torch
+
+    if not bool(torch.isfinite(before).all()):
+        raise ValueError("the model's own next-token probabilities are not finite (NaN or inf in its weights?)")
+    if not bool(torch.isfinite(after).all()):
+        strength = f"alpha={alpha:g}" if alpha is not None else f"gap_ratio={gap_ratio:g}"
+        raise ValueError(
+            f"steering with {strength} drove the model's outputs to NaN or inf (too strong for its activations' "
+            "range): give a smaller alpha, or gap_ratio instead"
+        )
 
 
 def _toward_npy(model, path: str):
