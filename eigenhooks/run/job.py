@@ -260,9 +260,39 @@ def _study(st: _Study, model, texts, torch_dtype, ctx, backend, max_tokens, batc
             sink.unlink(missing_ok=True)
     st.stage("summary")
     st.summary = st.mon.summary()
+    _check_finite(st.summary, model)
     if st.folder is not None:
         st.stage("plots")
         _plots(st.folder.path, st, backend)
+
+
+def _check_finite(summary, model: str) -> None:
+    """Tokens skipped for non-finite activations are said: a warning per run, or an error if no token was left.
+
+    A token whose activations are NaN or inf at a reading point is left out of every sum (``n_nonfinite``);
+    NaN in one weight makes every token non-finite from that layer on, and a table of '0 tokens' would read
+    as 'indistinguishable'.
+    """
+    import warnings
+
+    from ..monitor import MeasurementWarning
+
+    if summary is None or not len(summary) or "n_nonfinite" not in summary.columns:
+        return
+    skipped = summary[summary["n_nonfinite"] > 0]
+    if skipped.empty:
+        return
+    layers = sorted({int(x) for x in skipped["layer"]})
+    shown = ", ".join(map(str, layers[:5])) + (", ..." if len(layers) > 5 else "")
+    worst = skipped.loc[skipped["n_nonfinite"].idxmax()]
+    said = (
+        f"{model}: tokens with NaN or inf activations were left out at {len(layers)} layer(s) ({shown}; up to "
+        f"{int(worst['n_nonfinite'])} at layer {int(worst['layer'])}): NaN or inf in the weights, or an overflow "
+        "in the dtype (try --dtype float32)"
+    )
+    if int(summary["n_tokens"].max()) == 0:
+        raise ValueError(f"no token was measured: {said}")
+    warnings.warn(said, MeasurementWarning, stacklevel=3)
 
 
 def _sink(st: _Study, ctx) -> Path | None:
