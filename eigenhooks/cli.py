@@ -31,8 +31,9 @@ def _one_line_warnings() -> None:
     default = warnings.showwarning
 
     def show(message, category, filename, lineno, file=None, line=None):
-        if category.__module__.startswith("eigenhooks"):
-            typer.echo(f"eigenhooks: warning: {message}", err=True)
+        text = str(message)
+        if category.__module__.startswith("eigenhooks") or text.startswith("eigenhooks: "):
+            typer.echo(f"eigenhooks: warning: {text.removeprefix('eigenhooks: ')}", err=True)  # said once
         else:
             default(message, category, filename, lineno, file, line)
 

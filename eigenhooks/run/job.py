@@ -113,10 +113,29 @@ def _check_nulls(nulls: dict | None) -> dict:
     if unknown:
         raise ValueError(f"unknown null settings {unknown}; expected some of {sorted(full)}")
     full.update({k: v for k, v in (nulls or {}).items() if v is not None})
+    s = full["null_stride"]  # None is the default here: say what a number must be
+    if s is not None and (isinstance(s, bool) or not isinstance(s, int) or s < 1):
+        raise ValueError(f"--null-stride must be a positive int (1: every token), got {s!r}")
     check_nulls(full["null_draws"], full["fnull_draws"], full["eig_top"], full["null_stride"])
     if isinstance(full["null_seed"], bool) or not isinstance(full["null_seed"], int):
         raise ValueError(f"null_seed must be an int, got {full['null_seed']!r}")
     return full
+
+
+def _check_device(device: str | None) -> None:
+    """A device torch knows and this machine has, else one line that says which (not torch's own list)."""
+    if device is None:
+        return
+    try:
+        d = torch.device(device)
+    except (RuntimeError, ValueError, TypeError):
+        raise ValueError(f"--device {device!r} is not a device: give cpu, cuda, cuda:1, mps ...") from None
+    if d.type == "cuda":
+        n = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if n == 0:
+            raise ValueError(f"--device {device}: this torch sees no CUDA device (torch {torch.__version__}); use cpu")
+        if d.index is not None and d.index >= n:
+            raise ValueError(f"--device {device}: there are {n} CUDA device(s), cuda:0 to cuda:{n - 1}")
 
 
 def _check_sizes(max_tokens, batch_size, dist_timeout) -> None:
@@ -178,6 +197,7 @@ def run(
             folder is marked ``failed``.
     """
     _check_sizes(max_tokens, batch_size, dist_timeout)
+    _check_device(device)
     nulls = _check_nulls(nulls)
     torch_dtype = _dtype(dtype)
     texts = iter_texts(text, file, dataset)  # checks the source now, reads it lazily
