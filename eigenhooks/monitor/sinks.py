@@ -162,6 +162,11 @@ class WandbSink(Sink):
     name = "wandb"
 
     def __init__(self, run) -> None:
+        if getattr(run, "_is_finished", False):  # wandb would refuse each call with its UsageError
+            raise ValueError(
+                f"the wandb run {getattr(run, 'id', '?')} given as sink is finished: log to an active run "
+                "(wandb.init(), or sink='wandb' for the active one)"
+            )
         self.run = run
         run.define_metric(STEP_TAG)
         run.define_metric("eigenhooks/*", step_metric=STEP_TAG)
@@ -213,7 +218,8 @@ def make_sinks(sink) -> list[Sink]:
 
     Raises:
         ImportError: the library a sink needs is not installed (the message names the extra).
-        ValueError: no active wandb or MLflow run, or a spec of no known kind.
+        ValueError: no active wandb or MLflow run, a finished wandb run, a TensorBoard folder that
+            cannot be made, or a spec of no known kind.
     """
     if sink is None:
         return []
@@ -228,7 +234,14 @@ def _make_sink(spec) -> Sink:
             if not rest:
                 raise ValueError("sink='tensorboard:DIR' needs a folder after the colon, e.g. 'tensorboard:runs/exp1'")
             tb = _require("torch.utils.tensorboard", "tensorboard", f"sink={spec!r}")
-            return TensorBoardSink(tb.SummaryWriter(log_dir=rest), owned=True)
+            try:
+                writer = tb.SummaryWriter(log_dir=rest)
+            except OSError as e:  # e.g. a file where a folder of the path should be
+                raise ValueError(
+                    f"sink={spec!r}: cannot make the folder {rest} ({e.strerror or e}): give a folder that is "
+                    "or can be made"
+                ) from e
+            return TensorBoardSink(writer, owned=True)
         if spec == "wandb":
             wandb = _require("wandb", "wandb", "sink='wandb'")
             if wandb.run is None:
