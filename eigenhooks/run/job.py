@@ -336,8 +336,13 @@ def _reduce(st: _Study, sink: Path | None) -> None:
 
 
 def _forwards(st: _Study, batches: TokenBatches, ctx, backend: str, progress: bool) -> None:
+    import warnings
+
+    from ..monitor import MeasurementWarning
+
     dev = next(st.model.parameters()).device
-    with st.mon, torch.no_grad():
+    fed, i = 0, -1
+    with warnings.catch_warnings(), st.mon, torch.no_grad():  # the filters set below end with the block
         for i, ids in enumerate(_progress(batches, progress, batches.max_tokens)):
             if st.first is None:
                 st.first = ids[:1]
@@ -349,8 +354,18 @@ def _forwards(st: _Study, batches: TokenBatches, ctx, backend: str, progress: bo
             else:
                 st.model(input_ids=ids, attention_mask=torch.ones_like(ids))
             st.tokens += ids.numel()
+            fed += 1
             if i == 0:
                 st.stage("forwards:after-first")
+        if fed == 0 and ctx.world > 1:  # the monitor would blame torch.compile for a rank that had no batch
+            warnings.filterwarnings("ignore", message="no forward pass reached", category=MeasurementWarning)
+    if fed == 0 and ctx.world > 1:
+        warnings.warn(
+            f"rank {ctx.rank} of {ctx.world} got no batch (the text made {i + 1} batch(es) of --batch-size "
+            f"{batches.batch_size}) and measured nothing: give more text, a smaller --batch-size, or fewer ranks",
+            MeasurementWarning,
+            stacklevel=3,
+        )
 
 
 def _finish(st: _Study, folder: RunFolder, status: str, error, ctx) -> None:
