@@ -67,6 +67,11 @@ def _fail(e: BaseException, debug: bool, command: str | None = None) -> None:
     """One line on stderr and exit 1 (``--debug``: the traceback); ``command`` names its flags in it."""
     if debug:
         raise e
+    from ._startup import EXIT_INTERRUPTED, interrupted
+
+    if interrupted(e):  # Ctrl-C that a library wrapped in its own error (transformers' lazy imports do)
+        typer.echo("eigenhooks: interrupted", err=True)
+        raise typer.Exit(EXIT_INTERRUPTED)
     typer.echo(f"eigenhooks: error: {_as_flags(str(e), command)}", err=True)
     raise typer.Exit(1)
 
@@ -559,8 +564,11 @@ def _cell(v) -> str:
 
 
 def main() -> None:
-    _quiet_libraries()
+    from . import _startup
+
+    _startup.done()  # from here on Ctrl-C is a KeyboardInterrupt, handled below or by the command
     try:
+        _quiet_libraries()
         app()
     except KeyboardInterrupt:
         typer.echo("eigenhooks: interrupted", err=True)

@@ -217,7 +217,10 @@ def run(
     except KeyboardInterrupt:
         status = "interrupted"
     except BaseException as e:
-        status, error = "failed", e
+        from .._startup import interrupted
+
+        # Ctrl-C that a library wrapped in its own error (transformers' lazy imports) is still Ctrl-C
+        status, error = ("interrupted", None) if interrupted(e) else ("failed", e)
     if folder is None:  # ranks > 0 write nothing
         if error is not None:
             raise error
