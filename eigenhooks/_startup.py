@@ -3,7 +3,7 @@
 The package imports torch before the command's own code runs, so nothing in ``cli`` can catch an
 interrupt that early. When this process is the command (the ``eigenhooks`` script or ``python -m
 eigenhooks``), ``install`` (run when the package imports this module, before anything else) sets a SIGINT handler that says so in
-one line and exits 130; ``cli.main`` puts Python's own handler back as soon as it runs, so from
+one line and exits 130 at once; ``cli.main`` puts Python's own handler back as soon as it runs, so from
 there on Ctrl-C is a KeyboardInterrupt that each command handles. Imported as a library, nothing
 changes.
 """
@@ -24,8 +24,11 @@ def _is_the_command() -> bool:
 
 
 def _starting(signum, frame) -> None:
+    # os._exit, not SystemExit: an import that catches BaseException (transformers' lazy imports wrap
+    # what they catch) would swallow the exit and go on. Nothing was written yet: nothing to clean up.
     sys.stderr.write("eigenhooks: interrupted while starting; nothing was done\n")
-    raise SystemExit(EXIT_INTERRUPTED)
+    sys.stderr.flush()
+    os._exit(EXIT_INTERRUPTED)
 
 
 def install() -> None:

@@ -570,9 +570,14 @@ def main() -> None:
     try:
         _quiet_libraries()
         app()
+    except Exception as e:
+        if not _startup.interrupted(e):  # Ctrl-C that a library wrapped in its own error is still Ctrl-C
+            raise
+        typer.echo("eigenhooks: interrupted", err=True)
+        sys.exit(_startup.EXIT_INTERRUPTED)
     except KeyboardInterrupt:
         typer.echo("eigenhooks: interrupted", err=True)
-        sys.exit(130)
+        sys.exit(_startup.EXIT_INTERRUPTED)
 
 
 if __name__ == "__main__":
