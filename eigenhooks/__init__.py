@@ -13,6 +13,7 @@ on a ladder whose imports point down only (docs/design.md, "Architecture"):
 ``models`` -> ``linalg``.
 """
 
+from . import _startup  # noqa: F401  isort: skip  (first, before torch: a Ctrl-C while the command starts is one line)
 from . import _moved, zoo
 from .dynamics import Limit, Trajectory, classify_limit, iterate, planted, predict_limit
 from .linalg import Factors, HeadSpectrum, LayerSpectrum, layer_spectrum

@@ -31,8 +31,9 @@ def _one_line_warnings() -> None:
     default = warnings.showwarning
 
     def show(message, category, filename, lineno, file=None, line=None):
-        if category.__module__.startswith("eigenhooks"):
-            typer.echo(f"eigenhooks: warning: {message}", err=True)
+        text = str(message)
+        if category.__module__.startswith("eigenhooks") or text.startswith("eigenhooks: "):
+            typer.echo(f"eigenhooks: warning: {text.removeprefix('eigenhooks: ')}", err=True)  # said once
         else:
             default(message, category, filename, lineno, file, line)
 
@@ -66,6 +67,11 @@ def _fail(e: BaseException, debug: bool, command: str | None = None) -> None:
     """One line on stderr and exit 1 (``--debug``: the traceback); ``command`` names its flags in it."""
     if debug:
         raise e
+    from ._startup import EXIT_INTERRUPTED, interrupted
+
+    if interrupted(e):  # Ctrl-C that a library wrapped in its own error (transformers' lazy imports do)
+        typer.echo("eigenhooks: interrupted", err=True)
+        raise typer.Exit(EXIT_INTERRUPTED)
     typer.echo(f"eigenhooks: error: {_as_flags(str(e), command)}", err=True)
     raise typer.Exit(1)
 
@@ -114,12 +120,15 @@ def _emit(title: str, columns: list[str], rows: list[list], as_json: bool, recor
         return
     from rich.console import Console
     from rich.table import Table
+    from rich.text import Text
 
-    table = Table(title=title, header_style="bold")
+    # Text, not str: a title or cell holding user text (a folder, a prompt, a token) is printed as it
+    # is, never read as rich markup ('[/]' would raise, '[bold red]' would vanish)
+    table = Table(title=Text(title), header_style="bold")
     for c in columns:
-        table.add_column(c, justify="left" if c in ("kind", "rank", "name", "path") else "right", no_wrap=True)
+        table.add_column(Text(c), justify="left" if c in ("kind", "rank", "name", "path") else "right", no_wrap=True)
     for r in rows:
-        table.add_row(*[str(x) for x in r])
+        table.add_row(*[Text(str(x)) for x in r])
     Console(width=None if sys.stdout.isatty() else 160).print(table)
 
 
@@ -314,6 +323,9 @@ def run(
     _emit(f"{model}: alignment per layer ({int(df['n_tokens'].iloc[0])} tokens)", heads, rows, False, [])
     if res.tokens_per_s:
         typer.echo(f"throughput: {res.tokens_per_s:,.0f} tokens/s (monitored forwards)")
+    if res.report_error:  # the warning above said why and what to run
+        typer.echo(f"run folder: {res.out}  (no report.html)")
+        raise typer.Exit(1)
     typer.echo(f"run folder: {res.out}  (report: {res.out / 'report.html'})")
 
 
@@ -386,6 +398,7 @@ def steer(
             with torch.no_grad():
                 after = torch.softmax(m(**batch).logits[0, -1].double(), -1)
             rep = s.report(target_token=None if random_head else target)
+        _check_steered(before, after, alpha, gap_ratio)
     except Exception as e:
         _fail(e, debug, "steer")
         return
@@ -418,6 +431,20 @@ def steer(
     typer.echo(f"final residuals' mean |cos| with u: {rep.alignment_before:.3f} -> {rep.alignment_after:.3f}")
     if rep.prob_before is not None:
         typer.echo(f"p({toward!r}) at the last position: {rep.prob_before:.2e} -> {rep.prob_after:.2e}")
+
+
+def _check_steered(before, after, alpha, gap_ratio) -> None:
+    """Refuse a steering that drove the model's next-token probabilities to NaN or inf (a table of NaN)."""
+    import torch
+
+    if not bool(torch.isfinite(before).all()):
+        raise ValueError("the model's own next-token probabilities are not finite (NaN or inf in its weights?)")
+    if not bool(torch.isfinite(after).all()):
+        strength = f"alpha={alpha:g}" if alpha is not None else f"gap_ratio={gap_ratio:g}"
+        raise ValueError(
+            f"steering with {strength} drove the model's outputs to NaN or inf (too strong for its activations' "
+            "range): give a smaller alpha, or gap_ratio instead"
+        )
 
 
 def _toward_npy(model, path: str):
@@ -537,12 +564,20 @@ def _cell(v) -> str:
 
 
 def main() -> None:
-    _quiet_libraries()
+    from . import _startup
+
+    _startup.done()  # from here on Ctrl-C is a KeyboardInterrupt, handled below or by the command
     try:
+        _quiet_libraries()
         app()
+    except Exception as e:
+        if not _startup.interrupted(e):  # Ctrl-C that a library wrapped in its own error is still Ctrl-C
+            raise
+        typer.echo("eigenhooks: interrupted", err=True)
+        sys.exit(_startup.EXIT_INTERRUPTED)
     except KeyboardInterrupt:
         typer.echo("eigenhooks: interrupted", err=True)
-        sys.exit(130)
+        sys.exit(_startup.EXIT_INTERRUPTED)
 
 
 if __name__ == "__main__":

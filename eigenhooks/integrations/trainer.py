@@ -20,6 +20,7 @@ version counter and a sample of its entries, and an optimizer step changes all t
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Mapping
 
 import torch
@@ -64,13 +65,21 @@ class AlignmentCallback(TrainerCallback):
         max_length: int = 512,
         monitor_kwargs: dict | None = None,
     ):
-        if every_n_steps is not None and (
-            isinstance(every_n_steps, bool) or int(every_n_steps) != every_n_steps or every_n_steps < 1
-        ):
-            raise ValueError(f"every_n_steps must be a positive int or None (evaluations only), got {every_n_steps!r}")
+        if every_n_steps is not None:
+            _check_count("every_n_steps", every_n_steps, " or None (evaluations only)")
+        _check_count("batch_size", batch_size)
+        _check_count("max_length", max_length)
+        if monitor_kwargs is not None and not isinstance(monitor_kwargs, Mapping):
+            raise TypeError(
+                f"monitor_kwargs must be a dict of eh.monitor arguments, got {type(monitor_kwargs).__name__}"
+            )
+        if isinstance(probe, str):  # one text, not a sequence of one-character texts
+            probe = [probe]
         if hasattr(probe, "__len__") and len(probe) == 0:
             raise ValueError("the probe set is empty: give at least one text or tokenized row")
-        self.probe, self.every_n_steps, self.targets = probe, every_n_steps, list(targets)
+        self._probe_rows = _rows(probe)  # every row's type checked now, not at the first measurement
+        self.probe, self.targets = probe, list(targets)
+        self.every_n_steps = None if every_n_steps is None else int(every_n_steps)
         self.batch_size, self.max_length = int(batch_size), int(max_length)
         self.monitor_kwargs = {**CHEAP_NULLS, **(monitor_kwargs or {})}
         self.trainer = None
@@ -131,7 +140,7 @@ class AlignmentCallback(TrainerCallback):
 
     def _encode(self, processing_class) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """The probe as (input_ids, attention_mask) batches, right-padded, on the CPU."""
-        rows = _rows(self.probe)
+        rows = self._probe_rows
         if any(isinstance(r, str) for r in rows):
             tok = getattr(processing_class, "tokenizer", processing_class)
             if tok is None:
@@ -155,22 +164,71 @@ class AlignmentCallback(TrainerCallback):
         return batches
 
 
+def _check_count(name: str, v, alternative: str = "") -> None:
+    """A positive whole number (an int, or a float such as 2.0), else a ValueError naming the argument."""
+    ok = isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v) and v == int(v) and v >= 1
+    if not ok:
+        raise ValueError(f"{name} must be a positive int{alternative}, got {v!r}")
+
+
 def _rows(probe) -> list:
-    """Texts, or (input_ids, attention_mask or None) pairs, one per probe row."""
+    """Texts, or (input_ids, attention_mask or None) pairs, one per probe row.
+
+    Raises:
+        TypeError: a row that is no text, no mapping with 'input_ids' or 'text', or whose
+            values have the wrong type (the message names the row).
+    """
     if isinstance(probe, Mapping) and "input_ids" in probe:  # a dict / BatchEncoding of (n, seq) tensors
-        ids = torch.as_tensor(probe["input_ids"])
-        mask = torch.as_tensor(probe["attention_mask"]) if "attention_mask" in probe else torch.ones_like(ids)
+        try:
+            ids = torch.as_tensor(probe["input_ids"])
+            mask = torch.as_tensor(probe["attention_mask"]) if "attention_mask" in probe else torch.ones_like(ids)
+        except (TypeError, ValueError, RuntimeError) as e:
+            raise TypeError(f"the probe's input_ids / attention_mask must be (n, seq) integer tensors: {e}") from e
+        if ids.dim() != 2 or ids.dtype.is_floating_point or ids.dtype == torch.bool or mask.shape != ids.shape:
+            raise TypeError(
+                f"the probe's input_ids must be an (n, seq) integer tensor with an attention_mask of the same "
+                f"shape, got input_ids {tuple(ids.shape)} {ids.dtype}, attention_mask {tuple(mask.shape)}"
+            )
         return [(ids[i][mask[i].bool()].tolist(), None) for i in range(ids.shape[0])]
     out = []
-    for row in probe:
+    try:
+        rows = iter(probe)
+    except TypeError:
+        raise TypeError(
+            f"the probe must be a text, a list of texts or tokenized rows, or a dict of tensors; got {type(probe).__name__}"
+        ) from None
+    for i, row in enumerate(rows):
         if isinstance(row, str):
             out.append(row)
         elif isinstance(row, Mapping) and "input_ids" in row:
-            out.append((list(row["input_ids"]), row.get("attention_mask")))
+            ids, mask = _token_ids(row["input_ids"], i, "input_ids"), _mask(row.get("attention_mask"), i)
+            if mask is not None and len(mask) != len(ids):
+                raise TypeError(f"probe row {i}: attention_mask has {len(mask)} entries, input_ids {len(ids)}")
+            out.append((ids, mask))
         elif isinstance(row, Mapping) and "text" in row:
+            if not isinstance(row["text"], str):
+                raise TypeError(f"probe row {i}: 'text' must be a string, got {type(row['text']).__name__}")
             out.append(row["text"])
         else:
             raise TypeError(
-                f"a probe row must be a text or a mapping with 'input_ids' or 'text', got {type(row).__name__}"
+                f"a probe row must be a text or a mapping with 'input_ids' or 'text', got {type(row).__name__} (row {i})"
             )
     return out
+
+
+def _token_ids(v, i: int, name: str) -> list[int]:
+    """A row's token ids as a list of ints; a TypeError naming the row otherwise."""
+    if hasattr(v, "tolist"):  # a tensor or a numpy array
+        v = v.tolist()
+    if isinstance(v, str | bytes) or not hasattr(v, "__iter__"):
+        raise TypeError(f"probe row {i}: '{name}' must be a list of token ids (ints), got {type(v).__name__}")
+    v = list(v)
+    bad = [x for x in v if isinstance(x, bool) or not isinstance(x, int)]
+    if bad or not v:
+        what = f"{type(bad[0]).__name__} {bad[0]!r}" if bad else "an empty list"
+        raise TypeError(f"probe row {i}: '{name}' must be a non-empty list of token ids (ints), got {what}")
+    return v
+
+
+def _mask(v, i: int):
+    return None if v is None else _token_ids(v, i, "attention_mask")

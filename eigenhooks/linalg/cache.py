@@ -186,7 +186,7 @@ def _warn_unwritable(folder: Path, e: OSError) -> None:
             return
         _warned.add(str(folder))
     warnings.warn(
-        f"eigenhooks: cannot write the spectrum cache at {folder} ({type(e).__name__}: {e.strerror or e}); "
+        f"cannot write the spectrum cache at {folder} ({type(e).__name__}: {e.strerror or e}); "
         "computing without it. Set EIGENHOOKS_CACHE to a writable folder to cache spectra.",
         CacheWarning,
         stacklevel=3,

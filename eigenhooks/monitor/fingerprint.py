@@ -15,11 +15,13 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 
 import torch
 
 from ..linalg.cache import tensors_digest
 from ..spectra.compute import weights_digest
+from .stats import TGT_FIELDS
 
 FORMAT = 1  # the fingerprint's own version: a state of another format is refused, never guessed
 SHOWN = 3  # differences named in one message
@@ -219,13 +221,61 @@ def parse_layers(state: dict, expected: dict[int, dict[str, torch.Tensor]]) -> d
         for key, ref in want.items():
             if key not in got:
                 raise ValueError(f"layer {i}, {key!r}: missing from the state")
+            where = f"layer {i}, {key!r}"
+            if _has_bool(got[key]):
+                raise ValueError(f"{where}: holds true/false values; the sums are numbers (a damaged or edited state)")
             try:
                 t = torch.tensor(got[key], dtype=torch.float64)
             except (TypeError, ValueError, RuntimeError) as e:
-                raise ValueError(f"layer {i}, {key!r}: not a rectangular array of numbers ({e})") from None
+                raise ValueError(f"{where}: not a rectangular array of numbers ({e})") from None
             if tuple(t.shape) != tuple(ref.shape):
-                raise ValueError(
-                    f"layer {i}, {key!r}: shape {tuple(t.shape)} in the state, expected {tuple(ref.shape)}"
-                )
+                raise ValueError(f"{where}: shape {tuple(t.shape)} in the state, expected {tuple(ref.shape)}")
+            _check_sums(where, key, t, _target_names(state, i))
             out[i][key] = t
     return out
+
+
+# Sums that can never be negative: counts, sums of alignments in [0, 1] and sums of squares. The
+# others (sum_delta, the signed cosines, the consensus sums, clu_wn) may be.
+_SIGNED_TGT = {"sum_delta", "cos_sum_pre", "cos_sum_mid", "cos_sum_post", "cons_sum_pre", "cons_sum_mid"}
+_SIGNED_TGT |= {"cons_sum_post", "clu_wn"}
+_NONNEG_KEYS = {"null_up", "null_pre", "null_mid", "eig_up", "fnull_up"}
+
+
+def _has_bool(v) -> bool:
+    if isinstance(v, torch.Tensor):
+        return v.dtype == torch.bool
+    if isinstance(v, bool):
+        return True
+    return isinstance(v, list | tuple) and any(_has_bool(x) for x in v)
+
+
+def _target_names(state: dict, i: int) -> list[str]:
+    """The targets of layer i's rows, in order, as the state's fingerprint lists them ([] if it cannot say)."""
+    try:
+        return list(state["fingerprint"]["layers"][str(i)]["targets"])
+    except (KeyError, TypeError):
+        return []
+
+
+def _check_sums(where: str, key: str, t: torch.Tensor, targets: list[str]) -> None:
+    """Every sum finite (eig_up: NaN marks a missing eigen-subspace), and those that count or add up
+    non-negative terms not negative; a ValueError naming the field otherwise."""
+    # eig_up marks the slots of eigen-subspaces a layer does not have with NaN; no sum is ever infinite
+    bad = torch.isinf(t) if key == "eig_up" else ~torch.isfinite(t)
+    if key == "tgt" and t.dim() == 2:
+        signed = torch.tensor([f in _SIGNED_TGT for f in TGT_FIELDS][: t.shape[1]])
+        bad |= (t < 0) & ~signed
+    elif key in _NONNEG_KEYS:
+        bad |= t < 0
+    if not bool(bad.any()):
+        return
+    at = tuple(int(x) for x in bad.nonzero()[0])
+    value = float(t[at])
+    what = "not finite" if not math.isfinite(value) else "negative, and it counts or adds up non-negative terms"
+    if key == "tgt" and len(at) == 2:
+        row = f"target {targets[at[0]]!r}" if at[0] < len(targets) else f"row {at[0]}"
+        field = f"field {TGT_FIELDS[at[1]]!r} of {row}"
+    else:
+        field = f"entry {list(at)}"
+    raise ValueError(f"{where}, {field}: {value} is {what} (a damaged or edited state)")

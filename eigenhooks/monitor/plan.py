@@ -20,6 +20,7 @@ from . import fingerprint as FP
 from . import stats as M
 from .config import MonitorConfig
 from .reduce import Arena, LayerBases, pad_to_stack, warm
+from .sinks import check_tags
 
 
 class TargetDef(NamedTuple):
@@ -83,6 +84,7 @@ def parse_targets(adapter: Adapter, targets) -> tuple[list[TargetDef], dict[str,
     names = [d.name for d in defs]
     if len(set(names)) != len(names):
         raise ValueError(f"target names must be unique, got {names}")
+    check_tags(names)  # and their sink tags: 'ov-modulus' and 'ov/modulus' would share one
     return defs, vectors
 
 

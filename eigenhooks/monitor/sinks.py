@@ -162,6 +162,11 @@ class WandbSink(Sink):
     name = "wandb"
 
     def __init__(self, run) -> None:
+        if getattr(run, "_is_finished", False):  # wandb would refuse each call with its UsageError
+            raise ValueError(
+                f"the wandb run {getattr(run, 'id', '?')} given as sink is finished: log to an active run "
+                "(wandb.init(), or sink='wandb' for the active one)"
+            )
         self.run = run
         run.define_metric(STEP_TAG)
         run.define_metric("eigenhooks/*", step_metric=STEP_TAG)
@@ -213,7 +218,8 @@ def make_sinks(sink) -> list[Sink]:
 
     Raises:
         ImportError: the library a sink needs is not installed (the message names the extra).
-        ValueError: no active wandb or MLflow run, or a spec of no known kind.
+        ValueError: no active wandb or MLflow run, a finished wandb run, a TensorBoard folder that
+            cannot be made, or a spec of no known kind.
     """
     if sink is None:
         return []
@@ -228,7 +234,14 @@ def _make_sink(spec) -> Sink:
             if not rest:
                 raise ValueError("sink='tensorboard:DIR' needs a folder after the colon, e.g. 'tensorboard:runs/exp1'")
             tb = _require("torch.utils.tensorboard", "tensorboard", f"sink={spec!r}")
-            return TensorBoardSink(tb.SummaryWriter(log_dir=rest), owned=True)
+            try:
+                writer = tb.SummaryWriter(log_dir=rest)
+            except OSError as e:  # e.g. a file where a folder of the path should be
+                raise ValueError(
+                    f"sink={spec!r}: cannot make the folder {rest} ({e.strerror or e}): give a folder that is "
+                    "or can be made"
+                ) from e
+            return TensorBoardSink(writer, owned=True)
         if spec == "wandb":
             wandb = _require("wandb", "wandb", "sink='wandb'")
             if wandb.run is None:
@@ -286,7 +299,32 @@ def running(row: Sequence[float]) -> dict[str, float]:
 def tag(metric: str, layer: int, target: str, width: int = 2) -> str:
     """``eigenhooks/rho/L07/ov-modulus``: metric, then layer, then target ('/' and characters
     the trackers refuse become '-')."""
-    return f"eigenhooks/{metric}/L{layer:0{width}d}/{re.sub(r'[^A-Za-z0-9_.-]', '-', target)}"
+    return f"eigenhooks/{metric}/L{layer:0{width}d}/{_tag_part(target)}"
+
+
+def _tag_part(target: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_.-]", "-", target)
+
+
+def check_tags(target_names: Sequence[str]) -> None:
+    """Refuse target names that two sinks' tags cannot tell apart (``tag`` maps both to one).
+
+    Raises:
+        ValueError: two names give one tag (e.g. 'ov-modulus' and the built-in 'ov/modulus'),
+            naming both and the tag.
+
+    Example:
+        >>> check_tags(["ov/modulus", "mine"])
+    """
+    seen: dict[str, str] = {}
+    for name in target_names:
+        part = _tag_part(name)
+        if part in seen and seen[part] != name:
+            raise ValueError(
+                f"targets {seen[part]!r} and {name!r} share the sink tag '.../{part}' (characters other than "
+                "letters, digits, '_', '.', '-' become '-'): rename one of them"
+            )
+        seen[part] = name
 
 
 def scalar_values(rows: Sequence[Sequence[float]], labels: Sequence[tuple[int, str]], metrics, n_layers: int) -> dict:

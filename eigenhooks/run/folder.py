@@ -36,10 +36,10 @@ import warnings
 from pathlib import Path
 
 from ..zoo.store import pid_alive
+from .integrity import STATUSES, files_stamp
 
 log = logging.getLogger(__name__)
 RUN_FILES = ("meta.json", "summary.csv", "stats.jsonl")
-STATUSES = ("running", "complete", "interrupted", "failed")
 
 
 class RunFolderError(RuntimeError):
@@ -94,6 +94,7 @@ class RunFolder:
         self.path = self.out
         self.meta: dict = {}
         self.kept = True
+        self.report_error: str | None = None  # why report.html could not be written, if it could not
         self._replaces = None  # identity of the run in ``out`` at open that --overwrite may replace
 
     def open(self, meta: dict) -> None:
@@ -103,7 +104,11 @@ class RunFolder:
             RunFolderError: ``out`` is a file, a non-empty folder that is no run, or holds a
                 run and ``overwrite`` is False.
         """
+        if self.out.is_symlink():  # a link names where the run goes: replace there, never the link itself
+            self.out = self.out.resolve()
         out = self.out
+        if out.parent.is_dir():
+            self._recover()  # before the checks: a restored run is in ``out`` and is refused like any other
         if out.exists() and not out.is_dir():
             raise RunFolderError(f"--out {out} is a file, not a folder: choose another --out")
         if holds_run(out) and not self.overwrite:
@@ -116,29 +121,69 @@ class RunFolder:
                 f"--out {out} is a non-empty folder that holds no eigenhooks run: choose another --out"
             )
         self._replaces = _identity(out) if holds_run(out) else None
-        out.parent.mkdir(parents=True, exist_ok=True)
-        self._clean_stale()
         # a tag as well as the pid: two runs of one process (threads, a notebook) never share it
         self.path = out.parent / f".{out.name}.tmp-{secrets.token_hex(3)}-{os.getpid()}"
-        self.path.mkdir()
+        try:
+            out.parent.mkdir(parents=True, exist_ok=True)
+            self.path.mkdir()
+        except OSError as e:
+            self.path = out
+            raise RunFolderError(
+                f"--out {out}: cannot create a folder in {out.parent} ({e.strerror or e}): choose another --out"
+            ) from e
         run_id = secrets.token_hex(6)
         self.meta = {"status": "running", "stage": "start", "out": str(out), "run_id": run_id, **meta}
         self.write_meta()
 
     @staticmethod
     def _status_of(p: Path) -> str:
-        try:
-            return json.loads((p / "meta.json").read_text()).get("status", "unknown")
-        except (OSError, ValueError):
-            return "unknown"
+        return str(_read_meta(p).get("status", "unknown"))
 
-    def _clean_stale(self) -> None:
-        """Remove temporary folders of earlier runs into the same ``out`` whose process is gone."""
+    def _recover(self) -> None:
+        """Deal with the hidden folders of earlier runs into the same ``out`` whose process is gone.
+
+        One still running (or with no readable meta.json) is a partial run: it is removed. A finished
+        one (complete, interrupted or failed: the process died while moving it into place, e.g.
+        between the two renames of ``--overwrite``) is never deleted as stale: it is renamed into
+        ``out`` if ``out`` is free (the newest first), else kept where it is, with a
+        ``RunFolderWarning`` either way; an old run that the run now in ``out`` was written to
+        replace (``--overwrite``: meta.json's ``replaces``) is removed, as that run asked.
+        """
+        finished = []
+        with _folder_lock(self.out.parent):
+            for p in self._leftovers():
+                if self._status_of(p) in STATUSES[1:]:
+                    finished.append(p)
+                else:
+                    shutil.rmtree(p, ignore_errors=True)
+            finished.sort(key=lambda p: (".old-" in p.name, -p.stat().st_mtime))  # the newest run first
+            said = [self._restore(p) for p in finished]
+        for msg in filter(None, said):
+            warnings.warn(msg, RunFolderWarning, stacklevel=3)
+
+    def _leftovers(self) -> list[Path]:
+        """Hidden siblings ``.NAME.tmp-*`` / ``.NAME.old-*`` of runs whose process is gone."""
         mine = re.compile(rf"\.{re.escape(self.out.name)}\.(?:tmp|old)-(?:[0-9a-f]+-)?(\d+)")
+        found = []
         for p in self.out.parent.glob(f".{glob.escape(self.out.name)}.*-*"):
             m = mine.fullmatch(p.name)
-            if m and not pid_alive(int(m.group(1))):
-                shutil.rmtree(p, ignore_errors=True)
+            if m and p.is_dir() and not p.is_symlink() and not pid_alive(int(m.group(1))):
+                found.append(p)
+        return found
+
+    def _restore(self, p: Path) -> str | None:
+        """Put the finished run ``p`` into ``out`` if it is free, or say where it stays; None if it was replaced."""
+        out, status = self.out, self._status_of(p)
+        if not holds_run(out) and not out.is_symlink() and _rename_if_free(p, out):
+            return f"a finished run (status {status}) left at {p.name} by a process killed while moving it into place was restored to {out}"
+        replaced_by = _read_meta(out).get("replaces") if holds_run(out) else None
+        if ".old-" in p.name and replaced_by is not None and replaced_by == _read_meta(p).get("run_id"):
+            shutil.rmtree(p, ignore_errors=True)  # --overwrite asked for it to go; its successor is in place
+            return None
+        return (
+            f"a finished run (status {status}) is kept at {p}, left by a process killed while moving it into "
+            f"place ({out} is taken): move it where you want it, or delete it"
+        )
 
     def write_meta(self) -> None:
         _write_json(self.path / "meta.json", self.meta)
@@ -172,6 +217,7 @@ class RunFolder:
             _write_tables(self.path, summary, self.meta)
         if specs:
             _write_json(self.path / "spectra.json", _spectra_rows(specs), indent=None)
+        self.meta["files"] = files_stamp(self.path)  # stats.jsonl, spectra.json, plots: `eigenhooks report` checks
         self.meta["status"] = status
         self.write_meta()
         if summary is not None:  # else `eigenhooks report` says in one line why there is none
@@ -179,8 +225,12 @@ class RunFolder:
 
             try:
                 build_report(self.path)
-            except Exception as e:  # rebuilt with `eigenhooks report`; the status stays true
-                log.warning("report.html not written: %s", e)
+            except Exception as e:  # rebuilt with `eigenhooks report`; the status (of the measurement) stays true
+                why = e.strerror if isinstance(e, OSError) and e.strerror else str(e).strip().splitlines()[0]
+                self.report_error = f"report.html not written ({why})"
+                self.meta["report"] = f"not written: {why}"
+                with contextlib.suppress(OSError):
+                    self.write_meta()
         wanted = self.out
         other = self._swap_in()
         if other is None:
@@ -198,6 +248,8 @@ class RunFolder:
         out, old, other = self.out, None, None
         with _folder_lock(out.parent):
             if self.overwrite and self._replaces is not None and _identity(out) == self._replaces:
+                self.meta["replaces"] = self._replaces[2]  # a run killed between the renames is sorted out by it
+                self.write_meta()
                 old = out.parent / f".{out.name}.old-{secrets.token_hex(3)}-{os.getpid()}"
                 os.replace(out, old)  # the old run goes only once the new one is in place
                 os.rename(self.path, out)
@@ -240,6 +292,15 @@ def _identity(p: Path) -> tuple | None:
     except (OSError, ValueError, AttributeError):
         run_id = None
     return st.st_dev, st.st_ino, run_id
+
+
+def _read_meta(p: Path) -> dict:
+    """A folder's meta.json, or {} if it has none or it cannot be read."""
+    try:
+        m = json.loads((p / "meta.json").read_text())
+    except (OSError, ValueError):
+        return {}
+    return m if isinstance(m, dict) else {}
 
 
 def _describe(p: Path) -> str:

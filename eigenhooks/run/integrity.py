@@ -7,6 +7,11 @@ row boundary, a missing meta.json, repeated or extra rows, a meta.json from anot
 corrupt parquet each give one phrase saying what is wrong, and the report is marked damaged.
 Folders written before the record existed are checked for what they can show: a full grid of
 layers x targets, no repeated row, the model's layer count from meta.json's adapter.
+
+Every other file the run wrote (stats.jsonl, spectra.json, the plots) is recorded too, in meta.json's
+``files`` (``files_stamp``: size and SHA-256 of each), and meta.json is checked against itself and the
+folder (``_meta_facts``): a status that is no status, a forward count that is not stats.jsonl's line
+count, a token count that is not the table's, or a file the run wrote that is missing are damage.
 """
 
 from __future__ import annotations
@@ -17,6 +22,8 @@ from collections import Counter
 from pathlib import Path
 
 TABLES = ("summary.csv", "summary.parquet")
+STATUSES = ("running", "complete", "interrupted", "failed")  # the only words meta.json's status may hold
+UNRECORDED = {"meta.json", "report.html", *TABLES}  # rewritten later, or recorded in ``tables``
 
 
 def _file_stamp(p: Path) -> dict:
@@ -34,6 +41,19 @@ def table_stamp(folder: Path, summary) -> dict:
         if (folder / name).is_file():
             stamp[name] = _file_stamp(folder / name)
     return stamp
+
+
+def files_stamp(folder: Path) -> dict:
+    """Size and SHA-256 of every file the run wrote into ``folder`` so far (meta.json's ``files``).
+
+    meta.json and report.html (rewritten later, e.g. by ``eigenhooks report``), the tables (in
+    ``tables``) and hidden temporary files are left out.
+    """
+    return {
+        p.name: _file_stamp(p)
+        for p in sorted(folder.iterdir())
+        if p.is_file() and p.name not in UNRECORDED and not p.name.startswith(".")
+    }
 
 
 def _is_missing(v) -> bool:
@@ -70,6 +90,41 @@ def damage(run_dir: Path, meta: dict | None, df) -> list[str]:
         if isinstance(n, int) and whole["layer"].nunique() != n:
             out.append(f"summary.csv holds {whole['layer'].nunique()} layers, the model has {n} (meta.json)")
     out += _parquet(run_dir, df)
+    if meta is not None:
+        out += _meta_facts(run_dir, meta, whole)
+    return out
+
+
+def _meta_facts(run_dir: Path, meta: dict, df) -> list[str]:
+    """meta.json against the words a status may be, the files it records, stats.jsonl and the table."""
+    out = []
+    status = meta.get("status", "complete")  # folders from before statuses existed have none
+    if status not in STATUSES:
+        out.append(f"meta.json's status {status!r} is none of {', '.join(STATUSES)}")
+    files = meta.get("files")
+    if isinstance(files, dict):
+        for name, rec in sorted(files.items()):
+            p = run_dir / name
+            if not p.is_file():
+                out.append(f"{name} is missing (meta.json records it)")
+            elif _file_stamp(p) != rec:
+                out.append(
+                    f"{name} is not the file meta.json recorded (SHA-256 differs: edited, damaged, or cut short)"
+                )
+    forwards, stats = meta.get("forwards"), run_dir / "stats.jsonl"
+    if isinstance(forwards, int) and not isinstance(forwards, bool) and forwards > 0:
+        if not stats.is_file():
+            if not isinstance(files, dict):  # else already said above
+                out.append(f"stats.jsonl is missing (meta.json says {forwards} forwards)")
+        else:
+            lines = sum(1 for line in stats.read_bytes().splitlines() if line.strip())
+            if lines != forwards:
+                out.append(f"stats.jsonl holds {lines} forward(s), meta.json says {forwards}")
+    n_tokens = meta.get("n_tokens")
+    if isinstance(n_tokens, int) and "n_tokens" in df.columns and len(df):
+        have = df["n_tokens"].max()
+        if not _is_missing(have) and int(have) != n_tokens:
+            out.append(f"summary.csv counts {int(have)} tokens, meta.json says {n_tokens}")
     return out
 
 

@@ -37,13 +37,14 @@ import secrets
 import sys
 import tempfile
 import time
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
 from . import distributed as D
-from .folder import RunFolder, RunFolderError, deferred_sigint
+from .folder import RunFolder, RunFolderError, RunFolderWarning, deferred_sigint
 from .texts import DataLoadError, TokenBatches, iter_texts, load_texts, make_batches, sample_text
 
 TARGETS = (("ov", "modulus"), ("ov", "residual"))
@@ -62,6 +63,7 @@ class RunResult:
     forwards: int = 0  # forwards measured (over all ranks' monitors, on rank 0 after the reduction)
     kept: bool = True  # False: nothing was measured and ``out`` was left as it was
     rank: int = 0
+    report_error: str | None = None  # why report.html was not written (e.g. a full disk), if it was not
 
     @property
     def interrupted(self) -> bool:
@@ -108,10 +110,29 @@ def _check_nulls(nulls: dict | None) -> dict:
     if unknown:
         raise ValueError(f"unknown null settings {unknown}; expected some of {sorted(full)}")
     full.update({k: v for k, v in (nulls or {}).items() if v is not None})
+    s = full["null_stride"]  # None is the default here: say what a number must be
+    if s is not None and (isinstance(s, bool) or not isinstance(s, int) or s < 1):
+        raise ValueError(f"--null-stride must be a positive int (1: every token), got {s!r}")
     check_nulls(full["null_draws"], full["fnull_draws"], full["eig_top"], full["null_stride"])
     if isinstance(full["null_seed"], bool) or not isinstance(full["null_seed"], int):
         raise ValueError(f"null_seed must be an int, got {full['null_seed']!r}")
     return full
+
+
+def _check_device(device: str | None) -> None:
+    """A device torch knows and this machine has, else one line that says which (not torch's own list)."""
+    if device is None:
+        return
+    try:
+        d = torch.device(device)
+    except (RuntimeError, ValueError, TypeError):
+        raise ValueError(f"--device {device!r} is not a device: give cpu, cuda, cuda:1, mps ...") from None
+    if d.type == "cuda":
+        n = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if n == 0:
+            raise ValueError(f"--device {device}: this torch sees no CUDA device (torch {torch.__version__}); use cpu")
+        if d.index is not None and d.index >= n:
+            raise ValueError(f"--device {device}: there are {n} CUDA device(s), cuda:0 to cuda:{n - 1}")
 
 
 def _check_sizes(max_tokens, batch_size, dist_timeout) -> None:
@@ -173,6 +194,7 @@ def run(
             folder is marked ``failed``.
     """
     _check_sizes(max_tokens, batch_size, dist_timeout)
+    _check_device(device)
     nulls = _check_nulls(nulls)
     torch_dtype = _dtype(dtype)
     texts = iter_texts(text, file, dataset)  # checks the source now, reads it lazily
@@ -192,7 +214,10 @@ def run(
     except KeyboardInterrupt:
         status = "interrupted"
     except BaseException as e:
-        status, error = "failed", e
+        from .._startup import interrupted
+
+        # Ctrl-C that a library wrapped in its own error (transformers' lazy imports) is still Ctrl-C
+        status, error = ("interrupted", None) if interrupted(e) else ("failed", e)
     if folder is None:  # ranks > 0 write nothing
         if error is not None:
             raise error
@@ -203,7 +228,22 @@ def run(
     if error is not None:
         raise error
     m = folder.meta
-    return RunResult(folder.out, st.summary, status, stage, m.get("tokens_per_s"), m.get("forwards", 0), folder.kept)
+    if folder.report_error:
+        warnings.warn(
+            f"{folder.report_error}; the run's files are whole: free space, then `eigenhooks report {folder.out}`",
+            RunFolderWarning,
+            stacklevel=2,
+        )
+    return RunResult(
+        folder.out,
+        st.summary,
+        status,
+        stage,
+        m.get("tokens_per_s"),
+        m.get("forwards", 0),
+        folder.kept,
+        report_error=folder.report_error,
+    )
 
 
 def _study(st: _Study, model, texts, torch_dtype, ctx, backend, max_tokens, batch_size, seed, nulls, progress) -> None:
@@ -240,9 +280,39 @@ def _study(st: _Study, model, texts, torch_dtype, ctx, backend, max_tokens, batc
             sink.unlink(missing_ok=True)
     st.stage("summary")
     st.summary = st.mon.summary()
+    _check_finite(st.summary, model)
     if st.folder is not None:
         st.stage("plots")
         _plots(st.folder.path, st, backend)
+
+
+def _check_finite(summary, model: str) -> None:
+    """Tokens skipped for non-finite activations are said: a warning per run, or an error if no token was left.
+
+    A token whose activations are NaN or inf at a reading point is left out of every sum (``n_nonfinite``);
+    NaN in one weight makes every token non-finite from that layer on, and a table of '0 tokens' would read
+    as 'indistinguishable'.
+    """
+    import warnings
+
+    from ..monitor import MeasurementWarning
+
+    if summary is None or not len(summary) or "n_nonfinite" not in summary.columns:
+        return
+    skipped = summary[summary["n_nonfinite"] > 0]
+    if skipped.empty:
+        return
+    layers = sorted({int(x) for x in skipped["layer"]})
+    shown = ", ".join(map(str, layers[:5])) + (", ..." if len(layers) > 5 else "")
+    worst = skipped.loc[skipped["n_nonfinite"].idxmax()]
+    said = (
+        f"{model}: tokens with NaN or inf activations were left out at {len(layers)} layer(s) ({shown}; up to "
+        f"{int(worst['n_nonfinite'])} at layer {int(worst['layer'])}): NaN or inf in the weights, or an overflow "
+        "in the dtype (try --dtype float32)"
+    )
+    if int(summary["n_tokens"].max()) == 0:
+        raise ValueError(f"no token was measured: {said}")
+    warnings.warn(said, MeasurementWarning, stacklevel=3)
 
 
 def _sink(st: _Study, ctx) -> Path | None:
@@ -266,8 +336,13 @@ def _reduce(st: _Study, sink: Path | None) -> None:
 
 
 def _forwards(st: _Study, batches: TokenBatches, ctx, backend: str, progress: bool) -> None:
+    import warnings
+
+    from ..monitor import MeasurementWarning
+
     dev = next(st.model.parameters()).device
-    with st.mon, torch.no_grad():
+    fed, i = 0, -1
+    with warnings.catch_warnings(), st.mon, torch.no_grad():  # the filters set below end with the block
         for i, ids in enumerate(_progress(batches, progress, batches.max_tokens)):
             if st.first is None:
                 st.first = ids[:1]
@@ -279,8 +354,18 @@ def _forwards(st: _Study, batches: TokenBatches, ctx, backend: str, progress: bo
             else:
                 st.model(input_ids=ids, attention_mask=torch.ones_like(ids))
             st.tokens += ids.numel()
+            fed += 1
             if i == 0:
                 st.stage("forwards:after-first")
+        if fed == 0 and ctx.world > 1:  # the monitor would blame torch.compile for a rank that had no batch
+            warnings.filterwarnings("ignore", message="no forward pass reached", category=MeasurementWarning)
+    if fed == 0 and ctx.world > 1:
+        warnings.warn(
+            f"rank {ctx.rank} of {ctx.world} got no batch (the text made {i + 1} batch(es) of --batch-size "
+            f"{batches.batch_size}) and measured nothing: give more text, a smaller --batch-size, or fewer ranks",
+            MeasurementWarning,
+            stacklevel=3,
+        )
 
 
 def _finish(st: _Study, folder: RunFolder, status: str, error, ctx) -> None:

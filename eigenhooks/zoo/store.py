@@ -15,12 +15,14 @@ An entry is trusted only whole and unchanged:
   fails is rebuilt, with one ``ModelCacheWarning`` saying what was wrong, never loaded;
 - a per-entry lock (``flock``) makes a second process wait for the first one's conversion
   instead of doing it again, and a rename that finds the place taken keeps a good entry there;
-- a models folder that cannot be written is no error: the caller converts without it.
+- a models folder that cannot be written, or a disk that fills while converting, is no error: the
+  caller converts without it.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import logging
 import os
@@ -36,6 +38,7 @@ from . import digest
 log = logging.getLogger(__name__)
 FORMAT = 1
 MANIFEST = "eigenhooks-entry.json"
+FULL = (errno.ENOSPC, errno.EDQUOT)  # no room left: the cache is skipped, as an unwritable one is
 _FRESH = re.compile(r"^\.(build|trash)-(\d+)-")
 
 
@@ -183,8 +186,10 @@ def _build(source: Path, source_sha: str, write) -> Path:
         _fsync(tmp / MANIFEST)
         tmp.chmod(0o755)  # mkdtemp makes it private; the cache is shared like any other
         _fsync(tmp)
-    except BaseException:
+    except BaseException as e:
         shutil.rmtree(tmp, ignore_errors=True)
+        if isinstance(e, OSError) and e.errno in FULL:  # a full disk is an unwritable cache: convert without it
+            raise Unwritable(f"the models folder {converted_dir()} is full ({e.strerror or e})") from e
         raise
     return tmp
 

@@ -1,0 +1,60 @@
+"""A Ctrl-C while the ``eigenhooks`` command is still importing (torch, transformers) is one line, not a traceback.
+
+The package imports torch before the command's own code runs, so nothing in ``cli`` can catch an
+interrupt that early. When this process is the command (the ``eigenhooks`` script or ``python -m
+eigenhooks``), ``install`` (run when the package imports this module, before anything else) sets a SIGINT handler that says so in
+one line and exits 130 at once; ``cli.main`` puts Python's own handler back as soon as it runs, so from
+there on Ctrl-C is a KeyboardInterrupt that each command handles. Imported as a library, nothing
+changes.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import threading
+
+EXIT_INTERRUPTED = 130
+
+
+def _is_the_command() -> bool:
+    argv = list(getattr(sys, "orig_argv", sys.argv))
+    return os.path.basename(sys.argv[0] or "") == "eigenhooks" or argv[1:3] == ["-m", "eigenhooks"]
+
+
+def _starting(signum, frame) -> None:
+    # os._exit, not SystemExit: an import that catches BaseException (transformers' lazy imports wrap
+    # what they catch) would swallow the exit and go on. Nothing was written yet: nothing to clean up.
+    sys.stderr.write("eigenhooks: interrupted while starting; nothing was done\n")
+    sys.stderr.flush()
+    os._exit(EXIT_INTERRUPTED)
+
+
+def install() -> None:
+    """Set the one-line handler, only in the command's main thread and only over Python's default one."""
+    if threading.current_thread() is not threading.main_thread() or not _is_the_command():
+        return
+    if signal.getsignal(signal.SIGINT) is signal.default_int_handler:  # an ignored SIGINT stays ignored
+        signal.signal(signal.SIGINT, _starting)
+
+
+def done() -> None:
+    """Back to KeyboardInterrupt (the command has started and handles it)."""
+    if threading.current_thread() is threading.main_thread() and signal.getsignal(signal.SIGINT) is _starting:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
+def interrupted(e: BaseException | None) -> bool:
+    """Whether ``e`` is, or was raised while handling or because of, a KeyboardInterrupt (a library that
+    wraps the interrupt in its own error, as transformers' lazy imports do, still means Ctrl-C)."""
+    seen = set()
+    while e is not None and id(e) not in seen:
+        if isinstance(e, KeyboardInterrupt):
+            return True
+        seen.add(id(e))
+        e = e.__cause__ or e.__context__
+    return False
+
+
+install()  # on import: the package imports this module before anything else
