@@ -45,16 +45,4 @@ def done() -> None:
         signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
-def interrupted(e: BaseException | None) -> bool:
-    """Whether ``e`` is, or was raised while handling or because of, a KeyboardInterrupt (a library that
-    wraps the interrupt in its own error, as transformers' lazy imports do, still means Ctrl-C)."""
-    seen = set()
-    while e is not None and id(e) not in seen:
-        if isinstance(e, KeyboardInterrupt):
-            return True
-        seen.add(id(e))
-        e = e.__cause__ or e.__context__
-    return False
-
-
 install()  # on import: the package imports this module before anything else

@@ -7,13 +7,15 @@ and exit code 1; ``--debug`` shows the traceback.
 
 from __future__ import annotations
 
-import json
 import re
 import sys
 from pathlib import Path
 from typing import Annotated
 
 import typer
+
+from .run.checks import interrupted
+from .run.table import emit, fmt_complex, fmt_mb
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="Power-method alignment of transformer tokens.")
 
@@ -67,7 +69,7 @@ def _fail(e: BaseException, debug: bool, command: str | None = None) -> None:
     """One line on stderr and exit 1 (``--debug``: the traceback); ``command`` names its flags in it."""
     if debug:
         raise e
-    from ._startup import EXIT_INTERRUPTED, interrupted
+    from ._startup import EXIT_INTERRUPTED
 
     if interrupted(e):  # Ctrl-C that a library wrapped in its own error (transformers' lazy imports do)
         typer.echo("eigenhooks: interrupted", err=True)
@@ -104,32 +106,6 @@ def _as_flags(msg: str, command: str | None) -> str:
         msg = re.sub(rf"{n}(?=,? (?:and|or) --)", flag, msg)
         msg = re.sub(rf"(--[\w-]+,? (?:and|or) ){n}", rf"\g<1>{flag}", msg)
     return msg
-
-
-def _c(z: complex, digits: int = 4) -> str:
-    if abs(z.imag) < 1e-12:
-        return f"{z.real:.{digits}f}"
-    return f"{z.real:.{digits}f}{z.imag:+.{digits}f}i"
-
-
-def _emit(title: str, columns: list[str], rows: list[list], as_json: bool, records: list[dict]) -> None:
-    if as_json:
-        from .run.folder import json_safe
-
-        typer.echo(json.dumps(json_safe(records), indent=2, allow_nan=False))  # NaN -> null: valid JSON
-        return
-    from rich.console import Console
-    from rich.table import Table
-    from rich.text import Text
-
-    # Text, not str: a title or cell holding user text (a folder, a prompt, a token) is printed as it
-    # is, never read as rich markup ('[/]' would raise, '[bold red]' would vanish)
-    table = Table(title=Text(title), header_style="bold")
-    for c in columns:
-        table.add_column(Text(c), justify="left" if c in ("kind", "rank", "name", "path") else "right", no_wrap=True)
-    for r in rows:
-        table.add_row(*[Text(str(x)) for x in r])
-    Console(width=None if sys.stdout.isatty() else 160).print(table)
 
 
 @app.command()
@@ -190,7 +166,7 @@ def spectrum(
             "variant": s.variant,
             "rank": s.rank,
         }
-        row = [s.layer, _c(s.lambda_1), f"{abs(s.lambda_1):.4f}", s.kind, f"{s.gap_ratio:.4f}", s.k]
+        row = [s.layer, fmt_complex(s.lambda_1), f"{abs(s.lambda_1):.4f}", s.kind, f"{s.gap_ratio:.4f}", s.k]
         if heads and s.heads:
             rec["heads"] = [
                 {"head": h.head, "abs_lambda_max": float(h.eigenvalues.abs().max()), "copying_score": h.copying_score}
@@ -200,7 +176,7 @@ def spectrum(
         records.append(rec)
         rows.append(row)
     cols = ["layer", "lambda_1", "|lambda_1|", "kind", "gap ratio", "k"] + (["copying score per head"] if heads else [])
-    _emit(f"{model}: spectrum of F ({variant}, ranked by {rank})", cols, rows, as_json, records)
+    emit(f"{model}: spectrum of F ({variant}, ranked by {rank})", cols, rows, as_json, records)
 
 
 @app.command()
@@ -242,7 +218,7 @@ def verify(
         for r in res
     ]
     cols = ["layer", "check", "max |diff|", "relative", "linearity", "linear", "dtype"]
-    _emit(f"{model}: F from weights vs probe", cols, rows, as_json, records)
+    emit(f"{model}: F from weights vs probe", cols, rows, as_json, records)
 
 
 @app.command()
@@ -320,7 +296,7 @@ def run(
         raise typer.Exit(130)
     df = res.summary
     heads, rows = table_rows(df)
-    _emit(f"{model}: alignment per layer ({int(df['n_tokens'].iloc[0])} tokens)", heads, rows, False, [])
+    emit(f"{model}: alignment per layer ({int(df['n_tokens'].iloc[0])} tokens)", heads, rows, False, [])
     if res.tokens_per_s:
         typer.echo(f"throughput: {res.tokens_per_s:,.0f} tokens/s (monitored forwards)")
     if res.report_error:  # the warning above said why and what to run
@@ -422,10 +398,10 @@ def steer(
         )
         typer.echo(f"no token table: {model}'s LM head {why}, so its token probabilities mean nothing")
     else:
-        _emit(f"{model}: next token for {prompts[0]!r}", ["#", "before", "p", "after", "p"], rows, False, [])
+        emit(f"{model}: next token for {prompts[0]!r}", ["#", "before", "p", "after", "p"], rows, False, [])
     typer.echo(
         f"layer {rep.layer} ({rep.method}{', signed' if rep.signed else ''}): alpha {rep.alpha:.3f}; "
-        f"lambda_1 {_c(rep.lambda_1_before)} -> {_c(rep.lambda_1)}, "
+        f"lambda_1 {fmt_complex(rep.lambda_1_before)} -> {fmt_complex(rep.lambda_1)}, "
         f"gap ratio {rep.gap_ratio_before:.3f} -> {rep.gap_ratio:.3f}, cos(v1', u) {rep.cos_v1_u:.4f}"
     )
     typer.echo(f"final residuals' mean |cos| with u: {rep.alignment_before:.3f} -> {rep.alignment_after:.3f}")
@@ -480,7 +456,7 @@ def iterate(
         return
     s = traj.spectrum
     typer.echo(f"{model} layer {traj.layer}, {mode} mode, {steps} steps ({len(traj.final)} tokens)")
-    typer.echo(f"lambda_1 (ranked by |1+lambda|) {_c(s.lambda_1)}: {s.kind}, gap ratio {s.gap_ratio:.4f}")
+    typer.echo(f"lambda_1 (ranked by |1+lambda|) {fmt_complex(s.lambda_1)}: {s.kind}, gap ratio {s.gap_ratio:.4f}")
     typer.echo(f"predicted: {pred.kind}" + (f", {pred.angle:.4f} rad/step" if pred.angle is not None else ""))
     typer.echo(f"measured:  {meas.kind}" + (f", {meas.angle:.4f} rad/step" if meas.kind == "rotation" else ""))
     d = meas.detail
@@ -515,10 +491,6 @@ cache_app = typer.Typer(no_args_is_help=True, help="The on-disk cache: spectra a
 app.add_typer(cache_app, name="cache")
 
 
-def _mb(n: int) -> str:
-    return f"{n / 2**20:.1f} MB"
-
-
 @cache_app.command("info")
 def cache_info(
     as_json: Annotated[bool, typer.Option("--json", help="print JSON")] = False, debug: DebugOpt = False
@@ -532,9 +504,9 @@ def cache_info(
         _fail(e, debug, "cache")
         return
     total = sum(r["bytes"] for r in rows)
-    table = [[r["kind"], r["name"], r.get("transformers") or "", _mb(r["bytes"]), r["path"]] for r in rows]
-    table.append(["total", "", "", _mb(total), ""])
-    _emit("eigenhooks cache", ["kind", "name", "transformers", "size", "path"], table, as_json, rows)
+    table = [[r["kind"], r["name"], r.get("transformers") or "", fmt_mb(r["bytes"]), r["path"]] for r in rows]
+    table.append(["total", "", "", fmt_mb(total), ""])
+    emit("eigenhooks cache", ["kind", "name", "transformers", "size", "path"], table, as_json, rows)
 
 
 @cache_app.command("clear")
@@ -553,14 +525,10 @@ def cache_clear(
         _fail(e, debug, "cache")
         return
     for r in gone:
-        typer.echo(f"removed {r['kind']}: {r['name']} ({_mb(r['bytes'])})")
-    typer.echo(f"freed {_mb(sum(r['bytes'] for r in gone))}; fetched models are kept (eigenhooks fetch NAME --force)")
-
-
-def _cell(v) -> str:
-    if isinstance(v, float):
-        return f"{v:.1e}" if (0 < abs(v) < 1e-3) else f"{v:.3f}"
-    return {"real-dominant": "real", "complex-dominant": "complex", "near-degenerate": "near-deg"}.get(str(v), str(v))
+        typer.echo(f"removed {r['kind']}: {r['name']} ({fmt_mb(r['bytes'])})")
+    typer.echo(
+        f"freed {fmt_mb(sum(r['bytes'] for r in gone))}; fetched models are kept (eigenhooks fetch NAME --force)"
+    )
 
 
 def main() -> None:
@@ -570,12 +538,9 @@ def main() -> None:
     try:
         _quiet_libraries()
         app()
-    except Exception as e:
-        if not _startup.interrupted(e):  # Ctrl-C that a library wrapped in its own error is still Ctrl-C
+    except (Exception, KeyboardInterrupt) as e:
+        if not interrupted(e):  # Ctrl-C that a library wrapped in its own error is still Ctrl-C
             raise
-        typer.echo("eigenhooks: interrupted", err=True)
-        sys.exit(_startup.EXIT_INTERRUPTED)
-    except KeyboardInterrupt:
         typer.echo("eigenhooks: interrupted", err=True)
         sys.exit(_startup.EXIT_INTERRUPTED)
 

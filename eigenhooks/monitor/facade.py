@@ -163,9 +163,9 @@ class Monitor:
                 if not taps.started and not taps.orphans and not _raised and not gone:
                     self._warn(
                         "no-forward",
-                        "no forward pass reached the monitor's hooks inside its with-block. If the model was "
-                        "compiled (torch.compile) before the monitor, hooks added later are ignored: enter "
-                        "eh.monitor before compiling, or call torch._dynamo.reset() first.",
+                        "no forward pass reached the monitor's hooks inside its with-block: no forward ran in it, "
+                        "or the model was compiled (torch.compile) before the monitor, whose hooks it then ignores: "
+                        "enter eh.monitor before compiling, or call torch._dynamo.reset() first.",
                     )
             self._acc.flush()
             self._end_logs(_raised)

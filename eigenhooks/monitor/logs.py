@@ -140,22 +140,26 @@ class LogPoints:
         the one that propagates."""
         if not self.sinks:
             return
+        first = None  # the first error: the values' or the table's before any sink's close
         try:
-            try:
-                if self.scalar_sinks and acc.n_forwards:
-                    if self.logged_at != acc.n_forwards:
-                        self.emit_pending(labels)
-                        self.enqueue(acc, self.step_now(None, acc.n_forwards))
+            if self.scalar_sinks and acc.n_forwards:
+                if self.logged_at != acc.n_forwards:
                     self.emit_pending(labels)
-                    if self.summary_at != acc.n_forwards:
-                        log_summary()
-            finally:
-                for s in self.sinks:
-                    call(s, "close")
+                    self.enqueue(acc, self.step_now(None, acc.n_forwards))
+                self.emit_pending(labels)
+                if self.summary_at != acc.n_forwards:
+                    log_summary()
         except Exception as e:
-            if not raised:
-                raise
-            warnings.warn(f"eigenhooks: {e}", RuntimeWarning, stacklevel=4)
+            first = e
+        for s in self.sinks:  # every sink is closed, whichever failed
+            try:
+                call(s, "close")
+            except Exception as e:
+                first = first or e
+        if first is not None and not raised:
+            raise first
+        if first is not None:
+            warnings.warn(f"eigenhooks: {first}", RuntimeWarning, stacklevel=4)
 
 
 def forward_stats(plan: Plan, fs: ForwardSums) -> list[dict]:

@@ -25,7 +25,6 @@ import errno
 import glob
 import json
 import logging
-import math
 import os
 import re
 import secrets
@@ -37,6 +36,7 @@ from pathlib import Path
 
 from ..zoo.store import pid_alive
 from .integrity import STATUSES, files_stamp
+from .table import json_safe
 
 log = logging.getLogger(__name__)
 RUN_FILES = ("meta.json", "summary.csv", "stats.jsonl")
@@ -56,17 +56,6 @@ TAKEN = (errno.EEXIST, errno.ENOTEMPTY, errno.ENOTDIR, errno.EISDIR)  # os.renam
 def holds_run(p: Path) -> bool:
     """True if folder p holds (part of) an eigenhooks run."""
     return p.is_dir() and any((p / f).exists() for f in RUN_FILES)
-
-
-def json_safe(x):
-    """x with every non-finite float replaced by None, so json.dumps writes valid JSON (null, not NaN)."""
-    if isinstance(x, float):
-        return x if math.isfinite(x) else None
-    if isinstance(x, dict):
-        return {k: json_safe(v) for k, v in x.items()}
-    if isinstance(x, list | tuple):
-        return [json_safe(v) for v in x]
-    return x
 
 
 def _write_json(path: Path, obj, indent: int | None = 2) -> None:

@@ -76,3 +76,52 @@ def rows(summary, columns=RUN_COLUMNS) -> tuple[list[str], list[list[str]]]:
     heads = [h for h, _ in columns]
     cells = [[fn(r) for _, fn in columns] for r in summary.to_dict("records")]
     return heads, cells
+
+
+def json_safe(x):
+    """x with every non-finite float replaced by None, so json.dumps writes valid JSON (null, not NaN)."""
+    if isinstance(x, float):
+        return x if math.isfinite(x) else None
+    if isinstance(x, dict):
+        return {k: json_safe(v) for k, v in x.items()}
+    if isinstance(x, list | tuple):
+        return [json_safe(v) for v in x]
+    return x
+
+
+# ---- the CLI's output helper: one place prints tables and JSON ----
+
+
+def fmt_complex(z: complex, digits: int = 4) -> str:
+    if abs(z.imag) < 1e-12:
+        return f"{z.real:.{digits}f}"
+    return f"{z.real:.{digits}f}{z.imag:+.{digits}f}i"
+
+
+def emit(title: str, columns: list[str], rows: list[list], as_json: bool, records: list[dict]) -> None:
+    """Print rows as a rich table for people, or ``records`` as JSON for programs (NaN as null). User text
+    in a title or cell is printed as it is, never read as rich markup."""
+    import json
+    import sys
+
+    import typer
+
+    if as_json:
+        typer.echo(json.dumps(json_safe(records), indent=2, allow_nan=False))  # NaN -> null: valid JSON
+        return
+    from rich.console import Console
+    from rich.table import Table
+    from rich.text import Text
+
+    # Text, not str: a title or cell holding user text (a folder, a prompt, a token) is printed as it
+    # is, never read as rich markup ('[/]' would raise, '[bold red]' would vanish)
+    table = Table(title=Text(title), header_style="bold")
+    for c in columns:
+        table.add_column(Text(c), justify="left" if c in ("kind", "rank", "name", "path") else "right", no_wrap=True)
+    for r in rows:
+        table.add_row(*[Text(str(x)) for x in r])
+    Console(width=None if sys.stdout.isatty() else 160).print(table)
+
+
+def fmt_mb(n: int) -> str:
+    return f"{n / 2**20:.1f} MB"
