@@ -52,14 +52,17 @@ class Accumulator:
         self.token_records: list[dict] = []
 
     # ---- a forward ----
-    def add(self, fs: ForwardSums) -> Undo:
-        """Count one forward whole; returns what undoes it. A forward that starts new sequences ends the
-        open ones first (here, when it counts, not when it starts: forwards of other threads may have
-        counted in between, and their sequences are not its own)."""
-        undo = Undo(
-            self.n_forwards, {i: dict(st) for i, st in self.state.items()}, set(self.zero), dict(self.rows),
-            {i: list(b) for i, b in self.buf.items()}, dict(self.seen), len(self.token_records),
-        )  # fmt: skip
+    def add(self, fs: ForwardSums, undoable: bool = True) -> Undo | None:
+        """Count one forward whole; returns what undoes it (``undoable``: something after it may fail, a
+        sink; else None, and no copy is made: a decoding step pays nothing for it). A forward that starts
+        new sequences ends the open ones first (here, when it counts, not when it starts: forwards of
+        other threads may have counted in between, and their sequences are not its own)."""
+        undo = None
+        if undoable:
+            undo = Undo(
+                self.n_forwards, {i: dict(st) for i, st in self.state.items()}, set(self.zero), dict(self.rows),
+                {i: list(b) for i, b in self.buf.items()}, dict(self.seen), len(self.token_records),
+            )  # fmt: skip
         if fs.fresh:
             self.end_sequences()
         self._add_layers(list(fs.layers.items()))

@@ -83,6 +83,7 @@ class Monitor:
         self._all_valid: list = []  # Forward's reused all-True mask
         self._active = False
         self._closing = False  # closed while a forward was running: detach when it returns
+        self._entered_at = 0  # forwards counted before the with-block
 
     # ---- settings, read-only ----
     points = property(lambda self: self.config.reading_points)
@@ -137,6 +138,7 @@ class Monitor:
             self._taps = Taps(self.adapter, self._plan, self.points, self, self._warn)
             self._taps.on_end = self._after_end
             self._taps.attach()
+        self._entered_at = self.n_forwards
         self._active = True
         return self
 
@@ -160,7 +162,9 @@ class Monitor:
         try:
             if taps is not None:
                 gone = taps.check_handles()
-                if not taps.started and not taps.orphans and not _raised and not gone:
+                # none started, or one started and never ended (its end compiled away): none counted
+                bypassed = not taps.started or bool(self._fwds)
+                if self.n_forwards == self._entered_at and bypassed and not taps.orphans and not _raised and not gone:
                     self._warn(
                         "no-forward",
                         "no forward pass reached the monitor's hooks inside its with-block: no forward ran in it, "
@@ -170,6 +174,9 @@ class Monitor:
             self._acc.flush()
             self._end_logs(_raised)
         finally:
+            for fwd in self._fwds.values():  # forwards that never ended count for nothing
+                fwd.drop()
+            self._fwds.clear()
             if taps is not None:
                 taps.remove()
 
@@ -188,8 +195,8 @@ class Monitor:
 
     # ---- a forward's events (from the taps) ----
     def forward_start(self, args, kwargs, fresh: bool = False, mask=None):
-        """The model's forward starts (in this thread): a new ``Forward``, told what the call is; its
-        ``read`` takes the readings from the taps."""
+        """The model's forward starts (in this thread): a new ``Forward``, told what the call is; the
+        taps hand it the readings."""
         tid = thread_key()
         old = self._fwds.pop(tid, None)
         if old is not None:  # its end never came (interrupted): nothing of it counts
@@ -207,7 +214,7 @@ class Monitor:
         seen = {} if call.fresh else acc.seen
         fwd = Forward(self._plan, self.points, mask, seen, buffer, keep, acc.n_forwards, self._all_valid, call)
         self._fwds[tid] = fwd
-        return fwd.read
+        return fwd
 
     def _call(self, args, kwargs, fresh: bool) -> Call:
         """What this forward is (``forward.Generation`` when it is a step of a ``generate``)."""
@@ -250,7 +257,7 @@ class Monitor:
             fs = fwd.finish()
             # threads sharing the model: one forward counts, and is logged, at a time (compiled: one thread)
             with contextlib.nullcontext() if torch.compiler.is_compiling() else self._lock:
-                undo = self._acc.add(fs)
+                undo = self._acc.add(fs, undoable=bool(self._logs.sinks))
                 mark = self._logs.mark()
                 self._logs.after_forward(mark, self._acc, self._plan, fs, self._labels())
         except BaseException as e:
@@ -274,22 +281,8 @@ class Monitor:
     def _check(self, fwd: Forward) -> None:
         """Warn (once each) about layers a forward should have measured and did not."""
         missing, partial = fwd.unmeasured(self.adapter.stacks)
-        if not (missing or partial) or (self._taps is not None and self._taps.check_handles()):
-            return
-        if partial:
-            self._warn(
-                "partial-layers",
-                f"in layers {partial} the attention or the next sublayer was not seen (its module skipped, "
-                "replaced or swapped by another tool, e.g. a swapped HookPoint): gamma_mid and rho stay NaN there",
-            )
-        if missing:
-            self._warn(
-                "missing-layers",
-                f"layers {missing} were not measured in a forward (their hooks did not fire: a block skipped, "
-                "a module replaced or swapped by another tool, or hooks bypassed); their statistics stay NaN. "
-                "A model compiled (torch.compile) before the monitor ignores hooks added later: enter eh.monitor "
-                "before compiling, or call torch._dynamo.reset() after entering it.",
-            )
+        if (missing or partial) and not (self._taps is not None and self._taps.check_handles()):
+            self._warn.unmeasured(missing, partial)
 
     # ---- TransformerLens ----
     def fwd_hooks(self) -> list[tuple[str, object]]:

@@ -17,7 +17,6 @@ from __future__ import annotations
 import sys
 import threading
 import warnings
-from collections.abc import Callable
 from contextlib import ExitStack
 from typing import Protocol
 
@@ -42,12 +41,35 @@ class Warner:
             self.said.add(key)
             warnings.warn(msg, MeasurementWarning, stacklevel=4)
 
+    def unmeasured(self, missing: list[int], partial: list[int]) -> None:
+        """Layers a forward should have measured: not at all (missing), or without their delta (partial)."""
+        if partial:
+            self(
+                "partial-layers",
+                f"in layers {partial} the attention or the next sublayer was not seen (its module skipped, "
+                "replaced or swapped by another tool, e.g. a swapped HookPoint): gamma_mid and rho stay NaN there",
+            )
+        if missing:
+            self(
+                "missing-layers",
+                f"layers {missing} were not measured in a forward (their hooks did not fire: a block skipped, "
+                "a module replaced or swapped by another tool, or hooks bypassed); their statistics stay NaN. "
+                "A model compiled (torch.compile) before the monitor ignores hooks added later: enter eh.monitor "
+                "before compiling, or call torch._dynamo.reset() after entering it.",
+            )
+
+
+class Reader(Protocol):
+    """What takes one forward's readings (a ``forward.Forward``)."""
+
+    def read(self, layer: int, point: str, x: torch.Tensor) -> None: ...
+
 
 class Listener(Protocol):
     """What taps tell (the ``Monitor``)."""
 
-    def forward_start(self, args, kwargs, fresh: bool = False, mask=None) -> Callable[[int, str, torch.Tensor], None]:
-        """A forward starts in this thread; returns what takes its readings, (layer, point, x)."""
+    def forward_start(self, args, kwargs, fresh: bool = False, mask=None) -> Reader:
+        """A forward starts in this thread; returns what takes its readings."""
 
     def stack_start(self, name: str, mask: torch.Tensor | None) -> None: ...
     def forward_end(self, ok: bool) -> None: ...
@@ -55,12 +77,13 @@ class Listener(Protocol):
     def generate_end(self) -> None: ...
 
 
+_compiling, _ident = torch.compiler.is_compiling, threading.get_ident  # looked up once: every tap calls them
+
+
 def thread_key() -> int:
     """The running thread's key (threads sharing one model run forwards side by side); 0 while
     torch.compile traces a forward, which sees no threads (and could not trace the lookup)."""
-    if torch.compiler.is_compiling():
-        return 0
-    return threading.get_ident()
+    return 0 if _compiling() else _ident()
 
 
 class _PerThread:
@@ -70,7 +93,7 @@ class _PerThread:
         self.open = False  # a forward of the model is running in this thread (started and not ended)
         self.counts: dict = {}  # calls of each slot in this forward
         self.root = None  # the stack root that opened this forward, when it ran outside the model's
-        self.read = None  # takes this forward's readings (the listener's, from forward_start)
+        self.reader = None  # takes this forward's readings (the listener's, from forward_start)
 
 
 class Taps:
@@ -262,7 +285,7 @@ class Taps:
         self.started += 1
         here = self._here
         here.open, here.counts, here.root = True, {}, None
-        here.read = self.listener.forward_start(args, kwargs, fresh, mask)
+        here.reader = self.listener.forward_start(args, kwargs, fresh, mask)
 
     def _end(self, module, args, output) -> None:
         if not self._here.open:
@@ -315,8 +338,8 @@ class Taps:
         """One call of a tapped module: its reading goes to each (layer, point) this call is for."""
         if not isinstance(x, torch.Tensor):
             return
-        here = self._here
-        if not here.open:
+        here = self._threads.get(thread_key())
+        if here is None or not here.open:
             self.orphans += 1
             self.warn(
                 "orphan",
@@ -331,9 +354,9 @@ class Taps:
             return
         if x.requires_grad:
             x = x.detach()
-        read = here.read
+        reader = here.reader
         for layer, point in roles:
-            read(layer, point, x)
+            reader.read(layer, point, x)
 
     # ---- TransformerLens run_with_hooks ----
     def fwd_hooks(self, plan: Plan, call_mask) -> list[tuple[str, object]]:
