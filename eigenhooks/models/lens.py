@@ -148,12 +148,12 @@ def _hooked_note(model) -> str:
     if norm in ("LNPre", "RMSPre"):
         if read and norm == "LNPre":
             done.append(
-                f"fold_ln folded ln1's scale into W_V and centred W_V (ln1 is {norm}): F_raw -> F_raw diag(w_ln1) P"
+                f"fold_ln folded ln1's scale into W_V and centred it (ln1 is {norm}): F_raw -> F_raw diag(w_ln1) P"
             )
         else:
             done.append(f"fold_ln folded ln1's scale into W_V (ln1 is {norm}): F_raw -> F_raw diag(w_ln1)")
     if write:
-        done.append("center_writing_weights removed W_O's mean over d_model: F -> P F")
+        done.append("W_O has zero mean over d_model (center_writing_weights): F -> P F")
     if not done:
         return (
             f"HookedTransformer with unprocessed weights (ln1 is {norm}, W_O not centred): F = O V of W_O/W_V as "
@@ -218,14 +218,15 @@ def lens_runner(adapter: Adapter, layers: list[int], x: torch.Tensor) -> dict[in
         hooks.append((names["attn_out"], capture))
         if adapter.family == "lens-bridge":
             hooks.append((names["attn_in"], replace))
-        else:
-            # ln1.hook_normalized comes before ln1's scale and bias (LN, RMS), so replacing it would
-            # probe F diag(w_ln1): replace ln1's output itself, which is exactly attention's input.
-            ln1 = model.blocks[i].ln1
-            handles.append(ln1.register_forward_hook(lambda mod, args, out: x.to(out.device, out.dtype)))
     b, n, _ = x.shape
     tokens = torch.zeros((b, n), dtype=torch.long, device=x.device)
     try:
+        if adapter.family != "lens-bridge":
+            # ln1.hook_normalized comes before ln1's scale and bias (LN, RMS), so replacing it would
+            # probe F diag(w_ln1): replace ln1's output itself, which is exactly attention's input.
+            for i in layers:
+                ln1 = model.blocks[i].ln1
+                handles.append(ln1.register_forward_hook(lambda mod, args, out: x.to(out.device, out.dtype)))
         with torch.no_grad():
             model.run_with_hooks(tokens, fwd_hooks=hooks, return_type=None)
     except StopForward:

@@ -95,7 +95,7 @@ def test_notes_name_what_process_weights_did_to_F(kind):
     P = torch.eye(D, dtype=torch.float64) - 1.0 / D
     layer_norm = CONFIGS[kind]["normalization_type"] == "LN"
     # TransformerLens centres only around LayerNorm (RMSNorm does not subtract a mean)
-    assert ("center_writing_weights" in note) == layer_norm
+    assert ("W_O has zero mean over d_model (center_writing_weights)" in note) == layer_norm
     for i in range(2):
         expected = F_raw[i] @ torch.diag(w[i])
         if layer_norm:
