@@ -6,19 +6,10 @@ post-only blocks), times the residual multiplier where the model has one.
 """
 
 import transformers as T
+from harness import DECODER_BASE as BASE
 from harness import Case, seeded, sum_mid, token_inputs
 
 TOK = token_inputs()
-
-BASE = dict(
-    num_hidden_layers=2,
-    num_attention_heads=4,
-    num_key_value_heads=2,
-    hidden_size=16,
-    intermediate_size=32,
-    vocab_size=64,
-    max_position_embeddings=32,
-)
 
 
 def small(cls, cfg_cls, **kw):

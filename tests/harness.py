@@ -17,6 +17,18 @@ from torch import nn
 
 from eigenhooks.models.base import as_tokens
 
+# The tiny Llama-style config of the decoder cases, here (not in cases_decoders) so that conftest
+# does not import the cases, whose families a transformers 4.x lacks (tests/cases_*.py run on 5.x).
+DECODER_BASE = dict(
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    hidden_size=16,
+    intermediate_size=32,
+    vocab_size=64,
+    max_position_embeddings=32,
+)
+
 MAX_PARAMS = 400_000  # a misspelt config key must not silently build a full-size model
 
 # Results by (case, column), filled by the tests and written to docs/coverage.md at the end.

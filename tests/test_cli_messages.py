@@ -41,6 +41,7 @@ DATASETS = {
 
 @pytest.mark.parametrize("name", DATASETS)
 def test_bad_dataset_files_are_one_line_naming_the_file(tmp_path, name):
+    pytest.importorskip("datasets", reason="--dataset reads files with the 'datasets' package (the [dev] extra)")
     path = _write(tmp_path / name, DATASETS[name])
     cmd = [sys.executable, "-m", "eigenhooks", "run", "--dataset", str(path), "--max-tokens", "64"]
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}

@@ -27,7 +27,9 @@ def _tokenizer(folder):
     folder.mkdir(parents=True, exist_ok=True)
     vocab = folder / "vocab.txt"
     vocab.write_text("\n".join(SPECIAL + WORDS) + "\n")
-    return T.BertTokenizer(vocab=str(vocab))  # WordPiece (transformers 5 ignores vocab_file=)
+    # WordPiece; transformers 5 takes vocab= (it ignores vocab_file=), 4.x takes vocab_file=
+    key = "vocab" if int(T.__version__.split(".")[0]) >= 5 else "vocab_file"
+    return T.BertTokenizer(**{key: str(vocab)})
 
 
 def _config():

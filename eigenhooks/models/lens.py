@@ -1,4 +1,4 @@
-"""TransformerLens models: TransformerBridge (4.x) and legacy HookedTransformer, by duck typing.
+"""TransformerLens models: TransformerBridge (4.x) and HookedTransformer (3.x), by duck typing.
 
 TransformerLens uses row vectors: W_V [n_heads, d_model, d_head], W_O [n_heads, d_head,
 d_model], so its OV matrix is F^T. eigenhooks reads O_h = W_O[h]^T and V_h = W_V[h]^T and
@@ -84,21 +84,8 @@ def lens_adapter(model) -> Adapter:
                 o_proj=getattr(getattr(attn, "o", None), "original_component", None),
             )
         )
-    notes = []
     compat = bool(getattr(model, "compatibility_mode", False)) if bridge else None
-    if bridge:
-        notes.append(
-            "TransformerBridge in compatibility mode: W_V/W_O as processed by TransformerLens "
-            "(fold_ln folds ln1's scale into W_V, so F -> F diag(w_ln); center_writing_weights "
-            "removes W_O's mean over d_model, so F -> (I - 11^T/d) F)"
-            if compat
-            else "TransformerBridge in raw mode: W_V/W_O are the HuggingFace weights, unprocessed"
-        )
-    else:
-        notes.append(
-            "HookedTransformer: W_V/W_O as loaded by TransformerLens (by default fold_ln and "
-            "center_writing_weights are applied at load time)"
-        )
+    notes = [_bridge_note(compat) if bridge else _hooked_note(model)]
     unembed = getattr(model, "unembed", None)
 
     def unembed_weight():
@@ -123,6 +110,57 @@ def lens_adapter(model) -> Adapter:
     ad.compatibility_mode = compat  # type: ignore[attr-defined]
     ad.unembed_module = unembed  # type: ignore[attr-defined]
     return ad
+
+
+def _bridge_note(compat: bool) -> str:
+    if compat:
+        return (
+            "TransformerBridge in compatibility mode: W_V/W_O as processed by TransformerLens "
+            "(fold_ln folds ln1's scale into W_V, so F -> F diag(w_ln); center_writing_weights "
+            "removes W_O's mean over d_model, so F -> (I - 11^T/d) F)"
+        )
+    return "TransformerBridge in raw mode: W_V/W_O are the HuggingFace weights, unprocessed"
+
+
+def _centred(W: torch.Tensor, dim: int) -> bool:
+    """True if W's mean over ``dim`` (d_model) is zero, as TransformerLens's centring leaves it.
+
+    TransformerLens processes weights in float32 whatever the model's dtype, hence float32's tolerance."""
+    W = W.detach()
+    tol = 64 * torch.finfo(torch.float32).eps * max(float(W.abs().max()), 1e-30)
+    return bool(W.mean(dim).abs().max() <= tol)
+
+
+def _hooked_note(model) -> str:
+    """What ``process_weights_`` (or ``from_pretrained``, which calls it) did to F, read off the model.
+
+    HookedTransformer records fold_ln in ``cfg.normalization_type`` (LN -> LNPre, RMS -> RMSPre);
+    the centrings leave W_O (writing) and W_V (reading, with fold_ln on LayerNorm) with zero mean
+    over d_model. F_raw below is O V of the weights before processing, P = I - 11^T/d.
+    """
+    norm = str(getattr(model.cfg, "normalization_type", None))
+    attn = model.blocks[0].attn
+    W_V = getattr(attn, "_W_V", None)
+    W_V = attn.W_V if W_V is None else W_V
+    write = _centred(attn.W_O, -1)  # W_O (H, d_head, d): mean over d_model
+    read = _centred(W_V, -2)  # W_V (G, d, d_head): mean over d_model
+    done = []
+    if norm in ("LNPre", "RMSPre"):
+        if read and norm == "LNPre":
+            done.append(
+                f"fold_ln folded ln1's scale into W_V and centred it (ln1 is {norm}): F_raw -> F_raw diag(w_ln1) P"
+            )
+        else:
+            done.append(f"fold_ln folded ln1's scale into W_V (ln1 is {norm}): F_raw -> F_raw diag(w_ln1)")
+    if write:
+        done.append("W_O has zero mean over d_model (center_writing_weights): F -> P F")
+    if not done:
+        return (
+            f"HookedTransformer with unprocessed weights (ln1 is {norm}, W_O not centred): F = O V of W_O/W_V as "
+            "they are; process_weights_ / from_pretrained would change it (fold_ln: F diag(w_ln1); "
+            "center_writing_weights: P F, P = I - 11^T/d)"
+        )
+    return "HookedTransformer with processed weights: " + "; ".join(done) + " (P = I - 11^T/d)"
 
 
 def hook_names(adapter: Adapter, layer: int) -> dict[str, str]:
@@ -165,6 +203,7 @@ def lens_runner(adapter: Adapter, layers: list[int], x: torch.Tensor) -> dict[in
     model = adapter.model
     captured: dict[int, torch.Tensor] = {}
     hooks = []
+    handles = []  # torch hooks on ln1 (HookedTransformer), removed in finally
     for i in layers:
         names = hook_names(adapter, i)
 
@@ -176,12 +215,23 @@ def lens_runner(adapter: Adapter, layers: list[int], x: torch.Tensor) -> dict[in
             if len(captured) == len(layers):
                 raise StopForward
 
-        hooks += [(names["attn_in"], replace), (names["attn_out"], capture)]
+        hooks.append((names["attn_out"], capture))
+        if adapter.family == "lens-bridge":
+            hooks.append((names["attn_in"], replace))
     b, n, _ = x.shape
     tokens = torch.zeros((b, n), dtype=torch.long, device=x.device)
     try:
+        if adapter.family != "lens-bridge":
+            # ln1.hook_normalized comes before ln1's scale and bias (LN, RMS), so replacing it would
+            # probe F diag(w_ln1): replace ln1's output itself, which is exactly attention's input.
+            for i in layers:
+                ln1 = model.blocks[i].ln1
+                handles.append(ln1.register_forward_hook(lambda mod, args, out: x.to(out.device, out.dtype)))
         with torch.no_grad():
             model.run_with_hooks(tokens, fwd_hooks=hooks, return_type=None)
     except StopForward:
         pass
+    finally:
+        for h in handles:
+            h.remove()
     return captured

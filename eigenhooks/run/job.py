@@ -380,12 +380,9 @@ def _seq_len(model, wanted: int = 128) -> int:
 
 def _plots(out: Path, st: _Study, backend: str) -> None:
     try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-
         from . import plots
+
+        plt = plots._plt()  # Agg unless a backend was chosen (a notebook's stays as it is)
     except ImportError:
         (out / "plots-skipped.txt").write_text("matplotlib not installed: pip install 'eigenhooks[plot]'\n")
         return

@@ -10,14 +10,30 @@ import math
 
 
 def _plt():
+    """pyplot, with the Agg backend only where nobody chose one.
+
+    A backend already chosen (a notebook's inline backend, ``MPLBACKEND``, a matplotlibrc, a
+    ``matplotlib.use`` call, pyplot already imported) is left alone, so a returned Figure shows
+    as an image in Jupyter. Where none was chosen (the CLI, a script) Agg is used: the figures
+    are written to files, and no GUI toolkit is started.
+    """
     try:
         import matplotlib
-
-        matplotlib.use("Agg", force=False)
-        import matplotlib.pyplot as plt
     except ImportError as e:
         raise ImportError("plots need matplotlib: pip install 'eigenhooks[plot]'") from e
+    if _backend_unchosen(matplotlib):
+        matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
     return plt
+
+
+def _backend_unchosen(matplotlib) -> bool:
+    """True while rcParams still holds matplotlib's 'resolve on first use' sentinel.
+
+    Read without resolving it: ``rcParams["backend"]`` would pick a backend (and import pyplot)."""
+    sentinel = getattr(matplotlib.rcsetup, "_auto_backend_sentinel", None)
+    return sentinel is not None and dict.__getitem__(matplotlib.rcParams, "backend") is sentinel
 
 
 def alignment_by_layer(summary, target: str = "ov/modulus"):

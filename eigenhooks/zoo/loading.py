@@ -161,7 +161,11 @@ def to_bridge(model, tokenizer, name: str, dtype=None):
     try:
         from transformer_lens import TransformerBridge
     except ImportError as e:
-        raise ModelLoadError("the lens backend needs TransformerLens: pip install 'eigenhooks[lens]'") from e
+        raise ModelLoadError(
+            "the lens backend wraps the model in a TransformerBridge, which needs TransformerLens 4: "
+            "pip install 'transformer-lens>=4' (TransformerLens 3's HookedTransformer works with eh.monitor "
+            "and eh.spectra directly)"
+        ) from e
     import torch
 
     dtype = dtype or next(model.parameters()).dtype or torch.float32

@@ -53,6 +53,24 @@ def build_tokenizer(text: str):
     return tok
 
 
+PORTABLE_TOKENIZER_CLASS = "PreTrainedTokenizerFast"  # a name transformers 4.x and 5.x both resolve
+
+
+def portable_tokenizer_config(folder: Path) -> None:
+    """Make ``tokenizer_config.json`` readable by transformers 4.x as well as 5.x.
+
+    transformers 5 saves ``"tokenizer_class": "TokenizersBackend"`` and ``"backend": "tokenizers"``;
+    4.x knows neither and fails with "Tokenizer class TokenizersBackend does not exist". Both
+    majors read the same ``tokenizer.json`` through ``PreTrainedTokenizerFast`` (5.x keeps the name
+    as an alias of its backend), so the class is named that way and the 5.x-only key dropped.
+    """
+    path = Path(folder) / "tokenizer_config.json"
+    cfg = json.loads(path.read_text(encoding="utf-8"))
+    cfg.pop("backend", None)
+    cfg["tokenizer_class"] = PORTABLE_TOKENIZER_CLASS
+    path.write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+
+
 def wrap_tokenizer(tok, kind: str):
     """Wrap the raw tokenizer for a causal LM (BOS prepended) or a masked LM ([CLS] ... [SEP])."""
     import copy
@@ -205,6 +223,7 @@ def train(name: str, steps: int, out: Path, batch: int = 16, block: int = 128, l
     target.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(target)
     tokenizer.save_pretrained(target)
+    portable_tokenizer_config(target)
     card = {
         "name": name,
         "architecture": type(model).__name__,
