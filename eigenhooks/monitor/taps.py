@@ -172,8 +172,7 @@ class Taps:
     def _wrap_lens_forward(self) -> None:
         """TransformerLens calls ``self.forward`` directly from run_with_hooks, bypassing module
         hooks, so the forward's start and end (and its input, for the mask) are caught here."""
-        model, prev = self.model, self.model.__dict__.get("forward")
-        inner = model.forward
+        model, inner = self.model, self.model.forward
 
         def forward(*args, **kwargs):
             self._start(model, args, kwargs)
@@ -185,25 +184,15 @@ class Taps:
             finally:
                 self._end(model, args, True if ok else None)
 
-        model.forward = forward
-
-        def restore():
-            if model.__dict__.get("forward") is forward:
-                if prev is None:
-                    del model.forward
-                else:
-                    model.forward = prev
-
-        self._stack.callback(restore)
+        self._patch("forward", forward)
 
     def _wrap_generate(self) -> None:
         """A decoder's ``generate`` is wrapped, so that its forwards are known as one call's steps: the
         input rows it was given (beams and returned sequences copy them), and steps that recompute the
         whole sequence (no KV cache). Encoder-decoders keep their stacks' own account."""
-        model, gen = self.model, getattr(self.model, "generate", None)
+        gen = getattr(self.model, "generate", None)
         if gen is None or not callable(gen) or self.adapter.stacks:
             return
-        prev = model.__dict__.get("generate")
 
         def generate(*args, **kwargs):
             self.listener.generate_start(_input_rows(args, kwargs))
@@ -212,14 +201,20 @@ class Taps:
             finally:
                 self.listener.generate_end()
 
-        model.generate = generate
+        self._patch("generate", generate)
+
+    def _patch(self, name: str, fn) -> None:
+        """Set the model's own attribute ``name`` to fn until the taps come off; then put back what was
+        there (an instance attribute, or none), unless something else has replaced fn since."""
+        model, prev = self.model, self.model.__dict__.get(name)
+        setattr(model, name, fn)
 
         def restore():
-            if model.__dict__.get("generate") is generate:
+            if model.__dict__.get(name) is fn:
                 if prev is None:
-                    del model.generate
+                    delattr(model, name)
                 else:
-                    model.generate = prev
+                    setattr(model, name, prev)
 
         self._stack.callback(restore)
 
