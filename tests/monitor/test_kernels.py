@@ -190,32 +190,18 @@ def test_the_monitor_with_the_fused_read_gives_the_aten_paths_summary(monkeypatc
     """EIGENHOOKS_TRITON=1 routes the monitor's projections through the fused read (here its Triton
     kernels under the interpreter): a padded batch's summary is the default path's, counts exactly,
     float columns to float32 rounding."""
-    import eigenhooks as eh
-
-    model, tok = eh.zoo.load("gpt2-tiny")
-    tok.pad_token = tok.eos_token
-    batch = tok(["def f(x):\n    return x + 1", "import os"], return_tensors="pt", padding=True)
-
-    def run():
-        with eh.monitor(model, null_stride=3) as mon, torch.no_grad():
-            model(**batch)
-        return mon.summary()
-
-    monkeypatch.delenv("EIGENHOOKS_TRITON", raising=False)
-    want = run()
-    monkeypatch.setenv("TRITON_INTERPRET", "1")
-    monkeypatch.setenv("EIGENHOOKS_TRITON", "1")
     from eigenhooks.monitor.reduce import projection
 
+    from .summaries import assert_same_summary, padded_gpt2_summary
+
+    run = padded_gpt2_summary()
+    monkeypatch.delenv("EIGENHOOKS_TRITON", raising=False)
+    _, want = run()
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    monkeypatch.setenv("EIGENHOOKS_TRITON", "1")
     calls = []
     orig = K.fused_read
     monkeypatch.setattr(K, "fused_read", lambda *a, **k: calls.append(1) or orig(*a, **k))
-    got = run()
+    _, got = run()
     assert calls and projection.fused_wanted(torch.zeros(1, 1, 4))  # the fused path really ran
-    for c in want.columns:
-        if want[c].dtype.kind in "fc":
-            ok = (got[c] - want[c]).abs() <= 1e-5 + 1e-5 * want[c].abs()
-            assert ok.where(want[c].notna(), True).all(), c
-            assert (got[c].isna() == want[c].isna()).all(), c
-        else:
-            assert (got[c] == want[c]).all(), c
+    assert_same_summary(got, want, 1e-5)

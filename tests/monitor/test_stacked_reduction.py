@@ -9,6 +9,8 @@ import eigenhooks as eh
 from eigenhooks.monitor import stats
 from eigenhooks.monitor.reduce import LayerBases, pad_to_stack, project, reduce_many, reduce_one
 
+from .summaries import assert_same_summary, padded_gpt2_summary
+
 
 @pytest.fixture(scope="module")
 def reducers():
@@ -268,27 +270,13 @@ def test_the_cuda_layout_gives_the_cpu_layouts_summary(monkeypatch):
     the CPU, a padded batch's summary is the default's: every count equal, float columns to rounding."""
     from eigenhooks.monitor import plan, reduce
 
-    model, tok = eh.zoo.load("gpt2-tiny")
-    tok.pad_token = tok.eos_token
-    batch = tok(["def f(x):\n    return x + 1", "import os"], return_tensors="pt", padding=True)
-
-    def run():
-        with eh.monitor(model, null_stride=3) as mon, torch.no_grad():
-            model(**batch)
-        return mon, mon.summary()
-
+    run = padded_gpt2_summary()
     plain, want = run()
     monkeypatch.setattr(plan, "pad_to_stack", lambda rs, widen_frames=False: reduce.pad_to_stack(rs, widen_frames=True))
     wide, got = run()
     groups = lambda m: len({id(i.bases.arena) for i in m._plan.layers.values()})  # noqa: E731
     assert groups(wide) == 1 < groups(plain)  # the two layouts really differ
-    assert list(got.columns) == list(want.columns)
-    for c in want.columns:
-        if want[c].dtype.kind in "fc":
-            assert ((got[c] - want[c]).abs() <= 1e-6 + 1e-6 * want[c].abs()).where(want[c].notna(), True).all(), c
-            assert (got[c].isna() == want[c].isna()).all(), c
-        else:
-            assert (got[c] == want[c]).all(), c
+    assert_same_summary(got, want, 1e-6)
 
 
 def test_a_reading_shared_by_two_layers_is_reduced_once_and_only_for_its_own_tokens():
