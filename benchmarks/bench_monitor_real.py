@@ -96,9 +96,15 @@ def own_time(fn, mons: dict, reps: int) -> tuple[dict[str, tuple[float, float]],
 
         return g
 
-    for mon in mons.values():
-        for name in ("_on_tap", "_on_model_start", "_on_model_end"):
-            setattr(mon, name, timed(getattr(mon, name)))
+    for mon in mons.values():  # the monitor's forward events, and each forward's reads (taps call them)
+        start = timed(mon.forward_start)
+
+        def forward_start(*a, start=start, **k):
+            fwd = start(*a, **k)
+            fwd.read = timed(fwd.read)
+            return fwd
+
+        mon.forward_start, mon.forward_end = forward_start, timed(mon.forward_end)
         with mon:
             fn()
     own, plain = {name: [] for name in mons}, []
