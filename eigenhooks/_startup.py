@@ -39,6 +39,19 @@ def install() -> None:
         signal.signal(signal.SIGINT, _starting)
 
 
+def forget_interrupt() -> None:
+    """Make the command's exit code its own after an interrupt it handled. CPython remembers a
+    KeyboardInterrupt that escaped code a library ran through ``PyRun_*`` (pybind11's ``exec`` does),
+    and at exit ends the process by SIGINT instead of the code given (130 became -2 when Ctrl-C came
+    while the model loaded); an empty ``PyRun_SimpleString`` clears that memory (CPython only)."""
+    try:
+        import ctypes
+
+        ctypes.pythonapi.PyRun_SimpleString(b"")
+    except (ImportError, AttributeError, OSError):
+        pass
+
+
 def done() -> None:
     """Back to KeyboardInterrupt (the command has started and handles it)."""
     if threading.current_thread() is threading.main_thread() and signal.getsignal(signal.SIGINT) is _starting:

@@ -7,6 +7,7 @@ and exit code 1; ``--debug`` shows the traceback.
 
 from __future__ import annotations
 
+import contextlib
 import re
 import sys
 from pathlib import Path
@@ -34,10 +35,9 @@ def _one_line_warnings() -> None:
 
     def show(message, category, filename, lineno, file=None, line=None):
         text = str(message)
-        if category.__module__.startswith("eigenhooks") or text.startswith("eigenhooks: "):
-            typer.echo(f"eigenhooks: warning: {text.removeprefix('eigenhooks: ')}", err=True)  # said once
-        else:
-            default(message, category, filename, lineno, file, line)
+        if not (category.__module__.startswith("eigenhooks") or text.startswith("eigenhooks: ")):
+            return default(message, category, filename, lineno, file, line)
+        typer.echo(f"eigenhooks: warning: {text.removeprefix('eigenhooks: ')}", err=True)  # said once
 
     warnings.showwarning = show
 
@@ -56,13 +56,11 @@ def _quiet_libraries() -> None:
     os.environ.setdefault("DATASETS_VERBOSITY", "critical")  # read when --dataset first imports datasets
     if "datasets" in sys.modules:
         sys.modules["datasets"].utils.logging.set_verbosity(50)  # logging.CRITICAL
-    try:
+    with contextlib.suppress(ImportError):
         from transformers.utils import logging as hf_logging
 
         hf_logging.disable_progress_bar()
         hf_logging.set_verbosity_error()
-    except ImportError:
-        pass
 
 
 def _fail(e: BaseException, debug: bool, command: str | None = None) -> None:
@@ -543,6 +541,8 @@ def main() -> None:
             raise
         typer.echo("eigenhooks: interrupted", err=True)
         sys.exit(_startup.EXIT_INTERRUPTED)
+    finally:
+        _startup.forget_interrupt()  # the exit code is ours (130 after Ctrl-C), not a SIGINT death
 
 
 if __name__ == "__main__":
