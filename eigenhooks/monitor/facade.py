@@ -74,6 +74,7 @@ class Monitor:
         self._logs = LogPoints(sink, self.config.log_every)
         self._warn = Warner()
         self._plan: Plan | None = None
+        self._tags = None  # logs.scalar_labels of the plan, once it is built
         self._acc: Accumulator | None = None
         self._taps: Taps | None = None
         self._fwds: dict[int, Forward] = {}  # thread -> the forward running there (threads share a model)
@@ -379,7 +380,10 @@ class Monitor:
 
     # ---- sinks ----
     def _labels(self):
-        return scalar_labels(self._plan, self.points, self.adapter.n_layers)
+        """The sinks' tags of the state's rows, made once per plan (not per forward)."""
+        if self._tags is None:
+            self._tags = scalar_labels(self._plan, self.points, self.adapter.n_layers)
+        return self._tags
 
     def scalars(self) -> dict[str, float]:
         """The running values now, ``{tag: value}``: gamma_pre/mid/post, rho and n_tokens per

@@ -91,11 +91,7 @@ def project(
         return _project_fused(bases, points, grid, base, consensus)
     Bt, Bn = bases.on(pre.device, pre.dtype)
     b, n = pre.shape[:2]
-    names = [p for p in ("pre", "mid", "post") if points.get(p) is not None]
-    X3 = [points[p] for p in names]  # (b, n, d) each, in the model's dtype
-    if base is not None:
-        names.append("base")
-        X3.append(base)
+    names, X3 = _readings(points, base)
     Xs = [X.reshape(b * n, -1) for X in X3]
     s = bases.null_stride
     flat, ok = grid.sub(s)
@@ -129,6 +125,17 @@ def project(
     return Projection(
         grid, tuple(names), (b, n, s), consensus, h, out["norms"], out["Pt"], out["Pn"], out.get("sv"), sv_parts, slot
     )
+
+
+def _readings(points: dict, base) -> tuple[list[str], list[torch.Tensor]]:
+    """The reading points present, in order, and their (b, n, d) tensors in the model's dtype; a
+    post-norm layer's baseline LN_t(pre) last, as 'base'."""
+    names = [p for p in ("pre", "mid", "post") if points.get(p) is not None]
+    X3 = [points[p] for p in names]
+    if base is not None:
+        names.append("base")
+        X3.append(base)
+    return names, X3
 
 
 def _consensus_sums(cons, grid: Grid, out: dict, views: dict, memo: Memo, pre, h: int, b: int, n: int):
@@ -174,11 +181,7 @@ def _project_fused(bases: LayerBases, points: dict, grid: Grid, base, consensus:
     pre = points["pre"]
     Bt, Bn = bases.on(pre.device, torch.float32)
     b, n = pre.shape[:2]
-    names = [p for p in ("pre", "mid", "post") if points.get(p) is not None]
-    X3 = [points[p] for p in names]
-    if base is not None:
-        names.append("base")
-        X3.append(base)
+    names, X3 = _readings(points, base)
     s = bases.null_stride
     flat, _ = grid.sub(s)
     reads = [
