@@ -52,6 +52,30 @@ def forget_interrupt() -> None:
         pass
 
 
+def stop(line: str = "interrupted"):
+    """Say ``eigenhooks: {line}`` on stderr and exit 130, marked as said (see ``say_if_silent``)."""
+    import typer
+
+    typer.echo(f"eigenhooks: {line}", err=True)
+    e = typer.Exit(EXIT_INTERRUPTED)
+    e.said = True
+    raise e
+
+
+def say_if_silent(e: SystemExit) -> None:
+    """typer turns a KeyboardInterrupt that reaches it (Ctrl-C while it parses the flags, or one a
+    command did not catch) into exit 130 with nothing said: say it in one line, unless ``stop`` did."""
+    if e.code != EXIT_INTERRUPTED:
+        return
+    x, seen = e.__context__, set()
+    while x is not None and id(x) not in seen and not getattr(x, "said", False):
+        if isinstance(x, KeyboardInterrupt):
+            sys.stderr.write("eigenhooks: interrupted\n")
+            return
+        seen.add(id(x))
+        x = x.__cause__ or x.__context__
+
+
 def done() -> None:
     """Back to KeyboardInterrupt (the command has started and handles it)."""
     if threading.current_thread() is threading.main_thread() and signal.getsignal(signal.SIGINT) is _starting:

