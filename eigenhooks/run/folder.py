@@ -356,16 +356,36 @@ def _spectra_rows(specs: dict) -> list[dict]:
 
 
 @contextlib.contextmanager
-def deferred_sigint():
-    """Hold Ctrl-C while the block runs (the final files are written whole); a no-op off the main thread."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
+def _held_sigint():
+    """Hold Ctrl-C while the block runs; yields the list of presses held (always empty off the main thread)."""
     pressed = []
+    if threading.current_thread() is not threading.main_thread():
+        yield pressed
+        return
     old = signal.signal(signal.SIGINT, lambda signum, frame: pressed.append(signum))
     try:
-        yield
+        yield pressed
     finally:
         signal.signal(signal.SIGINT, old)
-        if pressed:
-            log.info("Ctrl-C pressed %d time(s) while the run folder was written; it was finished first", len(pressed))
+
+
+@contextlib.contextmanager
+def deferred_sigint():
+    """Hold Ctrl-C while the block runs (the final files are written whole); a no-op off the main thread."""
+    with _held_sigint() as pressed:
+        yield
+    if pressed:
+        log.info("Ctrl-C pressed %d time(s) while the run folder was written; it was finished first", len(pressed))
+
+
+def import_whole(names) -> None:
+    """Import ``names`` with Ctrl-C held until all are in, then raise it as KeyboardInterrupt. A Ctrl-C that
+    cuts the first import of a compiled module short can leave it half made for the rest of the process:
+    finishing the run folder with such a pandas then crashed it (SIGSEGV in pandas' CSV reader)."""
+    import importlib
+
+    with _held_sigint() as pressed:
+        for name in names:
+            importlib.import_module(name)
+    if pressed:
+        raise KeyboardInterrupt

@@ -44,7 +44,7 @@ import torch
 
 from . import distributed as D
 from .checks import check_device, check_finite, check_nulls, check_sizes, interrupted
-from .folder import RunFolder, RunFolderError, RunFolderWarning, deferred_sigint
+from .folder import RunFolder, RunFolderError, RunFolderWarning, deferred_sigint, import_whole
 from .texts import DataLoadError, TokenBatches, iter_texts, load_texts, make_batches, sample_text
 
 TARGETS = (("ov", "modulus"), ("ov", "residual"))
@@ -201,6 +201,10 @@ def run(
     )
 
 
+# The compiled modules that finishing a run folder uses (the summary, its CSV and parquet, the report).
+FINISH_IMPORTS = ("pandas", "pandas.io.parquet", "pyarrow.parquet", "scipy.stats")
+
+
 def _study(st: _Study, model, texts, torch_dtype, ctx, backend, max_tokens, batch_size, seed, nulls, progress) -> None:
     from ..monitor import monitor
     from ..spectra.compute import spectra
@@ -208,6 +212,7 @@ def _study(st: _Study, model, texts, torch_dtype, ctx, backend, max_tokens, batc
 
     torch.manual_seed(seed)
     st.stage("load")
+    import_whole(FINISH_IMPORTS)  # a Ctrl-C from here on leaves them whole for _finish
     st.model, st.tok = load_model(model, dtype=torch_dtype, device=ctx.device, backend=backend)
     if st.tok is None:
         raise DataLoadError(f"{model} has no tokenizer saved beside it; eigenhooks run needs one")
