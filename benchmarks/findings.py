@@ -60,17 +60,16 @@ def resolution(name: str, max_tokens: int, K: int = 1999) -> str:
     whether "indistinguishable" comes from the data or from the Monte-Carlo floor of the default K."""
     if name in eh.zoo.REAL and not eh.zoo.is_fetched(name):
         return ""
-    from eigenhooks.run.table import fmt_num, fmt_p
+    from eigenhooks.run.table import fmt_band, fmt_num, fmt_p
 
     with tempfile.TemporaryDirectory() as tmp:
         df = run(name, max_tokens=max_tokens, out=Path(tmp) / "run", nulls={"null_draws": K}, progress=False).summary
     n_layers = df["layer"].nunique()
     verdicts = _verdicts(df)
     low = df.sort_values(["p_null", "layer", "target"]).head(6)
-    lines = ["| layer | target | ρ | null ρ 95% | pct | p_null | q_null | verdict |", "|" + "---|" * 8]
+    lines = ["| layer | target | ρ | null ρ 95% (ρ there) | pct | p_null | q_null | verdict |", "|" + "---|" * 8]
     for r in low.to_dict("records"):
-        band = f"{r['null_rho_lo']:.2f}–{r['null_rho_hi']:.2f}"
-        cells = [str(r["layer"]), r["target"], fmt_num(r["rho"], 3), band, fmt_num(r["rho_percentile"], 3)]
+        cells = [str(r["layer"]), r["target"], fmt_num(r["rho"], 3), fmt_band(r), fmt_num(r["rho_percentile"], 3)]
         cells += [fmt_p(r["p_null"], K), fmt_p(r["q_null"], K), r["verdict"]]
         lines.append("| " + " | ".join(cells) + " |")
     return (

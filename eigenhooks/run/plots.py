@@ -39,6 +39,10 @@ def _backend_unchosen(matplotlib) -> bool:
 def alignment_by_layer(summary, target: str = "ov/modulus"):
     """rho per layer with its 95% CI, against the Haar null's 95% band; gamma against its null.
 
+    The null is measured on every null_stride-th token of each sequence, and the verdict compares the
+    target's rho on those same tokens (``rho_null_tokens``): it is drawn as a ring, and the verdict's
+    marker sits on it, since with few tokens it can stand apart from rho on all of them.
+
     Args:
         summary: the DataFrame of ``Monitor.summary()`` (or a run's summary.csv).
         target: which target's rows ('ov/modulus', 'ov/residual', a custom name, or just
@@ -65,12 +69,18 @@ def alignment_by_layer(summary, target: str = "ov/modulus"):
     lo = (df["rho"] - df["rho_ci_lo"]).clip(lower=0).fillna(0)
     hi = (df["rho_ci_hi"] - df["rho"]).clip(lower=0).fillna(0)
     ax2.errorbar(x, df["rho"], yerr=[lo, hi], fmt="o", color="C0", capsize=3, label="ρ, 95% CI")
+    # the band, pct, p and the verdict compare rho on the null's own tokens (every null_stride-th one)
+    tested = df["rho_null_tokens"] if "rho_null_tokens" in df else df["rho"]
+    if "null_tokens" in df and (df["null_tokens"] < df["n_tokens"]).any():
+        ax2.scatter(
+            x, tested, marker="o", s=60, facecolors="none", edgecolors="k", zorder=3, label="ρ on the null's tokens"
+        )
     marks = {"toward": ("^", "C2"), "away": ("v", "C3")}
     for verdict, (mk, col) in marks.items():
         sel = df["verdict"] == verdict
         if sel.any():
             ax2.scatter(
-                x[sel.to_numpy()], df["rho"][sel], marker=mk, s=80, color=col, zorder=3, label=f"{verdict} (q < 0.05)"
+                x[sel.to_numpy()], tested[sel], marker=mk, s=80, color=col, zorder=3, label=f"{verdict} (q < 0.05)"
             )
     ax2.axhline(0.5, color="k", lw=0.6, ls=":")
     ax2.set_ylim(0, 1.05)

@@ -53,7 +53,9 @@ LEGEND = {
     "γ mid": "the same after the attention step",
     "ρ [95% CI]": "share of tokens the attention step tilted toward the subspace; cluster-robust interval "
     "(the sequence is the cluster)",
-    "null ρ 95%": "where ρ falls for Haar-random subspaces of the same dimension, on the same tokens",
+    "null ρ 95% (ρ there)": "where ρ falls for Haar-random subspaces of the same dimension, measured on every "
+    "null_stride-th token of each sequence; in brackets the target's ρ on those same tokens, which pct, p and "
+    "the verdict test (it can differ from ρ on all tokens when there are few)",
     "pct": "ρ's percentile among those random subspaces",
     "p_null": "two-sided Monte-Carlo p-value against them (floor 2/(K+1), printed ≤floor)",
     "q_null": "its Benjamini-Hochberg q over layers",

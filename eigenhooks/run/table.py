@@ -1,8 +1,8 @@
 """The per-layer results table as people read it: one formatting for the CLI and the report.
 
 It leads with what decides a claim: rho with its cluster-robust interval, the band the
-Haar null puts rho in, the percentile, the Monte-Carlo p and BH q, v_1's rank among F's
-own eigen-directions, and the verdict. P-values never print as 0: a Monte-Carlo p at its
+Haar null puts rho in (with rho on the null's own tokens, which is what it is tested on), the
+percentile, the Monte-Carlo p and BH q, v_1's rank among F's own eigen-directions, and the verdict. P-values never print as 0: a Monte-Carlo p at its
 floor prints as "<=floor", any other small p in scientific notation.
 """
 
@@ -43,9 +43,15 @@ def _ci(r) -> str:
     return f"{r['rho']:.3f}{band}"
 
 
-def _band(r) -> str:
+def fmt_band(r) -> str:
+    """The null's band and, when the null saw fewer tokens than rho (null_stride > 1), in brackets the
+    target's rho on the null's tokens: the figure the band, pct, p and the verdict compare."""
     lo, hi = r.get("null_rho_lo", math.nan), r.get("null_rho_hi", math.nan)
-    return "–" if math.isnan(lo) else f"{lo:.2f}–{hi:.2f}"
+    if math.isnan(lo):
+        return "–"
+    tested = r.get("rho_null_tokens", math.nan)
+    fewer = r.get("null_tokens", 0) < r.get("n_tokens", 0) and not math.isnan(tested)
+    return f"{lo:.2f}–{hi:.2f}" + (f" ({tested:.2f})" if fewer else "")
 
 
 def _rank(r) -> str:
@@ -62,7 +68,7 @@ RUN_COLUMNS = (
     ("γ pre", lambda r: fmt_num(r["gamma_pre"])),
     ("γ mid", lambda r: fmt_num(r["gamma_mid"])),
     ("ρ [95% CI]", _ci),
-    ("null ρ 95%", _band),
+    ("null ρ 95% (ρ there)", fmt_band),
     ("pct", lambda r: fmt_num(r["rho_percentile"], 2)),
     ("p_null", lambda r: fmt_p(r["p_null"], r.get("null_draws"))),
     ("q_null", lambda r: fmt_p(r["q_null"], r.get("null_draws"))),
@@ -120,7 +126,7 @@ def emit(title: str, columns: list[str], rows: list[list], as_json: bool, record
         table.add_column(Text(c), justify="left" if c in ("kind", "rank", "name", "path") else "right", no_wrap=True)
     for r in rows:
         table.add_row(*[Text(str(x)) for x in r])
-    Console(width=None if sys.stdout.isatty() else 160).print(table)
+    Console(width=None if sys.stdout.isatty() else 200).print(table)  # piped: whole rows, not cut to 80
 
 
 def fmt_mb(n: int) -> str:
