@@ -76,10 +76,40 @@ def say_if_silent(e: SystemExit) -> None:
         x = x.__cause__ or x.__context__
 
 
+_dropped_by = []  # the unraisable hook that ``done`` replaced, for ``end``
+
+
+def _keep(unraisable) -> None:
+    """A Ctrl-C that lands in a destructor (``__del__``) or a weakref callback stops the command.
+    CPython prints it as "Exception ignored in ..." and drops it, and the command ran on to rc 0 (seen
+    here: ``eigenhooks verify`` hit it in regex's ``Group.__del__``); it goes back to the main thread
+    as a KeyboardInterrupt instead."""
+    if isinstance(unraisable.exc_value, KeyboardInterrupt):
+        import _thread
+
+        # from another thread, a moment later: raised in this hook, it would be dropped again
+        timer = threading.Timer(0.02, _thread.interrupt_main)
+        timer.daemon = True
+        timer.start()
+    else:
+        _dropped_by[-1](unraisable)
+
+
+def end() -> None:
+    """The command is over: the unraisable hook it found back, and its exit code its own."""
+    if _dropped_by and sys.unraisablehook is _keep:
+        sys.unraisablehook = _dropped_by.pop()
+    forget_interrupt()
+
+
 def done() -> None:
-    """Back to KeyboardInterrupt (the command has started and handles it)."""
+    """Back to KeyboardInterrupt (the command has started and handles it), one that lands in a destructor
+    included (``_keep``)."""
     if threading.current_thread() is threading.main_thread() and signal.getsignal(signal.SIGINT) is _starting:
         signal.signal(signal.SIGINT, signal.default_int_handler)
+    if sys.unraisablehook is not _keep:
+        _dropped_by.append(sys.unraisablehook)
+        sys.unraisablehook = _keep
 
 
 install()  # on import: the package imports this module before anything else

@@ -541,7 +541,7 @@ def main() -> None:
         _startup.say_if_silent(e)  # typer ends a Ctrl-C it caught with exit 130 and no word
         raise
     finally:
-        _startup.forget_interrupt()  # the exit code is ours (130 after Ctrl-C), not a SIGINT death
+        _startup.end()  # the exit code is ours (130 after Ctrl-C), not a SIGINT death
 
 
 if __name__ == "__main__":

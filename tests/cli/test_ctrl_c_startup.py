@@ -80,3 +80,25 @@ def test_an_interrupt_a_command_said_is_not_said_twice(monkeypatch, capsys):
     code = _main(monkeypatch, "fetch", "smollm2-135m")
     lines = capsys.readouterr().err.strip().splitlines()
     assert code == 130 and len(lines) == 1 and lines[0].startswith("eigenhooks: fetch of smollm2-135m interrupted")
+
+
+def test_an_interrupt_a_destructor_caught_still_stops_the_command(monkeypatch, capsys):
+    # CPython prints a KeyboardInterrupt raised in __del__ as "Exception ignored in ..." and drops it:
+    # `eigenhooks verify` then ran on to rc 0 after a Ctrl-C that landed in regex's Group.__del__
+    from eigenhooks.zoo import store
+
+    class Destroyed:
+        def __del__(self):
+            raise KeyboardInterrupt
+
+    def interrupted_while_working(**_):
+        Destroyed()  # dropped at once: its KeyboardInterrupt is unraisable
+        for _ in range(200):  # the command goes on working
+            time.sleep(0.005)
+        return []
+
+    monkeypatch.setattr(store, "clear_cache", interrupted_while_working)
+    code = _main(monkeypatch, "cache", "clear")
+    err = capsys.readouterr().err
+    assert code == 130 and err.strip().splitlines() == ["eigenhooks: interrupted"], (code, err)
+    assert sys.unraisablehook.__module__ != "eigenhooks._startup"  # the hook it found is back
