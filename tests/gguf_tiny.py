@@ -60,8 +60,11 @@ def build_model(seed: int = 0, std: float = 0.3) -> T.LlamaForCausalLM:
     return model.eval()
 
 
-def write_tiny_gguf(path, seed: int = 0, name: str = "tiny-llama") -> T.LlamaForCausalLM:
-    """Write a seeded tiny Llama to ``path`` (float32 tensors) and return the model written."""
+def write_tiny_gguf(
+    path, seed: int = 0, name: str = "tiny-llama", pad_token_id: int | None = None, add_bos: bool | None = None
+) -> T.LlamaForCausalLM:
+    """Write a seeded tiny Llama to ``path`` (float32 tensors) and return the model written; with
+    ``pad_token_id`` and ``add_bos`` the file also records its padding token and its BOS rule."""
     import gguf
 
     model = build_model(seed)
@@ -88,6 +91,10 @@ def write_tiny_gguf(path, seed: int = 0, name: str = "tiny-llama") -> T.LlamaFor
     w.add_token_merges(merges)
     w.add_bos_token_id(c.bos_token_id)
     w.add_eos_token_id(c.eos_token_id)
+    if pad_token_id is not None:
+        w.add_pad_token_id(pad_token_id)
+    if add_bos is not None:
+        w.add_add_bos_token(add_bos)
     sd = {k: v.detach().float().numpy() for k, v in model.state_dict().items()}
     w.add_tensor("token_embd.weight", sd["model.embed_tokens.weight"])
     for i in range(c.num_hidden_layers):

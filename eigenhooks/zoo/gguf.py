@@ -16,7 +16,7 @@ from pathlib import Path
 
 from . import digest, store
 from .errors import ModelLoadError
-from .gguf_file import check_gguf, check_magic
+from .gguf_file import check_gguf, check_magic, metadata_scalars
 
 log = logging.getLogger(__name__)
 _unwritable_warned: set[str] = set()
@@ -101,7 +101,36 @@ def _convert(path: Path):
     except Exception as e:  # transformers raises many kinds here; each becomes one line
         why = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise ModelLoadError(f"transformers cannot load or dequantise {path.name}: {why}") from e
-    return model, tok
+    return model, as_the_file_says(tok, path)
+
+
+# the GGUF keys of the tokenizer's special tokens, by the tokenizer's attribute
+_SPECIAL_KEYS = {
+    "bos_token": "tokenizer.ggml.bos_token_id",
+    "eos_token": "tokenizer.ggml.eos_token_id",
+    "pad_token": "tokenizer.ggml.padding_token_id",
+    "unk_token": "tokenizer.ggml.unknown_token_id",
+}
+
+
+def as_the_file_says(tok, path: Path):
+    """The tokenizer with the special tokens and the BOS rule the GGUF file records.
+
+    transformers 4.x builds a GGUF's tokenizer without them: SmolLM2's file says BOS 1, EOS 2, pad 2
+    and no BOS prepended, and 4.56 gave EOS 1, no pad and a BOS before every text: a user's
+    ``tok(text)`` was other tokens than on 5.x (which follows the file), ``tok(texts, padding=True)``
+    failed, and ``tok.eos_token`` named the wrong token. (``eigenhooks run`` encodes without special
+    tokens and was not affected.) Where the tokenizer already agrees (5.x), nothing changes.
+    """
+    meta = metadata_scalars(path, [*_SPECIAL_KEYS.values(), "tokenizer.ggml.add_bos_token"])
+    for attr, key in _SPECIAL_KEYS.items():
+        i = meta.get(key)
+        if i is not None and 0 <= int(i) < len(tok) and getattr(tok, f"{attr}_id", None) != int(i):
+            setattr(tok, attr, tok.convert_ids_to_tokens(int(i)))
+    add_bos = meta.get("tokenizer.ggml.add_bos_token")
+    if add_bos is not None and getattr(tok, "add_bos_token", bool(add_bos)) != bool(add_bos):
+        tok.add_bos_token = bool(add_bos)  # 4.x's Llama tokenizer rebuilds its post-processor
+    return tok
 
 
 def _convert_into(path: Path, folder: Path) -> None:
@@ -125,7 +154,7 @@ def _load_entry(path: Path, folder: Path, dtype):
             f"the converted copy of {path.name} at {folder} does not load ({why}); "
             "`eigenhooks cache clear --models` and load again"
         ) from e
-    return model, tok
+    return model, as_the_file_says(tok, path)  # a copy converted before this rule came in is mended too
 
 
 def _warn_unwritable(e: OSError) -> None:

@@ -82,6 +82,25 @@ def check_gguf(path) -> None:
         raise ModelLoadError(f"cannot read {path}: {e.strerror or e}") from e
 
 
+def metadata_scalars(path, keys) -> dict[str, object]:
+    """The scalar metadata values of ``keys`` that a GGUF file holds (a key it lacks is left out).
+
+    Reads only the metadata (milliseconds; ``gguf.GGUFReader`` takes seconds on a 100 MB file, as it
+    parses every token and tensor). Call it on a file ``check_gguf`` has passed.
+    """
+    wanted, out = {k.encode() for k in keys}, {}
+    with open(path, "rb") as fh, mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as buf:
+        c = _Cursor(buf)
+        c.skip(16)  # magic, version, tensor count
+        for _ in range(c.take("Q")):
+            key = c.string()
+            vtype = c.take("I")
+            value = _value(c, vtype, Path(path), "metadata")
+            if key in wanted and vtype in SCALARS:
+                out[key.decode()] = value
+    return out
+
+
 def check_magic(path) -> None:
     """The cheap part of ``check_gguf``: a non-empty file that starts with a GGUF header of a known version."""
     path = Path(path)

@@ -56,6 +56,9 @@ def build_tokenizer(text: str):
 PORTABLE_TOKENIZER_CLASS = "PreTrainedTokenizerFast"  # a name transformers 4.x and 5.x both resolve
 
 
+MODEL_INPUT_NAMES = ("input_ids", "attention_mask")
+
+
 def portable_tokenizer_config(folder: Path) -> None:
     """Make ``tokenizer_config.json`` readable by transformers 4.x as well as 5.x.
 
@@ -63,11 +66,17 @@ def portable_tokenizer_config(folder: Path) -> None:
     4.x knows neither and fails with "Tokenizer class TokenizersBackend does not exist". Both
     majors read the same ``tokenizer.json`` through ``PreTrainedTokenizerFast`` (5.x keeps the name
     as an alias of its backend), so the class is named that way and the 5.x-only key dropped.
+
+    The inputs are named as 5.x gives them, ``input_ids`` and ``attention_mask``: 4.x's
+    ``PreTrainedTokenizerFast`` also returns ``token_type_ids`` by default, and 4.x's GPT-2 adds
+    ``wte(token_type_ids)`` (token 0's embedding) to every position, so ``model(**tok(text))`` ran
+    another computation there than ``model(input_ids)`` or than on 5.x.
     """
     path = Path(folder) / "tokenizer_config.json"
     cfg = json.loads(path.read_text(encoding="utf-8"))
     cfg.pop("backend", None)
     cfg["tokenizer_class"] = PORTABLE_TOKENIZER_CLASS
+    cfg["model_input_names"] = list(MODEL_INPUT_NAMES)
     path.write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n", encoding="utf-8")
 
 

@@ -46,9 +46,6 @@ def test_the_band_cell_carries_the_tested_rho(few_tokens):
     assert (df["null_tokens"] < df["n_tokens"]).all()
     for cell, r in zip(_band_cells(df), df.to_dict("records")):
         assert cell == f"{r['null_rho_lo']:.2f}–{r['null_rho_hi']:.2f} ({r['rho_null_tokens']:.2f})", cell
-    # the case that misled: rho on all tokens inside the band, the verdict "toward" from the tested rho
-    apart = df[(df["rho"] < df["null_rho_hi"]) & (df["verdict"] == "toward")]
-    assert len(apart) and (apart["rho_null_tokens"] >= apart["null_rho_hi"]).all()
 
 
 def test_every_verdict_stands_outside_the_band_by_the_tested_rho(few_tokens):
@@ -65,17 +62,25 @@ def test_no_brackets_when_the_null_saw_every_token():
     assert all("(" not in c for c in _band_cells(df))
 
 
-def test_the_plot_rings_the_tested_rho_and_marks_the_verdict_on_it(few_tokens):
+def test_the_plot_rings_the_tested_rho_and_marks_the_verdict_on_it():
+    # a summary written out, so the plot is checked whatever a model's numbers are in this environment
     pytest.importorskip("matplotlib", reason="plots need matplotlib (pip install 'eigenhooks[plot]')")
+    import pandas as pd
+
     from eigenhooks.run import plots
 
-    df = few_tokens[few_tokens["target"] == "ov/modulus"].sort_values("layer")
-    fig = plots.alignment_by_layer(few_tokens, "modulus")
-    ax = fig.axes[1]
-    by_label = {c.get_label(): c.get_offsets() for c in ax.collections if hasattr(c, "get_offsets")}
-    ring = by_label["ρ on the null's tokens"]
-    assert [tuple(p) for p in ring] == [(x, y) for x, y in zip(df["layer"], df["rho_null_tokens"])]
-    toward = df[df["verdict"] == "toward"]
-    assert len(toward)
-    got = sorted(tuple(p) for p in by_label["toward (q < 0.05)"])
-    assert got == sorted(zip(toward["layer"].astype(float), toward["rho_null_tokens"]))
+    nan = float("nan")
+    rows = [  # layer 0 is the notebook's case: rho inside the band, the tested rho above it
+        dict(layer=0, rho=0.667, rho_null_tokens=0.929, verdict="toward"),
+        dict(layer=1, rho=0.45, rho_null_tokens=0.50, verdict="indistinguishable"),
+        dict(layer=2, rho=0.30, rho_null_tokens=0.08, verdict="away"),
+    ]
+    for r in rows:
+        r.update(target="ov/modulus", n_tokens=60, null_tokens=14, rho_ci_lo=r["rho"] - 0.1, rho_ci_hi=r["rho"] + 0.1)
+        r.update(null_rho_lo=0.16, null_rho_hi=0.86, null_rho_mean=0.5, gamma_pre=0.1, gamma_mid=0.1)
+        r.update(null_gamma_pre_lo=0.05, null_gamma_pre_hi=0.15, q_null=nan)
+    df = pd.DataFrame(rows)
+    ax = plots.alignment_by_layer(df, "modulus").axes[1]
+    by_label = {c.get_label(): [tuple(p) for p in c.get_offsets()] for c in ax.collections}
+    assert by_label["ρ on the null's tokens"] == [(0, 0.929), (1, 0.50), (2, 0.08)]
+    assert by_label["toward (q < 0.05)"] == [(0, 0.929)] and by_label["away (q < 0.05)"] == [(2, 0.08)]

@@ -38,4 +38,24 @@ def test_portable_config_rewrites_what_transformers_5_writes(tmp_path):
     )
     portable_tokenizer_config(tmp_path)
     cfg = json.loads((tmp_path / "tokenizer_config.json").read_text())
-    assert cfg == {"pad_token": "[PAD]", "tokenizer_class": PORTABLE_TOKENIZER_CLASS}
+    assert cfg == {
+        "pad_token": "[PAD]",
+        "tokenizer_class": PORTABLE_TOKENIZER_CLASS,
+        "model_input_names": ["input_ids", "attention_mask"],
+    }
+
+
+@pytest.mark.parametrize("name", eh.zoo.TINY)
+def test_what_the_tokenizer_returns_runs_the_computation_of_its_ids(name):
+    """``model(**tok(texts))`` is the forward of the ids and the mask, on 4.x as on 5.x. transformers 4.x's
+    tokenizer also returned token_type_ids, and its GPT-2 added token 0's embedding to every position:
+    the notebook's table on transformers 4.56 was another computation's (layer 0: rho 0.52, not 0.67)."""
+    import torch
+
+    model, tok = eh.zoo.load(name)
+    enc = tok(TEXTS, return_tensors="pt", padding=True)
+    assert sorted(enc.keys()) == ["attention_mask", "input_ids"]
+    with torch.no_grad():
+        got = model(**enc).logits
+        want = model(input_ids=enc["input_ids"], attention_mask=enc["attention_mask"]).logits
+    assert torch.equal(got, want)
