@@ -186,6 +186,7 @@ def test_wrong_inputs_say_what_was_expected(change, match):
         K.fused_read(*inputs)
 
 
+@needs_triton
 def test_the_monitor_with_the_fused_read_gives_the_aten_paths_summary(monkeypatch):
     """EIGENHOOKS_TRITON=1 routes the monitor's projections through the fused read (here its Triton
     kernels under the interpreter): a padded batch's summary is the default path's, counts exactly,
