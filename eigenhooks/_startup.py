@@ -65,15 +65,16 @@ def stop(line: str = "interrupted"):
 def say_if_silent(e: SystemExit) -> None:
     """typer turns a KeyboardInterrupt that reaches it (Ctrl-C while it parses the flags, or one a
     command did not catch) into exit 130 with nothing said: say it in one line, unless ``stop`` did."""
+    from .run.checks import causes
+
     if e.code != EXIT_INTERRUPTED:
         return
-    x, seen = e.__context__, set()
-    while x is not None and id(x) not in seen and not getattr(x, "said", False):
+    for x in causes(e.__context__):
+        if getattr(x, "said", False):
+            return
         if isinstance(x, KeyboardInterrupt):
             sys.stderr.write("eigenhooks: interrupted\n")
             return
-        seen.add(id(x))
-        x = x.__cause__ or x.__context__
 
 
 _dropped_by = []  # the unraisable hook that ``done`` replaced, for ``end``

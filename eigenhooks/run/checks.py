@@ -83,13 +83,16 @@ def check_finite(summary, model: str) -> None:
     warnings.warn(said, MeasurementWarning, stacklevel=3)
 
 
+def causes(e: BaseException | None):
+    """``e``, then what it was raised because of or while handling, and so on (each once)."""
+    seen = set()
+    while e is not None and id(e) not in seen:
+        yield e
+        seen.add(id(e))
+        e = e.__cause__ or e.__context__
+
+
 def interrupted(e: BaseException | None) -> bool:
     """Whether ``e`` is, or was raised while handling or because of, a KeyboardInterrupt (a library that
     wraps the interrupt in its own error, as transformers' lazy imports do, still means Ctrl-C)."""
-    seen = set()
-    while e is not None and id(e) not in seen:
-        if isinstance(e, KeyboardInterrupt):
-            return True
-        seen.add(id(e))
-        e = e.__cause__ or e.__context__
-    return False
+    return any(isinstance(x, KeyboardInterrupt) for x in causes(e))

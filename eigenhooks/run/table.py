@@ -2,8 +2,9 @@
 
 It leads with what decides a claim: rho with its cluster-robust interval, the band the
 Haar null puts rho in (with rho on the null's own tokens, which is what it is tested on), the
-percentile, the Monte-Carlo p and BH q, v_1's rank among F's own eigen-directions, and the verdict. P-values never print as 0: a Monte-Carlo p at its
-floor prints as "<=floor", any other small p in scientific notation.
+percentile, the Monte-Carlo p and BH q, v_1's rank among F's own eigen-directions, and the
+verdict. P-values never print as 0: a Monte-Carlo p at its floor prints as "<=floor", any other
+small p in scientific notation.
 """
 
 from __future__ import annotations
@@ -126,7 +127,7 @@ def emit(title: str, columns: list[str], rows: list[list], as_json: bool, record
         table.add_column(Text(c), justify="left" if c in ("kind", "rank", "name", "path") else "right", no_wrap=True)
     for r in rows:
         table.add_row(*[Text(str(x)) for x in r])
-    Console(width=None if sys.stdout.isatty() else 200).print(table)  # piped: whole rows, not cut to 80
+    Console(width=None if sys.stdout.isatty() else 200).print(table)  # piped: whole rows (rich would cut to 80)
 
 
 def fmt_mb(n: int) -> str:

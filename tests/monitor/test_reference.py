@@ -28,6 +28,7 @@ import pandas as pd
 import pytest
 import torch
 import transformers as T
+from harness import DECODER_BASE  # the decoder cases' tiny GQA Llama
 
 import eigenhooks as eh
 from eigenhooks.dynamics.planted import planted_gpt2, planted_matrix
@@ -230,15 +231,7 @@ def test_bert_post_norm():
 
 
 def test_llama_gqa():
-    cfg = T.LlamaConfig(
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        hidden_size=16,
-        intermediate_size=32,
-        vocab_size=64,
-        max_position_embeddings=64,
-    )
+    cfg = T.LlamaConfig(**{**DECODER_BASE, "max_position_embeddings": 64})
     model = seeded(lambda: T.LlamaForCausalLM(cfg))
     assert get_adapter(model).n_kv_heads < get_adapter(model).n_heads
     batch = ids_batch(64, [20, 11], seed=2)
