@@ -32,6 +32,7 @@ RANK = {
     "models": 3,
     "linalg": 2,
     "data": 1,
+    "progress": 1,  # progress bars for long steps: imports nothing of eigenhooks
 }
 
 
