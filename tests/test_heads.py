@@ -114,8 +114,9 @@ def test_heads_follow_the_rank():
 
 
 def test_heads_are_not_shared_between_ranks(llama):
-    by_rank = eh.spectra(llama, rank="modulus", heads=True, cache=False), eh.spectra(
-        llama, rank="residual", heads=True, cache=False
+    by_rank = (
+        eh.spectra(llama, rank="modulus", heads=True, cache=False),
+        eh.spectra(llama, rank="residual", heads=True, cache=False),
     )
     assert by_rank[0][0].heads is not by_rank[1][0].heads
     assert by_rank[1][0].heads[0].eigenvalues.shape == (DH,)

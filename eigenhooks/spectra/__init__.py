@@ -4,10 +4,12 @@ Owns the model-level entry points (``compute``): reading each layer's factors th
 (offloaded weights one layer at a time), the per-process memo keyed by parameter versions, the
 disk cache, and ``verify`` (F from the weights against F from the model's own forward, the
 identical-token probe, ``verify``), what the heads' full OV circuits need from the model (``heads``),
-and token readouts of a direction with their null (``readout``). It may import ``zoo``, ``models`` and ``linalg``.
+token readouts of a direction with their null (``readout``), and a user's own directions
+ranked against the principal subspaces (``directions``). It may import ``zoo``, ``models`` and ``linalg``.
 """
 
 from .compute import clear_memo, layer_factors, layer_stacked, spectra, weights_digest
+from .directions import rank_directions
 from .readout import TokenReadout, read_tokens
 from .verify import Verification, verify
 
@@ -17,6 +19,7 @@ __all__ = [
     "clear_memo",
     "layer_factors",
     "layer_stacked",
+    "rank_directions",
     "read_tokens",
     "spectra",
     "verify",

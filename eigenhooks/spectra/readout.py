@@ -127,7 +127,7 @@ def as_subspace(u, d: int) -> torch.Tensor:
     Q, R = torch.linalg.qr(u)
     if float(R.diagonal().abs().min()) <= 1e-12 * max(float(R.abs().max()), 1e-300):
         raise ValueError(f"the direction is zero or its two columns are parallel ({tuple(u.shape)=}); nothing to read")
-    return Q
+    return Q * torch.sign(R.diagonal())  # QR may flip a column: keep u's own sign (top is +u's side)
 
 
 def _unit_rows(W: torch.Tensor) -> torch.Tensor:
