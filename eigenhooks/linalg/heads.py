@@ -23,17 +23,17 @@ def copying(mu: torch.Tensor) -> float:
 
 
 def _part(
-    O: torch.Tensor, V: torch.Tensor, ranks: tuple[str, ...], threshold: float, circuit: torch.Tensor | None
+    O: torch.Tensor, V: torch.Tensor, ranks: tuple[str, ...], threshold: float, VC: torch.Tensor | None
 ) -> dict[str, dict]:
-    """{rank: the fields of a PartSpectrum} of F = O V, O (d, dh), V (dh, d), float64."""
+    """{rank: the fields of a PartSpectrum} of F = O V, O (d, dh), V (dh, d), float64; VC = V W_Eᵀ W_U (dh, d)."""
     d = O.shape[0]
     w, y = np.linalg.eig((V @ O).numpy())  # the small side, all pairs (dh is small)
     mu, Y = torch.from_numpy(w.astype(np.complex128)), torch.from_numpy(y.astype(np.complex128))  # (dh,), (dh, dh)
     nonzero = mu.abs() > ZERO_TOL * max(float(mu.abs().max()), 1e-300)
     copy = copying(mu)
     circ = float("nan")
-    if circuit is not None:
-        circ = copying(torch.from_numpy(np.linalg.eigvals((V @ circuit @ O).numpy())))  # (dh, dh)
+    if VC is not None:
+        circ = copying(torch.from_numpy(np.linalg.eigvals((VC @ O).numpy())))  # (dh, dh): V_h (W_Eᵀ W_U) O_h
     out = {}
     for rank in ranks:
         fields = {"eigenvalues": mu[sort_eigenvalues(mu, rank)], "copying_score": copy, "circuit_copying": circ}
@@ -80,13 +80,14 @@ def part_spectra(
         circuit = circuit.to("cpu", torch.float64)
     heads: dict[str, list[HeadSpectrum]] = {r: [] for r in ranks}
     groups: dict[str, list[GroupSpectrum]] = {r: [] for r in ranks}
+    VC = [None if circuit is None else V @ circuit for V in V_g]  # (dh, d) per group, shared by its heads
     for h in range(O_h.shape[0]):
-        for r, f in _part(O_h[h], V_g[int(of[h])], ranks, threshold, circuit).items():
+        for r, f in _part(O_h[h], V_g[int(of[h])], ranks, threshold, VC[int(of[h])]).items():
             heads[r].append(HeadSpectrum(head=h, **f))
     for g in range(V_g.shape[0]):
         members = [h for h in range(O_h.shape[0]) if int(of[h]) == g]
         O = O_h[members].sum(0) if members else torch.zeros_like(O_h[0])  # (d, dh): the group's Ô
-        for r, f in _part(O, V_g[g], ranks, threshold, circuit).items():
+        for r, f in _part(O, V_g[g], ranks, threshold, VC[g]).items():
             groups[r].append(GroupSpectrum(group=g, heads=members, **f))
     return {r: (heads[r], groups[r]) for r in ranks}
 

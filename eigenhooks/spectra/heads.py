@@ -16,37 +16,40 @@ import torch
 from ..linalg import cache as disk
 from ..linalg.eig import Factors
 from ..models import Adapter
-from .readout import embedding, scaled_unembedding
+from .readout import embedding, embedding_weight, scaled_unembedding
 
 log = logging.getLogger(__name__)
 _lock = threading.Lock()  # layers are read in a thread pool: C is formed once
 
 
+def _missing(adapter: Adapter) -> str | None:
+    """Why the model has no full OV circuit W_U F W_Eᵀ (one line), or None."""
+    W_E, W_U = embedding_weight(adapter), adapter.unembedding()
+    if W_E is None or W_U is None:
+        return f"{adapter.family}: the model has no {'unembedding (LM head)' if W_U is None else 'token embedding'}"
+    if W_E.dim() != 2 or tuple(W_E.shape) != tuple(W_U.shape) or W_E.shape[1] != adapter.d_model:
+        return f"{adapter.family}: embedding {tuple(W_E.shape)} and unembedding {tuple(W_U.shape)} do not match"
+    return None
+
+
 def _rows(adapter: Adapter) -> tuple[torch.Tensor, torch.Tensor] | None:
-    """(W_E, W_U') as the model stores them, or None (one log line) for a model with no unembedding."""
-    try:
-        W_E = embedding(adapter, dtype=torch.float64)
-        W_U = scaled_unembedding(adapter, dtype=torch.float64)
-    except ValueError as e:
-        log.warning("circuit copying is NaN: %s", e)
+    """(W_E, W_U') float64 copies, or None (one log line) for a model with no full OV circuit."""
+    why = _missing(adapter)
+    if why is not None:
+        log.warning("circuit copying is NaN: %s", why)
         return None
-    if W_E.shape != W_U.shape:
-        log.warning(
-            "circuit copying is NaN: embedding %s and unembedding %s differ", tuple(W_E.shape), tuple(W_U.shape)
-        )
-        return None
-    return W_E, W_U
+    return embedding(adapter, torch.float64), scaled_unembedding(adapter, torch.float64)
 
 
 def circuit_digest(adapter: Adapter) -> str | None:
     """Hash of W_E, W_U and the final norm's scale (what ``circuit_matrix`` is made of), or None."""
     if any(p.device.type == "meta" for p in adapter.model.parameters()):
         return None  # offloaded: circuit copying is left NaN (reading the embeddings would load them whole)
-    try:
-        rows = [embedding(adapter), scaled_unembedding(adapter)]  # float32 copies: the digest only tracks the weights
-    except ValueError:
+    if _missing(adapter) is not None:
         return None
-    return disk.tensors_digest(rows, {"circuit": "W_E^T W_U"})
+    norm = getattr(adapter.final_norm(), "weight", None)
+    raw = [embedding_weight(adapter), adapter.unembedding()] + ([norm] if norm is not None else [])
+    return disk.tensors_digest([t.detach() for t in raw], {"circuit": "W_E^T W_U diag(w_final)"})  # hashed in place
 
 
 def circuit_matrix(adapter: Adapter) -> torch.Tensor | None:

@@ -80,14 +80,14 @@ def embedding(model, dtype=torch.float32) -> torch.Tensor:
         ValueError: the model has no token embedding of width d_model.
     """
     ad = get_adapter(model)
-    W = _embedding_weight(ad)
+    W = embedding_weight(ad)
     if W is None or W.dim() != 2 or W.shape[1] != ad.d_model:
         got = None if W is None else tuple(W.shape)
         raise ValueError(f"{ad.family}: expected a token embedding (vocab, d_model={ad.d_model}), got {got}")
     return W.detach().to("cpu", dtype)
 
 
-def _embedding_weight(ad: Adapter) -> torch.Tensor | None:
+def embedding_weight(ad: Adapter) -> torch.Tensor | None:
     if ad.backend == "lens":  # TransformerLens (HookedTransformer and the bridge) stores W_E (vocab, d)
         return getattr(ad.model, "W_E", None)
     w = getattr(input_embeddings(ad.model), "weight", None)
