@@ -129,3 +129,28 @@ def test_rank_directions_against_numpy():
         eh.rank_directions(specs, np.ones((2, 5)))
     with pytest.raises(ValueError, match="zero or non-finite"):
         eh.rank_directions(specs, np.zeros((1, 16)))
+
+
+def test_run_report_says_what_the_direction_is(gpt2, tmp_path):
+    """The run writes directions.json; its v_1 readouts are read_tokens' on the run's spectra, and the
+    report shows them with the null band and a per-head table."""
+    import json
+
+    from eigenhooks.run import run
+
+    res = run("gpt2-tiny", max_tokens=100, batch_size=4, out=tmp_path / "r", progress=False)
+    assert res.status == "complete"
+    doc = json.loads((tmp_path / "r" / "directions.json").read_text())
+    model, tok = gpt2
+    specs = eh.spectra(model, heads=True)
+    assert [r["layer"] for r in doc["layers"]] == [s.layer for s in specs]
+    ref = eh.read_tokens(model, tok, specs[2], k=10)
+    got = doc["layers"][2]
+    assert [t for t, _ in got["top"]] == [t for t, _ in ref.top]
+    assert got["score"] == pytest.approx(ref.score) and got["null_hi"] == pytest.approx(ref.null_hi)
+    assert len(doc["parts"]) == 4 * (4 + 4)  # 4 layers x (4 heads + 4 groups)
+    page = (tmp_path / "r" / "report.html").read_text()
+    assert "What the direction is" in page and "Per head and key/value group" in page
+    assert f"{ref.null_lo:.3f} - {ref.null_hi:.3f}" in page
+    meta = json.loads((tmp_path / "r" / "meta.json").read_text())
+    assert "directions.json" in meta["files"]  # stamped: `eigenhooks report` checks it like the others
