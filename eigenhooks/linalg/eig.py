@@ -18,6 +18,7 @@ from .ranking import (  # noqa: F401  (re-exported: callers import the ranking r
     DEFAULT_TOP,
     KINDS,
     RANKS,
+    HeadSpectrum,
     LayerSpectrum,
     principal,
     rank_scores,
