@@ -144,7 +144,7 @@ def test_run_report_says_what_the_direction_is(gpt2, tmp_path):
     model, tok = gpt2
     specs = eh.spectra(model, heads=True)
     assert [r["layer"] for r in doc["layers"]] == [s.layer for s in specs]
-    ref = eh.read_tokens(model, tok, specs[2], k=10)
+    ref = eh.read_tokens(model, tok, specs[2], k=10, null_draws=100)  # the run reads with 100 draws
     got = doc["layers"][2]
     assert [t for t, _ in got["top"]] == [t for t, _ in ref.top]
     assert got["score"] == pytest.approx(ref.score) and got["null_hi"] == pytest.approx(ref.null_hi)

@@ -36,20 +36,32 @@ def _readout(r) -> dict:
     }
 
 
-def part_records(model, tokenizer, specs, k: int = 5, null_draws: int = 100) -> list[dict]:
-    """One record per (layer, head) and (layer, group), with the readout of its principal subspace (side 'out').
-
-    Parts with k = 0 (a zero head) get no readout. A model without an unembedding gets none either (one log line).
-    """
+def _parts(specs) -> list[tuple]:
+    """(layer, 'head' or 'group', index, spectrum) for every head and group of the spectra."""
     parts = [(s.layer, "head", p.head, p) for s in specs for p in s.heads or []]
-    parts += [(s.layer, "group", p.group, p) for s in specs for p in s.groups or []]
-    readable = [p for p in parts if p[3].k > 0]
+    return parts + [(s.layer, "group", p.group, p) for s in specs for p in s.groups or []]
+
+
+def _read(model, tokenizer, spectra: list, k: int, null_draws: int) -> dict[int, object]:
+    """{id(spectrum): its readout (side 'out')} for those with k > 0, in one pass over the rows; {} (one
+    log line) for a model without an unembedding."""
+    readable = [s for s in spectra if s.k > 0]
     try:
-        found = read_tokens_many(model, tokenizer, [p[3] for p in readable], k, "out", null_draws)
-        reads = {id(p[3]): r for p, r in zip(readable, found)}  # by the spectrum object: each part is its own
+        found = read_tokens_many(model, tokenizer, readable, k, "out", null_draws)
     except ValueError as e:  # no unembedding: the spectra still print
         log.warning("no token readouts: %s", e)
-        reads = {}
+        return {}
+    return {id(s): r for s, r in zip(readable, found)}  # by the spectrum object: each part is its own
+
+
+def part_records(model, tokenizer, specs, k: int = 5, null_draws: int = 100, reads: dict | None = None) -> list[dict]:
+    """One record per (layer, head) and (layer, group), with the readout of its principal subspace (side 'out').
+
+    ``reads`` ({id(part): readout}) skips the readouts; parts with k = 0 (a zero head) get none.
+    """
+    parts = _parts(specs)
+    if reads is None:
+        reads = _read(model, tokenizer, [p[3] for p in parts], k, null_draws)
     out = []
     for layer, kind, index, p in parts:
         rec = {
@@ -97,24 +109,27 @@ def cli_heads(model, tokenizer, specs, records: list[dict]) -> tuple[list[str], 
     return part_table([p for p in parts if gqa or p["part"] == "head"])  # without GQA a group is its head
 
 
-def write(run_dir: Path, model, tokenizer, k: int = 10, null_draws: int = 200) -> None:
+def write(run_dir: Path, model, tokenizer, k: int = 10, null_draws: int = 100) -> None:
     """directions.json: each layer's v_1 (ov, modulus) read as tokens with its null, and the per-head table.
 
-    Never fails a run: an error is logged and the report says the section is missing.
+    Layers, heads and groups are read with the same k, so they share two null bands (directions and
+    planes). Never fails a run: an error is logged and the report says the section is missing.
     """
     from ..spectra import spectra
 
     try:
         specs = spectra(model, heads=True)
-        layers = read_tokens_many(model, tokenizer, specs, k, "out", null_draws)
+        reads = _read(model, tokenizer, list(specs) + [p[3] for p in _parts(specs)], k, null_draws)  # one pass
+        if not reads:
+            return
         doc = {
             "variant": "ov",
             "rank": "modulus",
             "layers": [
-                {"layer": s.layer, "kind": s.kind, "k": s.k, "abs_lambda_1": abs(s.lambda_1), **_readout(r)}
-                for s, r in zip(specs, layers)
+                {"layer": s.layer, "kind": s.kind, "k": s.k, "abs_lambda_1": abs(s.lambda_1), **_readout(reads[id(s)])}
+                for s in specs
             ],
-            "parts": part_records(model, tokenizer, specs, k=5, null_draws=null_draws),
+            "parts": part_records(model, tokenizer, specs, reads=reads),
         }
     except Exception as e:  # noqa: BLE001 - the section is optional; the run's numbers are not
         log.warning("what the direction is: not written (%s: %s)", type(e).__name__, e)

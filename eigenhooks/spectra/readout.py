@@ -159,10 +159,9 @@ def null_band(Wn: torch.Tensor, m: int, k: int, draws: int, seed: int) -> tuple[
     return float(torch.quantile(s, 0.025)), float(torch.quantile(s, 0.975))
 
 
-def read_rows(Wn: torch.Tensor, Q: torch.Tensor, k: int, decode) -> tuple[list, list, float]:
-    """(top, bottom, score) of one orthonormal Q (d, m) against unit rows Wn (vocab, d)."""
-    P = Wn @ Q.to(Wn.dtype)  # (vocab, m)
-    if Q.shape[1] == 1:
+def read_rows(P: torch.Tensor, k: int, decode) -> tuple[list, list, float]:
+    """(top, bottom, score) from P (vocab, m) = unit rows @ an orthonormal Q (d, m), m = 1 or 2."""
+    if P.shape[1] == 1:
         s = P[:, 0]
         hi, lo = s.topk(k), (-s).topk(k)
         top = [(decode(int(i)), float(v)) for v, i in zip(hi.values, hi.indices)]
@@ -175,22 +174,26 @@ def read_rows(Wn: torch.Tensor, Q: torch.Tensor, k: int, decode) -> tuple[list, 
 def read_tokens_many(
     model, tokenizer, vectors: list, k: int = 10, side: str = "out", null_draws: int = 200, seed: int = 0
 ) -> list[TokenReadout]:
-    """``read_tokens`` for several vectors: the rows and each kind's null band are made once."""
+    """``read_tokens`` for several vectors: the rows, each kind's null band and one product are made once.
+
+    All the vectors' columns go through one (vocab, d) @ (d, n) product, so the rows are read from
+    memory once, not once per vector (360 readouts on SmolLM2: one pass over its 49152 x 576 rows).
+    """
     if not isinstance(k, int) or isinstance(k, bool) or k < 1:
         raise ValueError(f"k must be a positive int, got {k!r}")
     Wn = _unit_rows(token_rows(model, side))  # (vocab, d) float64
     k = min(k, Wn.shape[0])
     decode = _decoder(model, tokenizer)
-    nulls: dict[int, tuple[float, float]] = {}
-    out = []
-    for u in vectors:
-        Q = as_subspace(u, Wn.shape[1])  # (d, m)
+    Qs = [as_subspace(u, Wn.shape[1]) for u in vectors]  # (d, m) each
+    nulls = {m: null_band(Wn, m, k, null_draws, seed) for m in sorted({Q.shape[1] for Q in Qs})}
+    cols = torch.cat(Qs, 1) if Qs else torch.zeros(Wn.shape[1], 0, dtype=Wn.dtype)  # (d, sum of m)
+    P = torch.cat([Wn @ cols[:, i : i + 256] for i in range(0, cols.shape[1], 256)], 1) if Qs else None
+    out, at = [], 0
+    for Q in Qs:
         m = Q.shape[1]
-        if m not in nulls:
-            nulls[m] = null_band(Wn, m, k, null_draws, seed)
-        top, bottom, score = read_rows(Wn, Q, k, decode)
-        kind = "direction" if m == 1 else "plane"
-        out.append(TokenReadout(side, kind, k, top, bottom, score, *nulls[m], null_draws))
+        top, bottom, score = read_rows(P[:, at : at + m], k, decode)  # (vocab, m) of this vector
+        at += m
+        out.append(TokenReadout(side, "direction" if m == 1 else "plane", k, top, bottom, score, *nulls[m], null_draws))
     return out
 
 
