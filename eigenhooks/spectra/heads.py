@@ -44,7 +44,8 @@ def _rows(adapter: Adapter) -> tuple[torch.Tensor, torch.Tensor] | None:
 def circuit_digest(adapter: Adapter) -> str | None:
     """Hash of W_E, W_U and the final norm's scale (what ``circuit_matrix`` is made of), or None."""
     if any(p.device.type == "meta" for p in adapter.model.parameters()):
-        return None  # offloaded: circuit copying is left NaN (reading the embeddings would load them whole)
+        log.warning("circuit copying is NaN: the model's weights are offloaded (its embeddings are not loaded whole)")
+        return None
     if _missing(adapter) is not None:
         return None
     norm = getattr(adapter.final_norm(), "weight", None)
