@@ -16,7 +16,7 @@ on a ladder whose imports point down only (docs/design.md, "Architecture"):
 from . import _startup  # noqa: F401  isort: skip  (first, before torch: a Ctrl-C while the command starts is one line)
 from . import _moved, zoo
 from .dynamics import Limit, Trajectory, classify_limit, iterate, planted, predict_limit
-from .linalg import Factors, HeadSpectrum, LayerSpectrum, layer_spectrum
+from .linalg import Factors, GroupSpectrum, HeadSpectrum, LayerSpectrum, layer_spectrum
 from .models import Adapter, UnsupportedModelError, get_adapter, supported_families
 from .steer import direction
 from .zoo import ModelLoadError, load_model
@@ -25,7 +25,7 @@ from .zoo import ModelLoadError, load_model
 # imports come last so that the names bind to the functions (their packages stay importable
 # as `eigenhooks.monitor` etc. through sys.modules).
 from .monitor import MeasurementWarning, Monitor, SinkError, TargetError, monitor  # noqa: E402  isort: skip
-from .spectra import Verification, spectra, verify  # noqa: E402  isort: skip
+from .spectra import TokenReadout, Verification, rank_directions, read_tokens, spectra, verify  # noqa: E402  isort: skip
 from .steer import Steer, SteerReport, steer  # noqa: E402  isort: skip
 
 _moved.install()
@@ -37,7 +37,9 @@ __all__ = [
     "Factors",
     "ModelLoadError",
     "load_model",
+    "GroupSpectrum",
     "HeadSpectrum",
+    "TokenReadout",
     "LayerSpectrum",
     "UnsupportedModelError",
     "Verification",
@@ -59,6 +61,8 @@ __all__ = [
     "monitor",
     "layer_spectrum",
     "spectra",
+    "rank_directions",
+    "read_tokens",
     "supported_families",
     "verify",
     "zoo",

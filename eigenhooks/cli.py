@@ -129,12 +129,15 @@ def fetch(
     typer.echo(f"now: eigenhooks run {name}")
 
 
+SPECTRUM_COLUMNS = ["layer", "lambda_1", "|lambda_1|", "kind", "gap ratio", "k"]
+
+
 @app.command()
 def spectrum(
     model: ModelArg = "gpt2-tiny",
     variant: Annotated[str, typer.Option(help="ov or ov_ln")] = "ov",
     rank: Annotated[str, typer.Option(help="modulus (|lambda|) or residual (|1+lambda|)")] = "modulus",
-    heads: Annotated[bool, typer.Option("--heads", help="also per-head spectra and copying scores")] = False,
+    heads: Annotated[bool, typer.Option("--heads", help="also each head and kv group, with top tokens")] = False,
     as_json: Annotated[bool, typer.Option("--json", help="print JSON")] = False,
     backend: Annotated[str, typer.Option(help="hf or lens")] = "hf",
     debug: DebugOpt = False,
@@ -142,9 +145,10 @@ def spectrum(
     """Per-layer spectrum of F = O V: lambda_1, |lambda_1|, kind, gap ratio and k."""
     try:
         from . import spectra
+        from .run.direction_report import cli_heads
         from .zoo.loading import load_model
 
-        m, _ = load_model(model, backend=backend)
+        m, tok = load_model(model, backend=backend)
         specs = spectra(m, variant=variant, rank=rank, heads=heads)
     except Exception as e:  # every library error becomes one line
         _fail(e, debug, "spectrum")
@@ -162,16 +166,12 @@ def spectrum(
             "rank": s.rank,
         }
         row = [s.layer, fmt_complex(s.lambda_1), f"{abs(s.lambda_1):.4f}", s.kind, f"{s.gap_ratio:.4f}", s.k]
-        if heads and s.heads:
-            rec["heads"] = [
-                {"head": h.head, "abs_lambda_max": float(h.eigenvalues.abs().max()), "copying_score": h.copying_score}
-                for h in s.heads
-            ]
-            row.append(" ".join(f"{h.copying_score:+.2f}" for h in s.heads))
         records.append(rec)
         rows.append(row)
-    cols = ["layer", "lambda_1", "|lambda_1|", "kind", "gap ratio", "k"] + (["copying score per head"] if heads else [])
-    emit(f"{model}: spectrum of F ({variant}, ranked by {rank})", cols, rows, as_json, records)
+    parts = cli_heads(m, tok, specs, records) if heads else None  # per head and group, with v_1's top tokens
+    emit(f"{model}: spectrum of F ({variant}, ranked by {rank})", SPECTRUM_COLUMNS, rows, as_json, records)
+    if parts and not as_json:
+        emit(f"{model}: what each head and kv group writes", *parts, False, [])
 
 
 @app.command()

@@ -83,3 +83,30 @@ def test_compatibility_mode_difference_is_explained(tokenizer):
         torch.testing.assert_close(got, expected, atol=1e-6, rtol=0)
     for r in eh.verify(bridge, n_tokens=1):
         assert r.max_abs_diff < 1e-8
+
+
+@pytest.mark.parametrize("family", ["gpt2", "llama"])
+def test_head_vectors_and_readouts_match_hf(family, tokenizer):
+    """Per-head and per-group vectors, circuit copying and token readouts of the bridge equal the HF model's."""
+    hf = _model(family)
+    bridge = _bridge(hf, tokenizer)
+    for rank in ("modulus", "residual"):
+        for a, b in zip(
+            eh.spectra(hf, rank=rank, heads=True, cache=False), eh.spectra(bridge, rank=rank, heads=True, cache=False)
+        ):
+            for p, q in zip(a.heads + a.groups, b.heads + b.groups):
+                assert (p.k, p.kind) == (q.k, q.kind)
+                torch.testing.assert_close(p.basis, q.basis, atol=1e-10, rtol=0)
+                torch.testing.assert_close(p.eigenvalues, q.eigenvalues, atol=1e-10, rtol=0)
+                assert (
+                    abs(p.circuit_copying - q.circuit_copying) < 1e-10
+                    and abs(p.copying_score - q.copying_score) < 1e-10
+                )
+    s = eh.spectra(hf, heads=True, cache=False)[1].heads[0]
+    for side in ("out", "in"):
+        r_hf = eh.read_tokens(hf, tokenizer, s, k=5, side=side, null_draws=20)
+        r_tl = eh.read_tokens(bridge, tokenizer, s, k=5, side=side, null_draws=20)
+        assert [t for t, _ in r_hf.top] == [t for t, _ in r_tl.top] and r_hf.score == pytest.approx(
+            r_tl.score, abs=1e-10
+        )
+        assert (r_hf.null_lo, r_hf.null_hi) == pytest.approx((r_tl.null_lo, r_tl.null_hi), abs=1e-10)

@@ -29,7 +29,8 @@ from pathlib import Path
 
 import torch
 
-from .eig import Factors, HeadSpectrum, LayerSpectrum
+from .eig import Factors, LayerSpectrum
+from .heads import part_tensors, parts_from_tensors
 
 log = logging.getLogger(__name__)
 CACHE_FORMAT = 3  # 2: entries carry their key and a checksum; 3: SHA-256 of the bytes in place
@@ -130,10 +131,10 @@ def _tensors(spec: LayerSpectrum) -> dict[str, torch.Tensor]:
         "vec_im": spec.eigenvectors.imag.contiguous(),
         "basis": spec.basis.contiguous(),
     }
-    if spec.heads is not None:
-        t["head_eig_re"] = torch.stack([h.eigenvalues.real for h in spec.heads])
-        t["head_eig_im"] = torch.stack([h.eigenvalues.imag for h in spec.heads])
-        t["head_copying"] = torch.tensor([h.copying_score for h in spec.heads], dtype=torch.float64)
+    if spec.heads:
+        t.update(part_tensors("head", spec.heads))
+    if spec.groups:
+        t.update(part_tensors("group", spec.groups))
     return t
 
 
@@ -237,10 +238,6 @@ def _read(path: Path, key: str, layer: int) -> LayerSpectrum:
     if header.get("checksum") != _checksum(t, meta_s, key):
         raise ValueError("checksum mismatch (a damaged entry)")
     meta = json.loads(meta_s)
-    heads = None
-    if "head_eig_re" in t:
-        eig = torch.complex(t["head_eig_re"], t["head_eig_im"])
-        heads = [HeadSpectrum(h, eig[h], float(t["head_copying"][h])) for h in range(eig.shape[0])]
     return LayerSpectrum(
         layer=layer,
         variant=meta["variant"],
@@ -253,5 +250,6 @@ def _read(path: Path, key: str, layer: int) -> LayerSpectrum:
         kind=meta["kind"],
         lambda_next=complex(*meta["lambda_next"]),
         threshold=meta["threshold"],
-        heads=heads,
+        heads=parts_from_tensors("head", t),
+        groups=parts_from_tensors("group", t),
     )

@@ -8,175 +8,22 @@ F v = lambda v (right eigenvectors), eigenvalues ranked by ``modulus`` (|lambda|
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-
 import numpy as np
 import torch
 
-RANKS = ("modulus", "residual")
-KINDS = ("real-dominant", "complex-dominant", "near-degenerate")
-DEFAULT_THRESHOLD = 0.99
-DEFAULT_TOP = 4
-# An eigenvalue whose imaginary part is below this share of its modulus counts as real.
-# LAPACK returns exact zeros for real eigenvalues of a real matrix, so this only matters
-# for eigenvalues recovered through the small side.
-_IMAG_TOL = 1e-9
-
-
-@dataclass
-class Factors:
-    """The attention factors of one layer, column convention, as the model stores them.
-
-    Attributes:
-        O_heads: (H, d, d_head) head h's slice of the output projection.
-        V_groups: (G, d_head, d) the value projection of each key/value group.
-        group_of_head: (H,) the group each head reads its values from (G == H without GQA).
-    """
-
-    O_heads: torch.Tensor
-    V_groups: torch.Tensor
-    group_of_head: torch.Tensor
-
-    @classmethod
-    def from_stacked(cls, O: torch.Tensor, V: torch.Tensor, n_heads: int, n_kv_heads: int | None = None):
-        """Split O (d, H*d_head) and V (G*d_head, d) into heads; G = n_kv_heads or n_heads."""
-        n_kv = n_kv_heads or n_heads
-        d = O.shape[0]
-        d_head = O.shape[1] // n_heads
-        if O.shape[1] != n_heads * d_head or V.shape != (n_kv * d_head, d):
-            raise ValueError(
-                f"factor shapes do not fit {n_heads} heads / {n_kv} kv groups: {tuple(O.shape)=}, {tuple(V.shape)=}"
-            )
-        O_heads = O.reshape(d, n_heads, d_head).permute(1, 0, 2)  # (H, d, d_head)
-        V_groups = V.reshape(n_kv, d_head, d)  # (G, d_head, d)
-        group_of_head = torch.arange(n_heads) // (n_heads // n_kv)
-        return cls(O_heads, V_groups, group_of_head)
-
-    @property
-    def d_model(self) -> int:
-        return self.O_heads.shape[1]
-
-    def stacked(self, dtype=torch.float64) -> tuple[torch.Tensor, torch.Tensor]:
-        """Return (Ô, V): Ô (d, G*d_head) sums the O_h of each group, V (G*d_head, d), so F = Ô V.
-
-        Ô is always a fresh tensor; V may share the factors' storage when it is already
-        ``dtype`` on the CPU (it is only read).
-        """
-        G, d_head, d = self.V_groups.shape
-        V = self.V_groups.detach().to("cpu", dtype).reshape(G * d_head, d)
-        return self._o_hat(dtype), V
-
-    def _o_hat(self, dtype) -> torch.Tensor:
-        """Ô (d, G*d_head): the sum of O_h over the heads of each group, computed in ``dtype``."""
-        O_h = self.O_heads.detach().to("cpu")  # (H, d, d_head)
-        H, d, d_head = O_h.shape
-        G = self.V_groups.shape[0]
-        groups = self.group_of_head.cpu()
-        if H % G == 0 and torch.equal(groups, torch.arange(H) // (H // G)):
-            # The heads of a group are adjacent (HF's GQA layout): (d, H, dh) -> (d, G, H/G, dh), a
-            # view of the model's (d, H*dh) o_proj, summed over the heads of each group. No
-            # index_add into zeros and no float64 copy of the permuted (H, d, dh) layout.
-            O = O_h.permute(1, 0, 2).reshape(d, G, H // G, d_head)  # (d, G, H/G, dh)
-            return O.sum(2, dtype=dtype).reshape(d, G * d_head)  # (d, G*dh), fresh, summed in dtype
-        O_hat = torch.zeros(G, d, d_head, dtype=dtype)
-        O_hat.index_add_(0, groups, O_h.to(dtype))
-        return O_hat.permute(1, 0, 2).reshape(d, G * d_head)
-
-    def matrix(self, dtype=torch.float64) -> torch.Tensor:
-        """F = Ô V, (d, d)."""
-        O, V = self.stacked(dtype)
-        return O @ V
-
-    def scaled(self, left: torch.Tensor | None = None, right: torch.Tensor | None = None) -> Factors:
-        """Factors of diag(left) F diag(right): folds a norm's scale in (the ``ov_ln`` variant)."""
-        O_heads, V_groups = self.O_heads, self.V_groups
-        if left is not None:
-            O_heads = O_heads * left.to(O_heads)[None, :, None]
-        if right is not None:
-            V_groups = V_groups * right.to(V_groups)[None, None, :]
-        return Factors(O_heads, V_groups, self.group_of_head)
-
-
-@dataclass
-class HeadSpectrum:
-    """Spectrum of one head's F_h = O_h V_h (rank <= d_head, zeros left out)."""
-
-    head: int
-    eigenvalues: torch.Tensor  # (d_head,) complex128, by modulus, descending
-    copying_score: float  # Re(sum lambda) / sum |lambda|
-
-
-@dataclass
-class LayerSpectrum:
-    """Spectrum of one layer's F under one variant and ranking rule.
-
-    Attributes:
-        eigenvalues: (d,) complex128, all eigenvalues, sorted by the ranking rule.
-        eigenvectors: (d, m) complex128, unit right eigenvectors of the top m eigenvalues.
-        basis: (d, k) float64, orthonormal basis U of the principal subspace.
-        k: 1 for a real lambda_1, 2 for a complex one (span of Re v_1, Im v_1).
-        gap_ratio: score(lambda_next) / score(lambda_1), lambda_next the top eigenvalue
-            outside the principal subspace; score is |lambda| or |1 + lambda|.
-        kind: 'real-dominant', 'complex-dominant' or 'near-degenerate'.
-    """
-
-    layer: int
-    variant: str
-    rank: str
-    eigenvalues: torch.Tensor
-    eigenvectors: torch.Tensor
-    basis: torch.Tensor
-    k: int
-    gap_ratio: float
-    kind: str
-    lambda_next: complex
-    threshold: float = DEFAULT_THRESHOLD
-    heads: list[HeadSpectrum] | None = field(default=None, repr=False)
-
-    @property
-    def lambda_1(self) -> complex:
-        return complex(self.eigenvalues[0])
-
-    @property
-    def v_1(self) -> torch.Tensor:
-        return self.eigenvectors[:, 0]
-
-    @property
-    def d_model(self) -> int:
-        return self.eigenvalues.shape[0]
-
-    def score(self, lam) -> torch.Tensor:
-        """The ranking score: |lambda| or |1 + lambda|."""
-        lam = torch.as_tensor(lam)
-        return (lam if self.rank == "modulus" else 1 + lam).abs()
-
-
-def rank_scores(eigenvalues: torch.Tensor, rank: str) -> torch.Tensor:
-    if rank not in RANKS:
-        raise ValueError(f"rank must be one of {RANKS}, got {rank!r}")
-    return (eigenvalues if rank == "modulus" else 1 + eigenvalues).abs()
-
-
-def sort_eigenvalues(eigenvalues: torch.Tensor, rank: str) -> torch.Tensor:
-    """Indices that sort by score, descending; ties (conjugate pairs) put +Im first."""
-    s = rank_scores(eigenvalues, rank).numpy()
-    order = np.lexsort((-eigenvalues.real.numpy(), -eigenvalues.imag.numpy(), -s))
-    return torch.from_numpy(order.copy())
-
-
-def _fix_phase(v: torch.Tensor) -> torch.Tensor:
-    """Unit-normalise and rotate so the largest-magnitude entry is real and positive."""
-    v = v / torch.linalg.vector_norm(v)
-    i = int(torch.argmax(v.abs()))
-    return v * (v[i].conj() / v[i].abs())
-
-
-def _fix_sign(u: torch.Tensor) -> torch.Tensor:
-    """Flip each column so its largest-magnitude entry is positive."""
-    idx = u.abs().argmax(dim=0)
-    signs = torch.sign(u[idx, torch.arange(u.shape[1])])
-    signs[signs == 0] = 1
-    return u * signs
+from .factors import Factors
+from .heads import part_spectra
+from .ranking import (  # noqa: F401  (re-exported: callers import the ranking rules from here)
+    DEFAULT_THRESHOLD,
+    DEFAULT_TOP,
+    KINDS,
+    RANKS,
+    HeadSpectrum,
+    LayerSpectrum,
+    principal,
+    rank_scores,
+    sort_eigenvalues,
+)
 
 
 def real_eigvals(M: torch.Tensor) -> torch.Tensor:
@@ -378,87 +225,6 @@ def eig_factored(
     return eigenvalues, vecs, vals
 
 
-def principal(
-    eigenvalues: torch.Tensor,
-    cand_vecs: torch.Tensor,
-    cand_vals: torch.Tensor,
-    *,
-    layer: int,
-    variant: str,
-    rank: str,
-    top: int = DEFAULT_TOP,
-    threshold: float = DEFAULT_THRESHOLD,
-) -> LayerSpectrum:
-    """Rank eigenvalues, pick the principal subspace, and build the LayerSpectrum."""
-    order = sort_eigenvalues(eigenvalues, rank)
-    lam = eigenvalues[order]
-    scores = rank_scores(lam, rank)
-    lam1 = complex(lam[0])
-    is_complex = abs(lam1.imag) > _IMAG_TOL * max(abs(lam1), 1e-300)
-    skip = {0}
-    if is_complex:
-        # The conjugate belongs to the principal plane, so it is not "next".
-        partner = int(torch.argmin((lam[1:] - np.conj(lam1)).abs())) + 1
-        skip.add(partner)
-    nxt = next((i for i in range(len(lam)) if i not in skip), None)
-    s1 = float(scores[0])
-    gap = float(scores[nxt]) / s1 if (nxt is not None and s1 > 0) else (1.0 if nxt is not None else 0.0)
-    lambda_next = complex(lam[nxt]) if nxt is not None else complex("nan")
-
-    # Match each top eigenvalue with its candidate eigenvector.
-    m = min(top, len(lam))
-    vecs = []
-    free = torch.ones(len(cand_vals), dtype=torch.bool)
-    for i in range(m):
-        # Nearest unused candidate, so a repeated eigenvalue gets distinct vectors.
-        dist = (cand_vals - lam[i]).abs()
-        j = int(torch.argmin(torch.where(free, dist, torch.inf))) if free.any() else int(torch.argmin(dist))
-        free[j] = False
-        vecs.append(_fix_phase(cand_vecs[:, j]))
-    eigenvectors = torch.stack(vecs, 1)
-    v1 = eigenvectors[:, 0]
-    if is_complex:
-        U, _ = torch.linalg.qr(torch.stack([v1.real, v1.imag], 1))  # (d, 2)
-        k = 2
-    else:
-        U = (v1.real / torch.linalg.vector_norm(v1.real))[:, None]
-        k = 1
-    U = _fix_sign(U)
-    if gap > threshold:
-        kind = "near-degenerate"
-    elif is_complex:
-        kind = "complex-dominant"
-    else:
-        kind = "real-dominant"
-    return LayerSpectrum(
-        layer=layer,
-        variant=variant,
-        rank=rank,
-        eigenvalues=lam,
-        eigenvectors=eigenvectors,
-        basis=U,
-        k=k,
-        gap_ratio=gap,
-        kind=kind,
-        lambda_next=lambda_next,
-        threshold=threshold,
-    )
-
-
-def head_spectra(factors: Factors) -> list[HeadSpectrum]:
-    """Per-head spectra of F_h = O_h V_h through the small side eig(V_h O_h)."""
-    out = []
-    O_h = factors.O_heads.detach().to("cpu", torch.float64)
-    V_g = factors.V_groups.detach().to("cpu", torch.float64)
-    for h in range(O_h.shape[0]):
-        mu = torch.linalg.eigvals(V_g[int(factors.group_of_head[h])] @ O_h[h])  # (d_head,)
-        mu = mu[torch.argsort(mu.abs(), descending=True)]
-        total = float(mu.abs().sum())
-        score = float(mu.real.sum()) / total if total > 0 else 0.0
-        out.append(HeadSpectrum(head=h, eigenvalues=mu, copying_score=score))
-    return out
-
-
 def layer_spectra(
     factors: Factors,
     *,
@@ -468,8 +234,12 @@ def layer_spectra(
     top: int = DEFAULT_TOP,
     threshold: float = DEFAULT_THRESHOLD,
     heads: bool = False,
+    circuit: torch.Tensor | None = None,
 ) -> dict[str, LayerSpectrum]:
-    """``layer_spectrum`` under several ranking rules, from one eigen-decomposition: {rank: spectrum}."""
+    """``layer_spectrum`` under several ranking rules, from one eigen-decomposition: {rank: spectrum}.
+
+    ``circuit`` (d, d) is W_Eᵀ W_U for the heads' ``circuit_copying`` (``linalg.heads.part_spectra``).
+    """
     for rank in ranks:
         rank_scores(torch.zeros(1), rank)  # validates rank
     O, V = factors.stacked(torch.float64)
@@ -481,10 +251,9 @@ def layer_spectra(
         rank: principal(eigenvalues, vecs, vals, layer=layer, variant=variant, rank=rank, top=top, threshold=threshold)
         for rank in ranks
     }
-    if heads:
-        per_head = head_spectra(factors)
-        for spec in out.values():
-            spec.heads = per_head
+    if heads:  # each rule ranks its own heads and groups
+        for rank, (h, g) in part_spectra(factors, tuple(ranks), threshold, circuit).items():
+            out[rank].heads, out[rank].groups = h, g
     return out
 
 
@@ -506,7 +275,7 @@ def layer_spectrum(
         rank: 'modulus' or 'residual'.
         top: number of leading eigenvectors to keep.
         threshold: gap ratio above which the layer is 'near-degenerate'.
-        heads: also compute per-head spectra.
+        heads: also compute each head's and each key/value group's spectrum (``heads``, ``groups``).
 
     Example:
         >>> f = Factors.from_stacked(torch.eye(4), torch.diag(torch.tensor([3., 1, 1, 1])), 2)

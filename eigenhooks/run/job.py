@@ -42,6 +42,7 @@ from pathlib import Path
 
 import torch
 
+from . import direction_report
 from . import distributed as D
 from .checks import check_device, check_finite, check_nulls, check_sizes, interrupted
 from .folder import RunFolder, RunFolderError, RunFolderWarning, deferred_sigint, import_whole
@@ -244,6 +245,7 @@ def _study(st: _Study, model, texts, torch_dtype, ctx, backend, max_tokens, batc
     if st.folder is not None:
         st.stage("plots")
         _plots(st.folder.path, st, backend)
+        direction_report.write(st.folder.path, st.model, st.tok)  # the report's "What the direction is"
 
 
 def _sink(st: _Study, ctx) -> Path | None:

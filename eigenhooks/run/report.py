@@ -16,6 +16,7 @@ import json
 import os
 from pathlib import Path
 
+from . import direction_report
 from .integrity import cut_rows, damage
 
 PLOTS = (
@@ -304,6 +305,7 @@ def _page(run_dir: Path, meta: dict, df, model: str, status: str, problems: list
 {_extra_table(df)}
 <h2>Plots</h2>
 {"".join(figs)}
+{direction_report.section(run_dir)}
 <h2>Run</h2>
 <table class="meta">{meta_rows}</table>
 <script>

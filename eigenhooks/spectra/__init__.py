@@ -3,9 +3,25 @@
 Owns the model-level entry points (``compute``): reading each layer's factors through its adapter
 (offloaded weights one layer at a time), the per-process memo keyed by parameter versions, the
 disk cache, and ``verify`` (F from the weights against F from the model's own forward, the
-identical-token probe). It may import ``zoo``, ``models`` and ``linalg``.
+identical-token probe, ``verify``), what the heads' full OV circuits need from the model (``heads``),
+token readouts of a direction with their null (``readout``), and a user's own directions
+ranked against the principal subspaces (``directions``). It may import ``zoo``, ``models`` and ``linalg``.
 """
 
-from .compute import Verification, clear_memo, layer_factors, layer_stacked, spectra, verify, weights_digest
+from .compute import clear_memo, layer_factors, layer_stacked, spectra, weights_digest
+from .directions import rank_directions
+from .readout import TokenReadout, read_tokens
+from .verify import Verification, verify
 
-__all__ = ["Verification", "clear_memo", "layer_factors", "layer_stacked", "spectra", "verify", "weights_digest"]
+__all__ = [
+    "TokenReadout",
+    "Verification",
+    "clear_memo",
+    "layer_factors",
+    "layer_stacked",
+    "rank_directions",
+    "read_tokens",
+    "spectra",
+    "verify",
+    "weights_digest",
+]

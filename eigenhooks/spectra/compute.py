@@ -1,4 +1,4 @@
-"""Model-level entry points: ``spectra`` (cached) and ``verify`` (weights vs probe).
+"""Model-level entry point: ``spectra`` (cached); ``verify`` (weights vs probe) is in ``verify``.
 
 These join an adapter (which knows the model) with linalg.eig (which knows matrices).
 """
@@ -6,11 +6,9 @@ These join an adapter (which knows the model) with linalg.eig (which knows matri
 from __future__ import annotations
 
 import logging
-import os
 import weakref
 from collections import OrderedDict
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
-from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
@@ -27,7 +25,9 @@ from ..linalg.eig import (
 )
 from ..models import Adapter, get_adapter, layer_index
 from ..models.offload import onloaded, source_modules
-from ..models.probe import apply_attention_many, probe_matrices
+from ..models.probe import probe_matrices
+from .heads import circuit_digest, circuit_matrix, copy_out
+from .pool import _blas_threads, _cores, _Inline, parallel_map  # noqa: F401  (parallel_map: for the monitor)
 
 log = logging.getLogger(__name__)
 VARIANTS = ("ov", "ov_ln")
@@ -81,7 +81,8 @@ def spectra(
         variant: 'ov' (F = O V) or 'ov_ln' (the attention norm's scale folded in).
         rank: 'modulus' (|lambda|) or 'residual' (|1 + lambda|).
         layers: indices to compute (default: all).
-        heads: also compute per-head spectra F_h = O_h V_h and copying scores.
+        heads: also compute each head's F_h = O_h V_{g(h)} and each key/value group's spectrum,
+            with copying scores and the full OV circuit's (``LayerSpectrum.heads``, ``.groups``).
         top: leading eigenvectors kept per layer.
         threshold: gap ratio above which a layer is 'near-degenerate'.
         cache: use the in-process memo and the disk cache (``EIGENHOOKS_CACHE``); False
@@ -139,6 +140,7 @@ def spectra_by_rank(
             "threshold": threshold,
             "heads": heads,
             "norm_position": adapter.norm_position,
+            **({"circuit": circuit_digest(adapter)} if heads else {}),
         }
         for rank in dict.fromkeys(ranks)
     }
@@ -155,44 +157,6 @@ def spectra_by_rank(
         ]
         for rank in options
     }
-
-
-def _cores() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        return os.cpu_count() or 1
-
-
-@contextmanager
-def _blas_threads(n: int):
-    """Limit the BLAS / LAPACK threads of torch and numpy/scipy to n while the layers run side by side,
-    so that workers x BLAS threads never exceed the cores (oversubscribed BLAS dominated a GPU
-    machine's entry: docs/scale.md, "Figures behind the code")."""
-    before = torch.get_num_threads()
-    try:
-        from threadpoolctl import threadpool_limits
-    except ImportError:  # then numpy/scipy keep their own threads; torch's are still limited
-        threadpool_limits = None
-    torch.set_num_threads(n)
-    try:
-        if threadpool_limits is None:
-            yield
-        else:
-            with threadpool_limits(limits=n):
-                yield
-    finally:
-        torch.set_num_threads(before)
-
-
-def parallel_map(fn, items, serial: bool = False) -> list:
-    """[fn(x) for x in items], side by side in threads (cores // workers BLAS threads each) unless serial."""
-    items = list(items)
-    workers = max(1, min(len(items), _cores()))
-    if serial or workers == 1:
-        return [fn(x) for x in items]
-    with _blas_threads(max(1, _cores() // workers)), ThreadPoolExecutor(workers) as ex:
-        return list(ex.map(fn, items))
 
 
 def _compute_groups(
@@ -257,24 +221,6 @@ def _compute_groups(
     return found
 
 
-class _Inline:
-    """A stand-in for ThreadPoolExecutor that runs each job at once, in the calling thread."""
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        return False
-
-    def submit(self, fn, *args) -> Future:
-        f: Future = Future()
-        try:
-            f.set_result(fn(*args))
-        except Exception as e:  # delivered by result(), as a pool would
-            f.set_exception(e)
-        return f
-
-
 @dataclass
 class _Job:
     """One layer's work: the spectra found in the disk cache, and the rules still to compute."""
@@ -284,6 +230,7 @@ class _Job:
     keys: dict[str, str | None]
     hits: dict[str, LayerSpectrum]
     todo: dict[str, dict]
+    circuit: torch.Tensor | None = None  # W_E^T W_U for the heads' circuit copying
 
 
 def _read_layer(adapter: Adapter, i: int, options: dict[str, dict], cache: bool) -> _Job:
@@ -310,9 +257,10 @@ def _read_layer(adapter: Adapter, i: int, options: dict[str, dict], cache: bool)
         hits = {r: spec for r in options if cache and (spec := disk.load_spectrum(keys[r], i)) is not None}
         todo = {r: o for r, o in options.items() if r not in hits}
         if todo and loaded:
-            factors = _copy_out(factors, some["heads"])
+            factors = copy_out(factors, some["heads"])
             w = None if w is None else w.clone()
-    return _Job(factors if todo else None, w, keys, hits, todo)
+    circuit = circuit_matrix(adapter) if todo and some["heads"] else None
+    return _Job(factors if todo else None, w, keys, hits, todo, circuit)
 
 
 def layer_stacked(adapter: Adapter, i: int, variant: str = "ov") -> tuple[torch.Tensor, torch.Tensor]:
@@ -362,20 +310,6 @@ def _weight_modules(adapter: Adapter, i: int, variant: str) -> list:
     return mods + ([ly.norm] if variant == "ov_ln" else [])
 
 
-def _copy_out(factors: Factors, heads: bool) -> Factors:
-    """A float64 CPU copy that outlives the onloaded weights: the stacked Ô (d, G d_head) and
-    V, one factor pair per kv group (same F), unless per-head spectra need every O_h."""
-    if heads:
-        return Factors(
-            factors.O_heads.detach().to("cpu", torch.float64, copy=True),
-            factors.V_groups.detach().to("cpu", torch.float64, copy=True),
-            factors.group_of_head.clone(),
-        )
-    O, V = factors.stacked(torch.float64)  # (d, G*dh), (G*dh, d): fresh tensors
-    G = factors.V_groups.shape[0]
-    return Factors.from_stacked(O, V, G, G)
-
-
 def _compute_layer(g: int, i: int, job: _Job, cache: bool, name: str) -> tuple[int, dict[str, LayerSpectrum]]:
     """{rank: spectrum} of one layer: its disk-cache hits, and the rest from one decomposition."""
     if not job.todo:
@@ -390,6 +324,7 @@ def _compute_layer(g: int, i: int, job: _Job, cache: bool, name: str) -> tuple[i
             top=o["top"],
             threshold=o["threshold"],
             heads=o["heads"],
+            circuit=job.circuit,
         )
     except NonFiniteError:
         raise ValueError(_non_finite_message(i, name, job.factors, job.w)) from None
@@ -510,103 +445,3 @@ def _non_finite_message(i: int, name: str, factors: Factors, w) -> str:
         f"layer {i} ({name}): non-finite values in {', '.join(bad) or 'O or V'} weights; the spectrum is "
         "undefined. Check the checkpoint (an fp16 overflow?)."
     )
-
-
-@dataclass
-class Verification:
-    """How well the weight-read F matches the F the model's forward code computes.
-
-    ``check`` says what was compared: 'weights' (F from the weights against the probe) or
-    'linearity' (a layer with no weight rule: the probe against its own superposition and
-    scaling, so ``max_abs_diff`` is how far the probe is from a linear map). ``linearity``
-    is that residual, relative to |F|, for every layer; ``linear`` is False when the value
-    path is nonlinear (by the adapter's rule, or because the probe fails superposition), and
-    then the probe is a local linearisation, never F.
-    """
-
-    layer: int
-    max_abs_diff: float
-    max_abs_F: float
-    dtype: str
-    check: str = "weights"
-    linearity: float = float("nan")
-    linear: bool = True
-
-    @property
-    def rel_diff(self) -> float:
-        return self.max_abs_diff / self.max_abs_F if self.max_abs_F > 0 else self.max_abs_diff
-
-
-_LINEAR_TOL = {"float64": 1e-9, "float32": 1e-4}  # relative superposition residual of a linear map
-
-
-def verify(model, layers: list[int] | None = None, n_tokens: int = 2) -> list[Verification]:
-    """Compare F from the weights with F from the identical-token probe, layer by layer.
-
-    The probe runs in the model's own dtype: expect ~1e-12 relative in float64, ~1e-6 in
-    float32 and ~1e-3 in fp16/bf16. Every layer's probe is also checked for linearity
-    (superposition and scaling on seeded random inputs); layers with no weight rule are
-    verified by that check alone, so no row is NaN.
-
-    Args:
-        layers: indices to verify (default: all; negative counts from the end).
-        n_tokens: length of the identical-token probe sequence (1 skips the softmax).
-
-    Returns:
-        One Verification per layer.
-
-    Raises:
-        TypeError: layers is not a list of ints. IndexError: a layer out of range.
-    """
-    adapter = get_adapter(model)
-    idx = _layer_list(adapter, layers)
-    probed = probe_matrices(adapter, idx, n_tokens=n_tokens)
-    lin = _linearity(adapter, idx, probed, n_tokens)
-    dtype = str(next(adapter.model.parameters()).dtype).replace("torch.", "")
-    tol = _LINEAR_TOL.get(dtype, 1e-2)
-    rows = []
-    for i in idx:
-        F_p = probed[i]
-        scale = float(F_p.abs().max())
-        is_linear = adapter.layers[i].linear and lin[i] <= tol
-        if adapter.layers[i].factors is None:
-            rows.append(Verification(i, lin[i] * scale, scale, dtype, "linearity", lin[i], is_linear))
-            continue
-        F_w = adapter.factors(i).matrix()
-        rows.append(
-            Verification(i, float((F_w - F_p).abs().max()), float(F_w.abs().max()), dtype, "weights", lin[i], is_linear)
-        )
-    return rows
-
-
-def _linearity(adapter: Adapter, idx: list[int], probed: dict, n_tokens: int) -> dict[int, float]:
-    """Relative residual of the probe against the linear map it should be.
-
-    P(x) is the probe's bias-free output. For seeded x, y at unit-to-large scales, compare
-    P(a x + b y) with a P(x) + b P(y), and P(s x) with s P(x); also P(x) with F_probe x
-    (the probe's own columns). A linear path gives rounding; a norm or a sink does not.
-    """
-    out = {}
-    for d in sorted({adapter.width(i) for i in idx}):  # towers of one model may differ in width
-        out.update(_linearity_at(adapter, [i for i in idx if adapter.width(i) == d], d, probed, n_tokens))
-    return out
-
-
-def _linearity_at(adapter: Adapter, idx: list[int], d: int, probed: dict, n_tokens: int) -> dict[int, float]:
-    """``_linearity`` for layers of one residual width d."""
-    g = torch.Generator().manual_seed(0)
-    x, y = torch.randn(2, d, generator=g, dtype=torch.float64)
-    a, b, s = 0.7, -1.3, 3.0
-    X = torch.stack([x, y, a * x + b * y, s * x])
-    P = apply_attention_many(adapter, idx, X, n_tokens=n_tokens)
-    out = {}
-    for i in idx:
-        px, py, pxy, psx = P[i]
-        ref = max(float(px.abs().max()), float(py.abs().max()), 1e-300)
-        err = max(
-            float((pxy - (a * px + b * py)).abs().max()) / (abs(a) + abs(b)),
-            float((psx - s * px).abs().max()) / s,
-            float((probed[i] @ x - px).abs().max()),
-        )
-        out[i] = err / ref
-    return out

@@ -19,6 +19,7 @@ from pathlib import Path
 import torch
 
 from ..models import get_adapter, layer_index
+from ..spectra.readout import scaled_unembedding  # noqa: F401  (eh.direction.scaled_unembedding)
 
 log = logging.getLogger(__name__)
 OBJECTIVES = ("probability", "logit")
@@ -29,30 +30,6 @@ def _unit(v: torch.Tensor, what: str) -> torch.Tensor:
     if not n > 0 or not torch.isfinite(v).all():
         raise ValueError(f"{what} gives a zero or non-finite direction")
     return v / n
-
-
-def scaled_unembedding(model) -> torch.Tensor:
-    """W' (vocab, d), float32: the unembedding with the final norm's scale folded in.
-
-    logits = W_U (w * x_hat) (+ bias), so W' = W_U diag(w) maps the normalised final
-    residual x_hat to the logits.
-
-    Raises:
-        ValueError: the model has no unembedding of width d_model.
-    """
-    ad = get_adapter(model)
-    W_U = ad.unembedding()
-    if W_U is None or W_U.dim() != 2 or W_U.shape[1] != ad.d_model:
-        got = None if W_U is None else tuple(W_U.shape)
-        raise ValueError(
-            f"{ad.family}: expected an unembedding (vocab, d_model={ad.d_model}), got {got}; "
-            "load the model with its LM head (e.g. AutoModelForCausalLM) to take a token direction"
-        )
-    W = W_U.detach().to("cpu", torch.float32)
-    w = getattr(ad.final_norm(), "weight", None)
-    if w is not None:
-        W = W * w.detach().to("cpu", torch.float32)
-    return W
 
 
 def token_id(tokenizer, text: str) -> int:

@@ -1,0 +1,184 @@
+"""What the direction is, for people: per-head tables and token readouts in the CLI and the report.
+
+``part_records`` turns spectra with heads into one record per layer part (head or key/value group):
+|lambda_1|, kind, copying, circuit copying, and the top tokens of its principal subspace.
+``write`` puts the run's readouts into ``directions.json`` (each layer's v_1 with its null band, and
+the per-head table); ``section`` renders it as the report's "What the direction is".
+"""
+
+from __future__ import annotations
+
+import html
+import json
+import logging
+from pathlib import Path
+
+from ..spectra.readout import read_tokens_many
+
+log = logging.getLogger(__name__)
+FILE = "directions.json"
+PART_COLUMNS = ["layer", "part", "|lambda_1|", "kind", "k", "copying", "circuit copying", "v_1 top tokens"]
+
+
+def _tokens(pairs, n: int = 5) -> str:
+    return " ".join(repr(t) for t, _ in pairs[:n])
+
+
+def _readout(r) -> dict:
+    return {
+        "kind": r.kind,
+        "top": r.top,
+        "bottom": r.bottom,
+        "score": r.score,
+        "null_lo": r.null_lo,
+        "null_hi": r.null_hi,
+        "null_draws": r.null_draws,
+    }
+
+
+def _parts(specs) -> list[tuple]:
+    """(layer, 'head' or 'group', index, spectrum) for every head and group of the spectra."""
+    parts = [(s.layer, "head", p.head, p) for s in specs for p in s.heads or []]
+    return parts + [(s.layer, "group", p.group, p) for s in specs for p in s.groups or []]
+
+
+def _read(model, tokenizer, spectra: list, k: int, null_draws: int) -> dict[int, object]:
+    """{id(spectrum): its readout (side 'out')} for those with k > 0, in one pass over the rows; {} (one
+    log line) for a model without an unembedding."""
+    readable = [s for s in spectra if s.k > 0]
+    try:
+        found = read_tokens_many(model, tokenizer, readable, k, "out", null_draws)
+    except ValueError as e:  # no unembedding: the spectra still print
+        log.warning("no token readouts: %s", e)
+        return {}
+    return {id(s): r for s, r in zip(readable, found)}  # by the spectrum object: each part is its own
+
+
+def part_records(model, tokenizer, specs, k: int = 5, null_draws: int = 100, reads: dict | None = None) -> list[dict]:
+    """One record per (layer, head) and (layer, group), with the readout of its principal subspace (side 'out').
+
+    ``reads`` ({id(part): readout}) skips the readouts; parts with k = 0 (a zero head) get none.
+    """
+    parts = _parts(specs)
+    if reads is None:
+        reads = _read(model, tokenizer, [p[3] for p in parts], k, null_draws)
+    out = []
+    for layer, kind, index, p in parts:
+        rec = {
+            "layer": layer,
+            "part": kind,
+            "index": index,
+            "abs_lambda_1": abs(p.lambda_1),
+            "lambda_1": [p.lambda_1.real, p.lambda_1.imag],
+            "kind": p.kind,
+            "k": p.k,
+            "gap_ratio": p.gap_ratio,
+            "copying_score": p.copying_score,
+            "circuit_copying": p.circuit_copying,
+        }
+        if kind == "group":
+            rec["heads"] = p.heads
+        r = reads.get(id(p))
+        rec["readout"] = _readout(r) if r is not None else None
+        out.append(rec)
+    return out
+
+
+def part_table(records: list[dict]) -> tuple[list[str], list[list]]:
+    """The CLI's per-head (and per-group) table of ``part_records``."""
+    rows = []
+    for r in records:
+        part = f"head {r['index']}" if r["part"] == "head" else f"group {r['index']} {r['heads']}"
+        top = _tokens(r["readout"]["top"]) if r["readout"] else "-"
+        if r["readout"] and r["readout"]["null_draws"]:
+            top += f"  ({r['readout']['score']:.3f}; null {r['readout']['null_lo']:.3f}-{r['readout']['null_hi']:.3f})"
+        rows.append(
+            [r["layer"], part, f"{r['abs_lambda_1']:.4f}", r["kind"], r["k"], f"{r['copying_score']:+.3f}"]
+            + [f"{r['circuit_copying']:+.3f}", top]
+        )
+    return PART_COLUMNS, rows
+
+
+def cli_heads(model, tokenizer, specs, records: list[dict]) -> tuple[list[str], list[list]]:
+    """``eigenhooks spectrum --heads``: adds each layer's heads and groups to its JSON record; the table to print."""
+    parts = part_records(model, tokenizer, specs)
+    for rec in records:
+        rec["heads"] = [p for p in parts if p["layer"] == rec["layer"] and p["part"] == "head"]
+        rec["groups"] = [p for p in parts if p["layer"] == rec["layer"] and p["part"] == "group"]
+    gqa = any(len(p["heads"]) > 1 for p in parts if p["part"] == "group")
+    return part_table([p for p in parts if gqa or p["part"] == "head"])  # without GQA a group is its head
+
+
+def write(run_dir: Path, model, tokenizer, k: int = 10, null_draws: int = 100) -> None:
+    """directions.json: each layer's v_1 (ov, modulus) read as tokens with its null, and the per-head table.
+
+    Layers, heads and groups are read with the same k, so they share two null bands (directions and
+    planes). Never fails a run: an error is logged and the report says the section is missing.
+    """
+    from ..spectra import spectra
+
+    try:
+        specs = spectra(model, heads=True)
+        reads = _read(model, tokenizer, list(specs) + [p[3] for p in _parts(specs)], k, null_draws)  # one pass
+        if not reads:
+            return
+        doc = {
+            "variant": "ov",
+            "rank": "modulus",
+            "layers": [
+                {"layer": s.layer, "kind": s.kind, "k": s.k, "abs_lambda_1": abs(s.lambda_1), **_readout(reads[id(s)])}
+                for s in specs
+            ],
+            "parts": part_records(model, tokenizer, specs, reads=reads),
+        }
+    except Exception as e:  # noqa: BLE001 - the section is optional; the run's numbers are not
+        log.warning("what the direction is: not written (%s: %s)", type(e).__name__, e)
+        return
+    tmp = Path(run_dir) / f".{FILE}.tmp"
+    tmp.write_text(json.dumps(doc, allow_nan=True, default=float))
+    tmp.replace(Path(run_dir) / FILE)
+
+
+def _cells(values) -> str:
+    return "".join(f"<td>{html.escape(str(v))}</td>" for v in values)
+
+
+def section(run_dir: Path) -> str:
+    """The report's "What the direction is" (HTML), or '' when the run wrote no directions.json."""
+    path = Path(run_dir) / FILE
+    if not path.is_file():
+        return ""
+    try:
+        doc = json.loads(path.read_text())
+    except (OSError, ValueError) as e:
+        return f"<h2>What the direction is</h2><p>directions.json is unreadable: {html.escape(str(e))}</p>"
+    head = ["layer", "kind", "v_1 top tokens", "v_1 bottom tokens", "score", "null band (95%)", "above null"]
+    rows = "".join(
+        "<tr>"
+        + _cells(
+            [
+                r["layer"],
+                r["kind"],
+                _tokens(r["top"], 10),
+                _tokens(r["bottom"], 10) if r["bottom"] else "(a plane: no sign)",
+                f"{r['score']:.3f}",
+                f"{r['null_lo']:.3f} - {r['null_hi']:.3f}",
+                "yes" if r["score"] > r["null_hi"] else "no",
+            ]
+        )
+        + "</tr>"
+        for r in doc["layers"]
+    )
+    cols, prow = part_table(doc["parts"])
+    parts = "".join("<tr>" + _cells(r) + "</tr>" for r in prow)
+    th = "".join(f"<th>{html.escape(c)}</th>" for c in head)
+    pth = "".join(f"<th>{html.escape(c)}</th>" for c in cols)
+    return f"""<h2>What the direction is</h2>
+<p>Each layer's v_1 ({doc["variant"]}, {doc["rank"]}) read as tokens: the cosine with each row of the
+unembedding (final norm's scale folded in). The score is the larger of the top-10 mean and minus the
+bottom-10 mean (a plane: the mean of the top-10 projection norms); the band is the same score for
+Haar-random directions. A score inside the band is no more token-like than chance (docs/concepts.md).</p>
+<table><tr>{th}</tr>{rows}</table>
+<details><summary>Per head and key/value group ({len(prow)} rows)</summary>
+<table><tr>{pth}</tr>{parts}</table></details>
+"""

@@ -1,0 +1,115 @@
+"""``verify``: F read from the weights against F from the model's own forward (the identical-token probe).
+
+Also checks each probe for linearity, so a layer with no weight rule is verified too (docs/design.md,
+"Ground truth for F").
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from ..models import Adapter, get_adapter
+from ..models.probe import apply_attention_many, probe_matrices
+from .compute import _layer_list
+
+
+@dataclass
+class Verification:
+    """How well the weight-read F matches the F the model's forward code computes.
+
+    ``check`` says what was compared: 'weights' (F from the weights against the probe) or
+    'linearity' (a layer with no weight rule: the probe against its own superposition and
+    scaling, so ``max_abs_diff`` is how far the probe is from a linear map). ``linearity``
+    is that residual, relative to |F|, for every layer; ``linear`` is False when the value
+    path is nonlinear (by the adapter's rule, or because the probe fails superposition), and
+    then the probe is a local linearisation, never F.
+    """
+
+    layer: int
+    max_abs_diff: float
+    max_abs_F: float
+    dtype: str
+    check: str = "weights"
+    linearity: float = float("nan")
+    linear: bool = True
+
+    @property
+    def rel_diff(self) -> float:
+        return self.max_abs_diff / self.max_abs_F if self.max_abs_F > 0 else self.max_abs_diff
+
+
+_LINEAR_TOL = {"float64": 1e-9, "float32": 1e-4}  # relative superposition residual of a linear map
+
+
+def verify(model, layers: list[int] | None = None, n_tokens: int = 2) -> list[Verification]:
+    """Compare F from the weights with F from the identical-token probe, layer by layer.
+
+    The probe runs in the model's own dtype: expect ~1e-12 relative in float64, ~1e-6 in
+    float32 and ~1e-3 in fp16/bf16. Every layer's probe is also checked for linearity
+    (superposition and scaling on seeded random inputs); layers with no weight rule are
+    verified by that check alone, so no row is NaN.
+
+    Args:
+        layers: indices to verify (default: all; negative counts from the end).
+        n_tokens: length of the identical-token probe sequence (1 skips the softmax).
+
+    Returns:
+        One Verification per layer.
+
+    Raises:
+        TypeError: layers is not a list of ints. IndexError: a layer out of range.
+    """
+    adapter = get_adapter(model)
+    idx = _layer_list(adapter, layers)
+    probed = probe_matrices(adapter, idx, n_tokens=n_tokens)
+    lin = _linearity(adapter, idx, probed, n_tokens)
+    dtype = str(next(adapter.model.parameters()).dtype).replace("torch.", "")
+    tol = _LINEAR_TOL.get(dtype, 1e-2)
+    rows = []
+    for i in idx:
+        F_p = probed[i]
+        scale = float(F_p.abs().max())
+        is_linear = adapter.layers[i].linear and lin[i] <= tol
+        if adapter.layers[i].factors is None:
+            rows.append(Verification(i, lin[i] * scale, scale, dtype, "linearity", lin[i], is_linear))
+            continue
+        F_w = adapter.factors(i).matrix()
+        rows.append(
+            Verification(i, float((F_w - F_p).abs().max()), float(F_w.abs().max()), dtype, "weights", lin[i], is_linear)
+        )
+    return rows
+
+
+def _linearity(adapter: Adapter, idx: list[int], probed: dict, n_tokens: int) -> dict[int, float]:
+    """Relative residual of the probe against the linear map it should be.
+
+    P(x) is the probe's bias-free output. For seeded x, y at unit-to-large scales, compare
+    P(a x + b y) with a P(x) + b P(y), and P(s x) with s P(x); also P(x) with F_probe x
+    (the probe's own columns). A linear path gives rounding; a norm or a sink does not.
+    """
+    out = {}
+    for d in sorted({adapter.width(i) for i in idx}):  # towers of one model may differ in width
+        out.update(_linearity_at(adapter, [i for i in idx if adapter.width(i) == d], d, probed, n_tokens))
+    return out
+
+
+def _linearity_at(adapter: Adapter, idx: list[int], d: int, probed: dict, n_tokens: int) -> dict[int, float]:
+    """``_linearity`` for layers of one residual width d."""
+    g = torch.Generator().manual_seed(0)
+    x, y = torch.randn(2, d, generator=g, dtype=torch.float64)
+    a, b, s = 0.7, -1.3, 3.0
+    X = torch.stack([x, y, a * x + b * y, s * x])
+    P = apply_attention_many(adapter, idx, X, n_tokens=n_tokens)
+    out = {}
+    for i in idx:
+        px, py, pxy, psx = P[i]
+        ref = max(float(px.abs().max()), float(py.abs().max()), 1e-300)
+        err = max(
+            float((pxy - (a * px + b * py)).abs().max()) / (abs(a) + abs(b)),
+            float((psx - s * px).abs().max()) / s,
+            float((probed[i] @ x - px).abs().max()),
+        )
+        out[i] = err / ref
+    return out
