@@ -248,6 +248,7 @@ def run(
     dist_timeout: Annotated[
         float, typer.Option(help="under torchrun: seconds to wait for the other ranks (start and each exchange)")
     ] = 300.0,
+    wide: Annotated[bool, typer.Option("--wide", help="every column of the table, also on a narrow terminal")] = False,
     debug: DebugOpt = False,
 ) -> None:
     """The whole study: spectra, a monitored pass, a table, plots and report.html in a run folder.
@@ -282,15 +283,14 @@ def run(
     except Exception as e:
         _fail(e, debug, "run")
         return
-    from .run.table import rows as table_rows
+    from .run.table import print_run_table
 
     if res.rank > 0:  # under torchrun, rank 0 prints
         return
     if res.interrupted:
         stop(_interrupted_line(res))
     df = res.summary
-    heads, rows = table_rows(df)
-    emit(f"{model}: alignment per layer ({int(df['n_tokens'].iloc[0])} tokens)", heads, rows, False, [])
+    print_run_table(f"{model}: alignment per layer ({int(df['n_tokens'].iloc[0])} tokens)", df, wide=wide)
     if res.tokens_per_s:
         typer.echo(f"throughput: {res.tokens_per_s:,.0f} tokens/s (monitored forwards)")
     if res.report_error:  # the warning above said why and what to run

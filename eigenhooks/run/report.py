@@ -47,7 +47,8 @@ EXTRA = (
 LEGEND = {
     "layer": "attention layer, 0 = the first",
     "target": "the direction measured: v_1 of F = O V ranked by |λ| (ov/modulus) or by |1 + λ| (ov/residual)",
-    "kind": "λ1 real, complex (its plane, k = 2), or near-deg (gap ratio above 0.99)",
+    "kind": "real-dominant (λ1 real), complex-dominant (λ1 complex: its plane, k = 2) or near-degenerate "
+    "(gap ratio above 0.99)",
     "|λ1|": "modulus of the principal eigenvalue of F",
     "γ pre": "mean alignment ||Uᵀx|| / ||x|| with the principal subspace, before the attention step",
     "γ mid": "the same after the attention step",
