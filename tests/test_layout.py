@@ -25,6 +25,7 @@ RANK = {
     "run": 7,
     "integrations": 7,  # the HF Trainer callback: beside run, above the monitor it drives
     "monitor": 6,
+    "plots": 5.5,  # figures: the monitor (Monitor.plot) and run draw through it
     "steer": 6,
     "dynamics": 6,
     "spectra": 5,
