@@ -17,13 +17,14 @@ import typer
 
 from ._startup import stop
 from .run.checks import interrupted
-from .run.table import emit, fmt_complex, fmt_mb
+from .run.commandline import ReadableTyper, VersionOpt
+from .run.table import emit, fmt_complex, fmt_mb, print_run_table
 
-app = typer.Typer(add_completion=False, no_args_is_help=True, help="Power-method alignment of transformer tokens.")
+app = ReadableTyper(add_completion=False, no_args_is_help=True, help="Power-method alignment of transformer tokens.")
 
 
 @app.callback()
-def _setup() -> None:
+def _setup(version: VersionOpt = False) -> None:
     _quiet_libraries()
     _one_line_warnings()
 
@@ -283,8 +284,6 @@ def run(
     except Exception as e:
         _fail(e, debug, "run")
         return
-    from .run.table import print_run_table
-
     if res.rank > 0:  # under torchrun, rank 0 prints
         return
     if res.interrupted:
@@ -481,7 +480,7 @@ def report(
     typer.echo(str(out))
 
 
-cache_app = typer.Typer(no_args_is_help=True, help="The on-disk cache: spectra and converted models.")
+cache_app = ReadableTyper(no_args_is_help=True, help="The on-disk cache: spectra and converted models.")
 app.add_typer(cache_app, name="cache")
 
 
