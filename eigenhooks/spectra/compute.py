@@ -6,11 +6,9 @@ These join an adapter (which knows the model) with linalg.eig (which knows matri
 from __future__ import annotations
 
 import logging
-import os
 import weakref
 from collections import OrderedDict
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
-from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
@@ -28,6 +26,8 @@ from ..linalg.eig import (
 from ..models import Adapter, get_adapter, layer_index
 from ..models.offload import onloaded, source_modules
 from ..models.probe import apply_attention_many, probe_matrices
+from ..progress import bar
+from .threads import _blas_threads, _cores, _Inline, parallel_map  # noqa: F401 (parallel_map: monitor.plan)
 
 log = logging.getLogger(__name__)
 VARIANTS = ("ov", "ov_ln")
@@ -67,6 +67,7 @@ def spectra(
     top: int = DEFAULT_TOP,
     threshold: float = DEFAULT_THRESHOLD,
     cache: bool = True,
+    progress: bool | None = None,
 ) -> list[LayerSpectrum]:
     """Spectrum of F_t for every attention layer of a model, in float64.
 
@@ -86,6 +87,7 @@ def spectra(
         threshold: gap ratio above which a layer is 'near-degenerate'.
         cache: use the in-process memo and the disk cache (``EIGENHOOKS_CACHE``); False
             recomputes every layer and stores nothing.
+        progress: a bar on stderr per layer computed; None: on a terminal or in a notebook, 8+ layers.
 
     Returns:
         One LayerSpectrum per requested layer, in order. Shared-weight layers are
@@ -103,9 +105,8 @@ def spectra(
         >>> [s.kind for s in eh.spectra(model)]  # doctest: +SKIP
         ['real-dominant', 'complex-dominant', ...]
     """
-    return spectra_by_rank(
-        model, variant, (rank,), layers=layers, heads=heads, top=top, threshold=threshold, cache=cache
-    )[rank]
+    kw = dict(layers=layers, heads=heads, top=top, threshold=threshold, cache=cache, progress=progress)
+    return spectra_by_rank(model, variant, (rank,), **kw)[rank]
 
 
 def spectra_by_rank(
@@ -118,6 +119,7 @@ def spectra_by_rank(
     top: int = DEFAULT_TOP,
     threshold: float = DEFAULT_THRESHOLD,
     cache: bool = True,
+    progress: bool | None = None,
 ) -> dict[str, list[LayerSpectrum]]:
     """``spectra`` under several ranking rules: {rank: one LayerSpectrum per layer}.
 
@@ -145,7 +147,7 @@ def spectra_by_rank(
     reps: dict[int, int] = {}  # shared-weight group -> the layer computed for it
     for i in idx:
         reps.setdefault(adapter.layers[i].group, i)
-    found = _compute_groups(adapter, reps, options, cache)
+    found = _compute_groups(adapter, reps, options, cache, progress)
     return {
         rank: [
             _relabel(found[rank][adapter.layers[i].group], i)
@@ -157,46 +159,8 @@ def spectra_by_rank(
     }
 
 
-def _cores() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        return os.cpu_count() or 1
-
-
-@contextmanager
-def _blas_threads(n: int):
-    """Limit the BLAS / LAPACK threads of torch and numpy/scipy to n while the layers run side by side,
-    so that workers x BLAS threads never exceed the cores (oversubscribed BLAS dominated a GPU
-    machine's entry: docs/scale.md, "Figures behind the code")."""
-    before = torch.get_num_threads()
-    try:
-        from threadpoolctl import threadpool_limits
-    except ImportError:  # then numpy/scipy keep their own threads; torch's are still limited
-        threadpool_limits = None
-    torch.set_num_threads(n)
-    try:
-        if threadpool_limits is None:
-            yield
-        else:
-            with threadpool_limits(limits=n):
-                yield
-    finally:
-        torch.set_num_threads(before)
-
-
-def parallel_map(fn, items, serial: bool = False) -> list:
-    """[fn(x) for x in items], side by side in threads (cores // workers BLAS threads each) unless serial."""
-    items = list(items)
-    workers = max(1, min(len(items), _cores()))
-    if serial or workers == 1:
-        return [fn(x) for x in items]
-    with _blas_threads(max(1, _cores() // workers)), ThreadPoolExecutor(workers) as ex:
-        return list(ex.map(fn, items))
-
-
 def _compute_groups(
-    adapter: Adapter, reps: dict[int, int], options: dict[str, dict], cache: bool
+    adapter: Adapter, reps: dict[int, int], options: dict[str, dict], cache: bool, progress: bool | None = None
 ) -> dict[str, dict[int, LayerSpectrum]]:
     """{rank: one spectrum per shared-weight group}, layer by layer: memo, then disk cache, then eig.
 
@@ -219,10 +183,13 @@ def _compute_groups(
             g, specs = f.result()
             for r, spec in specs.items():
                 found[r][g] = spec
+        shown.update(completed=len(found[ranks[0]]))
 
     # One layer (or one core): compute inline. LAPACK's eigvals is ~40% slower in a worker
     # thread than in the main one (measured with MKL here), so a pool only pays with >1 job.
-    with _blas_threads(max(1, cores // workers)), _Inline() if workers == 1 else ThreadPoolExecutor(workers) as ex:
+    many = progress if progress is not None or len(reps) >= 8 else False  # a bar for 8+ layers, unless asked
+    pool = _Inline() if workers == 1 else ThreadPoolExecutor(workers)
+    with bar(f"spectra of {len(reps)} layers", len(reps), many) as shown, _blas_threads(cores // workers), pool as ex:
         for g, i in reps.items():
             missing = []
             for r in ranks:
@@ -255,24 +222,6 @@ def _compute_groups(
     for (r, g), mkey in memo_keys.items():
         _memo_put(mkey, found[r][g])
     return found
-
-
-class _Inline:
-    """A stand-in for ThreadPoolExecutor that runs each job at once, in the calling thread."""
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        return False
-
-    def submit(self, fn, *args) -> Future:
-        f: Future = Future()
-        try:
-            f.set_result(fn(*args))
-        except Exception as e:  # delivered by result(), as a pool would
-            f.set_exception(e)
-        return f
 
 
 @dataclass
@@ -540,7 +489,9 @@ class Verification:
 _LINEAR_TOL = {"float64": 1e-9, "float32": 1e-4}  # relative superposition residual of a linear map
 
 
-def verify(model, layers: list[int] | None = None, n_tokens: int = 2) -> list[Verification]:
+def verify(
+    model, layers: list[int] | None = None, n_tokens: int = 2, progress: bool | None = None
+) -> list[Verification]:
     """Compare F from the weights with F from the identical-token probe, layer by layer.
 
     The probe runs in the model's own dtype: expect ~1e-12 relative in float64, ~1e-6 in
@@ -551,6 +502,8 @@ def verify(model, layers: list[int] | None = None, n_tokens: int = 2) -> list[Ve
     Args:
         layers: indices to verify (default: all; negative counts from the end).
         n_tokens: length of the identical-token probe sequence (1 skips the softmax).
+        progress: a bar on stderr (probes then run in about 10 steps of layers); None: on a terminal or
+            in a notebook.
 
     Returns:
         One Verification per layer.
@@ -560,8 +513,13 @@ def verify(model, layers: list[int] | None = None, n_tokens: int = 2) -> list[Ve
     """
     adapter = get_adapter(model)
     idx = _layer_list(adapter, layers)
-    probed = probe_matrices(adapter, idx, n_tokens=n_tokens)
-    lin = _linearity(adapter, idx, probed, n_tokens)
+    probed, lin = {}, {}
+    with bar(f"verify: {len(idx)} layers", len(idx), progress) as shown:
+        step = -(-len(idx) // 10) if shown.on else len(idx)  # no bar: all layers in one probe, as fast
+        for part in (idx[k : k + step] for k in range(0, len(idx), step)):
+            probed.update(probe_matrices(adapter, part, n_tokens=n_tokens))
+            lin.update(_linearity(adapter, part, probed, n_tokens))
+            shown.advance(len(part))
     dtype = str(next(adapter.model.parameters()).dtype).replace("torch.", "")
     tol = _LINEAR_TOL.get(dtype, 1e-2)
     rows = []
