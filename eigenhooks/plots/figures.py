@@ -176,8 +176,8 @@ PER_PANEL = 48  # tokens per panel: 48 labels of 9 pt fit an 11-inch row
 
 
 def token_heatmap(values, tokens: list[str] | None = None, title: str = "alignment a(x) at 'pre'", per_panel=PER_PANEL):
-    """A layers x tokens heatmap, split into panels of ``per_panel`` tokens so that every token's label
-    reads at 9 pt in an 11-inch wide figure (a long sequence: more panels, never smaller labels).
+    """A layers x tokens heatmap, split into rows of at most ``per_panel`` tokens so that every token's
+    label reads at 9 pt in an 11-inch wide figure (a long sequence: more rows, never smaller labels).
 
     Args:
         values: (layers, tokens) array-like.
@@ -189,8 +189,8 @@ def token_heatmap(values, tokens: list[str] | None = None, title: str = "alignme
 
     v = np.asarray(values, dtype=float)
     n_layers, n = v.shape
-    per = max(1, min(per_panel, n))
-    panels = math.ceil(n / per)
+    panels = max(1, math.ceil(n / per_panel))
+    per = max(1, math.ceil(n / panels))  # balanced: 128 tokens make rows of 43, 43 and 42
     row_in = max(1.4, 0.1 * n_layers + 0.5) + (1.0 if tokens is not None else 0.3)
     fig, axes = plt.subplots(panels, 1, figsize=(11, row_in * panels + 0.6), squeeze=False, layout="constrained")
     vmax = max(1e-9, float(np.nanmax(v))) if v.size else 1.0
@@ -200,7 +200,7 @@ def token_heatmap(values, tokens: list[str] | None = None, title: str = "alignme
             v[:, lo:hi], aspect="auto", cmap="viridis", vmin=0, vmax=vmax,
             extent=(lo - 0.5, hi - 0.5, n_layers - 0.5, -0.5),
         )  # fmt: skip
-        ax.set_xlim(lo - 0.5, lo + per - 0.5)  # every panel as wide as a full one: a token has one width
+        ax.set_xlim(lo - 0.5, lo + per - 0.5)  # every row as wide as a full one: a token has one width
         ax.set_ylabel("layer", fontsize=TICK_PT)
         ax.yaxis.set_major_locator(MaxNLocator(nbins=6, integer=True))
         ax.tick_params(labelsize=TICK_PT)
@@ -209,7 +209,7 @@ def token_heatmap(values, tokens: list[str] | None = None, title: str = "alignme
             ax.set_xticklabels([readable(t) for t in tokens[lo:hi]], rotation=90, fontsize=TICK_PT)
         else:
             ax.set_xlabel("token", fontsize=TICK_PT)
-    axes[0, 0].set_title(title + (f" ({n} tokens, {per} per row)" if panels > 1 else ""), fontsize=10)
+    axes[0, 0].set_title(title + (f" ({n} tokens in {panels} rows)" if panels > 1 else ""), fontsize=10)
     fig.colorbar(im, ax=list(axes[:, 0]), fraction=0.02, pad=0.01)
     return fig
 
