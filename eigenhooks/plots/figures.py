@@ -165,7 +165,7 @@ def eigenvalue_planes(spectra, max_cols: int = 4):
         ax.scatter([s.lambda_1.real], [s.lambda_1.imag], s=40, color="red", marker="*", label="lambda_1")
         ax.axhline(0, color="k", lw=0.3)
         ax.axvline(0, color="k", lw=0.3)
-        ax.set_title(f"layer {s.layer}: {s.kind}", fontsize=9)
+        ax.set_title(f"layer {s.layer}\n{s.kind}", fontsize=9)  # two lines: "complex-dominant" fits a 2-inch panel
         ax.set_aspect("equal", adjustable="datalim")
     fig.tight_layout()
     return fig

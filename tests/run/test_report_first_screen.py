@@ -153,3 +153,34 @@ def test_verdict_markers_sit_beside_their_points_inside_the_axes():
             assert box.x0 <= x - r and x + r <= box.x1 and box.y0 <= y - r and y + r <= box.y1  # inside the axes
             for cx, cy in centres:  # never on a point (the one it marks, or another)
                 assert ((x - cx) ** 2 + (y - cy) ** 2) ** 0.5 >= r + ring_r, (verdict, x, y, cx, cy)
+
+
+def test_eigenvalue_planes_of_thirty_layers_keep_their_titles_inside():
+    """30 panels whose titles are the longest kind and whose ticks are wide (|lambda| ~ 100, as SmolLM2's
+    late layers): every title inside the figure, none over its neighbour's."""
+    from types import SimpleNamespace
+
+    import torch
+
+    import eigenhooks.plots as plots
+
+    g = torch.Generator().manual_seed(0)
+    specs = []
+    for layer in range(30):
+        ev = (
+            torch.complex(
+                torch.randn(64, generator=g, dtype=torch.float64), torch.randn(64, generator=g, dtype=torch.float64)
+            )
+            * 40
+        )
+        specs.append(SimpleNamespace(layer=layer, kind="complex-dominant", eigenvalues=ev, lambda_1=complex(ev[0])))
+    fig = plots.eigenvalue_planes(specs)
+    fig.canvas.draw()
+    renderer = fig.canvas.get_renderer()
+    boxes = [ax.title.get_window_extent(renderer) for ax in fig.axes[:30]]
+    page = fig.bbox
+    for box, s in zip(boxes, specs):
+        assert page.x0 <= box.x0 and box.x1 <= page.x1 and box.y1 <= page.y1, s.layer
+    for left, right in zip(boxes, boxes[1:]):
+        if abs(left.y0 - right.y0) < 1:  # the same row
+            assert left.x1 <= right.x0, (left, right)
