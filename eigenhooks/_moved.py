@@ -31,7 +31,7 @@ MOVED = {
     "eigenhooks.planted": "eigenhooks.dynamics.planted",
     "eigenhooks.rundir": "eigenhooks.run.folder",
     "eigenhooks.report": "eigenhooks.run.report",
-    "eigenhooks.plots": "eigenhooks.run.plots",
+    "eigenhooks.run.plots": "eigenhooks.plots.figures",
     "eigenhooks.table": "eigenhooks.run.table",
     "eigenhooks.texts": "eigenhooks.run.texts",
     "eigenhooks.models.loading": "eigenhooks.zoo.loading",

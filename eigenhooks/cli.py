@@ -17,13 +17,14 @@ import typer
 
 from ._startup import stop
 from .run.checks import interrupted
-from .run.table import emit, fmt_complex, fmt_mb
+from .run.commandline import ReadableTyper, VersionOpt
+from .run.table import emit, fmt_complex, fmt_mb, print_run_table
 
-app = typer.Typer(add_completion=False, no_args_is_help=True, help="Power-method alignment of transformer tokens.")
+app = ReadableTyper(add_completion=False, no_args_is_help=True, help="Power-method alignment of transformer tokens.")
 
 
 @app.callback()
-def _setup() -> None:
+def _setup(version: VersionOpt = False) -> None:
     _quiet_libraries()
     _one_line_warnings()
 
@@ -248,6 +249,7 @@ def run(
     dist_timeout: Annotated[
         float, typer.Option(help="under torchrun: seconds to wait for the other ranks (start and each exchange)")
     ] = 300.0,
+    wide: Annotated[bool, typer.Option("--wide", help="every column of the table, also on a narrow terminal")] = False,
     debug: DebugOpt = False,
 ) -> None:
     """The whole study: spectra, a monitored pass, a table, plots and report.html in a run folder.
@@ -282,15 +284,12 @@ def run(
     except Exception as e:
         _fail(e, debug, "run")
         return
-    from .run.table import rows as table_rows
-
     if res.rank > 0:  # under torchrun, rank 0 prints
         return
     if res.interrupted:
         stop(_interrupted_line(res))
     df = res.summary
-    heads, rows = table_rows(df)
-    emit(f"{model}: alignment per layer ({int(df['n_tokens'].iloc[0])} tokens)", heads, rows, False, [])
+    print_run_table(f"{model}: alignment per layer ({int(df['n_tokens'].iloc[0])} tokens)", df, wide=wide)
     if res.tokens_per_s:
         typer.echo(f"throughput: {res.tokens_per_s:,.0f} tokens/s (monitored forwards)")
     if res.report_error:  # the warning above said why and what to run
@@ -481,7 +480,7 @@ def report(
     typer.echo(str(out))
 
 
-cache_app = typer.Typer(no_args_is_help=True, help="The on-disk cache: spectra and converted models.")
+cache_app = ReadableTyper(no_args_is_help=True, help="The on-disk cache: spectra and converted models.")
 app.add_typer(cache_app, name="cache")
 
 

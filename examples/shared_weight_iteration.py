@@ -23,7 +23,7 @@ print(
     f"agree {D.agree(pred, meas)}"
 )
 try:
-    from eigenhooks.run import plots
+    from eigenhooks import plots
 
     plots.trajectories(
         torch.stack(tr.coords[-40:]).numpy(), "planted ALBERT, paper mode", ("Re v_1", "Im v_1")

@@ -1,6 +1,6 @@
 """The package's layout: wings on a ladder, imports pointing down it, no circle anywhere.
 
-docs/design.md, "Architecture": cli -> run -> (monitor, steer, dynamics) -> spectra -> zoo -> models -> linalg.
+docs/design.md, "Architecture": cli -> run -> (monitor, steer, dynamics) -> plots -> spectra -> zoo -> models -> linalg.
 An AST walk over eigenhooks/ maps every file to its wing and every import (module-level or
 inside a function: a lazy import closes a circle just as well) to the file it loads.
 """
@@ -25,6 +25,7 @@ RANK = {
     "run": 7,
     "integrations": 7,  # the HF Trainer callback: beside run, above the monitor it drives
     "monitor": 6,
+    "plots": 5.5,  # figures: the monitor (Monitor.plot) and run draw through it
     "steer": 6,
     "dynamics": 6,
     "spectra": 5,

@@ -166,6 +166,7 @@ def _thirty_layers(src, out):
 MEASURE = """<script>
 window.addEventListener("load", function () {
   function r(el) { var b = el.getBoundingClientRect(); return {left: b.left, right: b.right, top: b.top, bottom: b.bottom}; }
+  document.querySelectorAll("details").forEach(function (d) { d.open = true; });  // 60 rows open folded
   var box = document.getElementById("per-layer-box"), tab = document.getElementById("per-layer");
   var ths = tab.querySelectorAll("thead th"), m = {vw: window.innerWidth, vh: window.innerHeight};
   m.box = r(box); m.table = r(tab); m.lastTh = r(ths[ths.length - 1]);

@@ -110,7 +110,7 @@ def test_plot_smoke(run_dir):
     import matplotlib
 
     matplotlib.use("Agg")
-    from eigenhooks.run import plots
+    from eigenhooks import plots
 
     fig = plots.trajectories(torch.randn(10, 3, 2).numpy())
     assert fig.axes

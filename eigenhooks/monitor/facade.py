@@ -29,6 +29,7 @@ from .config import DEFAULTS, MonitorConfig
 from .forward import Call, Forward, Generation, continues
 from .lens import lens_call_mask, lens_string_mask
 from .logs import LogPoints, scalar_labels
+from .notebook import NotebookViews
 from .plan import Plan, build_plan, parse_targets
 from .sinks import SinkError
 from .summary import save_table, summary_table, target_stats
@@ -37,13 +38,13 @@ from .taps import MeasurementWarning, Taps, Warner, thread_key
 _ALIASES = {"K": "null_draws", "Kf": "fnull_draws", "m": "eig_top"}  # names before 0.2, one release more
 
 
-class Monitor:
+class Monitor(NotebookViews):
     """Streaming alignment statistics for every attention layer of a model.
 
     Use through ``eigenhooks.monitor(...)`` (its docstring lists the arguments; ``config`` holds
     them, frozen). After (or during) the block: ``summary()``, ``save(path)``, ``state_dict()`` /
-    ``load_state_dict()`` / ``merge_state_dict()``, ``all_reduce()`` under torch.distributed; with a
-    sink, ``log()``, ``log_summary()`` and ``step``.
+    ``load_state_dict()`` / ``merge_state_dict()``, ``all_reduce()`` under torch.distributed; in a
+    notebook ``plot()`` and ``tokens()``; with a sink, ``log()``, ``log_summary()`` and ``step``.
     """
 
     def __init__(

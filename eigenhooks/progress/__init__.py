@@ -38,6 +38,11 @@ class Bar:
     def __init__(self, bar=None, task=None):
         self._bar, self._task = bar, task
 
+    @property
+    def on(self) -> bool:
+        """Whether a bar is drawn (callers may then work in smaller steps, to move it)."""
+        return self._bar is not None
+
     def advance(self, n: float = 1) -> None:
         if self._bar is not None:
             self._bar.advance(self._task, n)

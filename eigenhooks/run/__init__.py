@@ -3,7 +3,7 @@
 Owns ``run`` (``job``: what ``eigenhooks run`` calls), torchrun's process group for it
 (``distributed``), the texts and their batches (``texts``), the run folder that never lies
 about itself (``folder``), and what is made from a finished run: the table (``table``), the
-plots (``plots``) and the HTML report (``report``). It may import every wing below it; only the
+plots (drawn by ``eigenhooks.plots``) and the HTML report (``report``). It may import every wing below it; only the
 CLI imports it.
 """
 

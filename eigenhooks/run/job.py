@@ -387,9 +387,10 @@ def _seq_len(model, wanted: int = 128) -> int:
 
 def _plots(out: Path, st: _Study, backend: str) -> None:
     try:
-        from . import plots
+        from .. import plots
+        from ..plots.figures import _plt
 
-        plt = plots._plt()  # Agg unless a backend was chosen (a notebook's stays as it is)
+        plt = _plt()  # Agg unless a backend was chosen (a notebook's stays as it is)
     except ImportError:
         (out / "plots-skipped.txt").write_text("matplotlib not installed: pip install 'eigenhooks[plot]'\n")
         return

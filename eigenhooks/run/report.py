@@ -2,9 +2,11 @@
 
 ``build_report(run_dir)`` reads summary.csv, meta.json and the PNG plots written by
 ``eigenhooks run`` and writes report.html beside them; ``eigenhooks report DIR`` calls it.
-The per-layer table sits in a scrolling box with a sticky header (a 30-layer run stays
-readable at 1280 x 800), verdict cells carry a class and a colour, and a legend says what each
-column is. A folder whose tables do not match its meta.json (``integrity.damage``) gets a
+The page opens on the plots (rho by layer with its null band first, then gamma, the eigenvalue
+planes, the heat map); the tables follow, folded in ``<details>`` past a few rows. The per-layer
+table sits in a scrolling box with a sticky header (a 30-layer run stays readable at 1280 x 800),
+verdict cells carry a class and a colour, and a legend says what each column is. No part of the
+page is wider than the window: long metadata values wrap, long JSON folds. A folder whose tables do not match its meta.json (``integrity.damage``) gets a
 report marked damaged at the top, saying what is wrong. No network: styles and images are inline.
 """
 
@@ -20,8 +22,8 @@ from . import direction_report
 from .integrity import cut_rows, damage
 
 PLOTS = (
-    ("alignment_modulus.png", "rho per layer with its 95% CI against the Haar null band (ranked by |lambda|)"),
-    ("alignment_residual.png", "rho per layer with its 95% CI against the Haar null band (ranked by |1 + lambda|)"),
+    ("alignment_modulus.png", "ρ per layer with its 95% CI against the Haar null band, then γ (v_1 ranked by |λ|)"),
+    ("alignment_residual.png", "ρ per layer with its 95% CI against the Haar null band, then γ (ranked by |1 + λ|)"),
     ("eigenvalues.png", "Eigenvalues of each layer's F in the complex plane"),
     ("heatmap.png", "Per-token alignment, first sequence (tokens x layers)"),
 )
@@ -48,7 +50,8 @@ EXTRA = (
 LEGEND = {
     "layer": "attention layer, 0 = the first",
     "target": "the direction measured: v_1 of F = O V ranked by |λ| (ov/modulus) or by |1 + λ| (ov/residual)",
-    "kind": "λ1 real, complex (its plane, k = 2), or near-deg (gap ratio above 0.99)",
+    "kind": "real-dominant (λ1 real), complex-dominant (λ1 complex: its plane, k = 2) or near-degenerate "
+    "(gap ratio above 0.99)",
     "|λ1|": "modulus of the principal eigenvalue of F",
     "γ pre": "mean alignment ||Uᵀx|| / ||x|| with the principal subspace, before the attention step",
     "γ mid": "the same after the attention step",
@@ -88,7 +91,12 @@ td.verdict { font-weight: 600; text-align: left; }
 .chip { display: inline-block; padding: 0 6px; border-radius: 3px; font-weight: 600; }
 .damaged { border: 2px solid #b91c1c; background: #fef2f2; color: #7f1d1d; padding: .5em 1em; margin: 1em 0; }
 .damaged ul { margin: .3em 0; }
-figure { margin: 1.5em 0; } img { max-width: 100%; }
+figure { margin: 1em 0; } img { max-width: 100%; height: auto; }
+details > summary { cursor: pointer; margin: .4em 0; }
+table.meta { table-layout: fixed; width: 100%; }
+table.meta th { width: 11em; text-align: left; vertical-align: top; }
+table.meta td { text-align: left; white-space: normal; overflow-wrap: anywhere; }
+table.meta pre { margin: 0; white-space: pre-wrap; overflow-wrap: anywhere; font-size: 12px; }
 figcaption, .note { color: #555; font-size: 13px; }
 """
 
@@ -216,6 +224,19 @@ def _banner(problems: list[str]) -> str:
     )
 
 
+FOLD = 8  # a table of more rows than this opens folded
+
+
+def _fold(summary: str, body: str, rows: int, ident: str) -> str:
+    """``body`` in a <details> saying ``summary``: open when it has at most FOLD rows."""
+    return f'<details id="{ident}"{" open" if rows <= FOLD else ""}><summary>{summary}</summary>{body}</details>'
+
+
+def _verdict_counts(df) -> str:
+    counts = df["verdict"].value_counts() if "verdict" in df else {}
+    return ", ".join(f'<span class="chip v-{v}">{counts[v]} {v}</span>' for v in VERDICTS if counts.get(v, 0))
+
+
 def _run_table(df) -> str:
     from .table import rows as table_rows
 
@@ -234,10 +255,12 @@ def _run_table(df) -> str:
             else:
                 tds.append(f'<td class="{"left" if h in LEFT else ""}">{html.escape(c)}</td>')
         body.append(f'<tr class="{"odd" if odd else ""}">{"".join(tds)}</tr>')
-    return (
+    box = (
         f'<div class="tablebox" id="per-layer-box"><table id="per-layer"><thead><tr>{head}</tr></thead>'
         f"<tbody>{''.join(body)}</tbody></table></div>"
     )
+    said = f"{len(cells)} rows ({df['layer'].nunique()} layers): {_verdict_counts(df)}"
+    return _fold(said, box + _legend(), len(cells), "per-layer-fold")
 
 
 def _extra_table(df) -> str:
@@ -254,12 +277,12 @@ def _extra_table(df) -> str:
         + "</tr>"
         for r in df.to_dict("records")
     )
-    return (
-        "<h3>More columns</h3>"
+    box = (
         '<p class="note">Raw columns of summary.csv (all of them are in the file); this box scrolls sideways.</p>'
         f'<div class="tablebox" id="extra-box"><table id="extra"><thead><tr>{head}</tr></thead>'
         f"<tbody>{body}</tbody></table></div>"
     )
+    return "<h3>More columns</h3>" + _fold(f"{len(df)} rows x {len(extra)} columns", box, len(df), "extra-fold")
 
 
 def _legend() -> str:
@@ -286,25 +309,32 @@ def _figures(run_dir: Path) -> list[str]:
     return figs
 
 
+LONG = 160  # a metadata value longer than this (as JSON) folds, its first characters showing
+
+
+def _meta_value(v) -> str:
+    text = v if isinstance(v, str) else json.dumps(v)
+    if len(text) <= LONG:
+        return html.escape(text)
+    whole = v if isinstance(v, str) else json.dumps(v, indent=1)
+    return f"<details><summary>{html.escape(text[:100])} …</summary><pre>{html.escape(whole)}</pre></details>"
+
+
 def _page(run_dir: Path, meta: dict, df, model: str, status: str, problems: list[str]) -> str:
     figs = _figures(run_dir)
-    meta_rows = "".join(
-        f"<tr><th>{html.escape(str(k))}</th><td>{html.escape(json.dumps(v) if not isinstance(v, str) else v)}</td></tr>"
-        for k, v in meta.items()
-    )
+    meta_rows = "".join(f"<tr><th>{html.escape(str(k))}</th><td>{_meta_value(v)}</td></tr>" for k, v in meta.items())
     return f"""<!doctype html>
 <html lang="en"><head><meta charset="utf-8"><title>eigenhooks run: {html.escape(model)}</title>
 <style>{CSS}</style></head>
 <body data-images="{len(figs)}" data-damaged="{len(problems)}">
 <h1>eigenhooks run</h1>
 {_banner(problems)}
-<p>Model <b>{html.escape(model)}</b>, {html.escape(status)}.</p>
-<h2>Per layer</h2>
-{_run_table(df)}
-{_legend()}
-{_extra_table(df)}
+<p>Model <b>{html.escape(model)}</b>, {html.escape(status)}. {len(df)} rows: {_verdict_counts(df)}.</p>
 <h2>Plots</h2>
 {"".join(figs)}
+<h2>Per layer</h2>
+{_run_table(df)}
+{_extra_table(df)}
 {direction_report.section(run_dir)}
 <h2>Run</h2>
 <table class="meta">{meta_rows}</table>

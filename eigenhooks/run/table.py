@@ -9,9 +9,8 @@ small p in scientific notation.
 
 from __future__ import annotations
 
+import io
 import math
-
-KIND = {"real-dominant": "real", "complex-dominant": "complex", "near-degenerate": "near-deg"}
 
 
 def fmt_num(v, digits: int = 3) -> str:
@@ -64,7 +63,7 @@ def _rank(r) -> str:
 RUN_COLUMNS = (
     ("layer", lambda r: str(int(r["layer"]))),
     ("target", lambda r: str(r["target"])),
-    ("kind", lambda r: KIND.get(str(r["kind"]), str(r["kind"]))),
+    ("kind", lambda r: str(r["kind"])),  # DESIGN's names, as the API and the report spell them
     ("|λ1|", lambda r: fmt_num(r["abs_lambda_1"])),
     ("γ pre", lambda r: fmt_num(r["gamma_pre"])),
     ("γ mid", lambda r: fmt_num(r["gamma_mid"])),
@@ -76,6 +75,11 @@ RUN_COLUMNS = (
     ("eig rank", _rank),
     ("verdict", lambda r: str(r["verdict"])),
 )
+
+
+# what a narrow terminal gives up first, last one last; layer, target, ρ and verdict always stay
+DROP_ORDER = ("|λ1|", "kind", "γ pre", "γ mid", "eig rank", "pct", "p_null", "null ρ 95% (ρ there)", "q_null")
+FULL_WIDTH = 160  # at this width or more, and when piped, every column
 
 
 def rows(summary, columns=RUN_COLUMNS) -> tuple[list[str], list[list[str]]]:
@@ -128,6 +132,59 @@ def emit(title: str, columns: list[str], rows: list[list], as_json: bool, record
     for r in rows:
         table.add_row(*[Text(str(x)) for x in r])
     Console(width=None if sys.stdout.isatty() else 200).print(table)  # piped: whole rows (rich would cut to 80)
+
+
+def _rich_table(title: str, heads: list[str], cells: list[list[str]], caption: str | None = None):
+    from rich.table import Table
+    from rich.text import Text
+
+    # collapsed padding: the full table of a 30-layer model fits 160 columns with the long kind names
+    table = Table(title=Text(title), caption=caption, header_style="bold", collapse_padding=True)
+    for c in heads:
+        table.add_column(Text(c), justify="left" if c in ("kind", "target", "verdict") else "right", no_wrap=True)
+    for r in cells:
+        table.add_row(*[Text(x) for x in r])  # Text: a custom target's name is never read as markup
+    return table
+
+
+def run_table(title: str, summary, width: int, wide: bool = False):
+    """The run table as a rich Table for a terminal ``width`` columns wide, and the headers it left out.
+
+    Every column when ``wide`` or when they fit; else the columns of ``DROP_ORDER`` go, in that order,
+    until the rest fits, so no number is ever cut to '0…'; the caption names what went and where it is.
+    """
+    from rich.console import Console
+
+    heads, cells = rows(summary)
+    console = Console(width=10_000, file=io.StringIO())  # measures a row's natural width, uncut
+    dropped: list[str] = []
+    table = _rich_table(title, heads, cells)
+    for h in () if wide else DROP_ORDER:
+        if console.measure(table).maximum <= width:
+            break
+        dropped.append(h)
+        keep = [i for i, x in enumerate(heads) if x not in dropped]
+        table = _rich_table(title, [heads[i] for i in keep], [[r[i] for i in keep] for r in cells])
+    if dropped:
+        caption = f"{len(dropped)} more columns ({', '.join(dropped)}): --wide, or summary.csv"
+        keep = [i for i, x in enumerate(heads) if x not in dropped]
+        table = _rich_table(title, [heads[i] for i in keep], [[r[i] for i in keep] for r in cells], caption)
+    return table, dropped
+
+
+def print_run_table(title: str, summary, wide: bool = False, console=None) -> None:
+    """Print the run table: compact on a terminal narrower than it (``--wide``: every column, the
+    lines then wrap), every column at ``FULL_WIDTH`` or more and when piped."""
+    import sys
+
+    from rich.console import Console
+
+    console = console or Console(width=None if sys.stdout.isatty() else 200)
+    table, _ = run_table(title, summary, console.width, wide=wide or not console.is_terminal)
+    width = Console(width=10_000, file=io.StringIO()).measure(table).maximum
+    if width > console.width:  # --wide or piped: whole rows, never a cut number
+        console = Console(width=width, file=console.file, force_terminal=console.is_terminal)
+    console.print(table)
 
 
 def fmt_mb(n: int) -> str:

@@ -26,6 +26,7 @@ from ..linalg.eig import (
 from ..models import Adapter, get_adapter, layer_index
 from ..models.offload import onloaded, source_modules
 from ..models.probe import probe_matrices
+from ..progress import bar
 from .heads import circuit_digest, circuit_matrix, copy_out
 from .pool import _blas_threads, _cores, _Inline, parallel_map  # noqa: F401  (parallel_map: for the monitor)
 
@@ -67,6 +68,7 @@ def spectra(
     top: int = DEFAULT_TOP,
     threshold: float = DEFAULT_THRESHOLD,
     cache: bool = True,
+    progress: bool | None = None,
 ) -> list[LayerSpectrum]:
     """Spectrum of F_t for every attention layer of a model, in float64.
 
@@ -87,6 +89,7 @@ def spectra(
         threshold: gap ratio above which a layer is 'near-degenerate'.
         cache: use the in-process memo and the disk cache (``EIGENHOOKS_CACHE``); False
             recomputes every layer and stores nothing.
+        progress: a bar on stderr per layer computed; None: on a terminal or in a notebook, 8+ layers.
 
     Returns:
         One LayerSpectrum per requested layer, in order. Shared-weight layers are
@@ -104,9 +107,8 @@ def spectra(
         >>> [s.kind for s in eh.spectra(model)]  # doctest: +SKIP
         ['real-dominant', 'complex-dominant', ...]
     """
-    return spectra_by_rank(
-        model, variant, (rank,), layers=layers, heads=heads, top=top, threshold=threshold, cache=cache
-    )[rank]
+    kw = dict(layers=layers, heads=heads, top=top, threshold=threshold, cache=cache, progress=progress)
+    return spectra_by_rank(model, variant, (rank,), **kw)[rank]
 
 
 def spectra_by_rank(
@@ -119,6 +121,7 @@ def spectra_by_rank(
     top: int = DEFAULT_TOP,
     threshold: float = DEFAULT_THRESHOLD,
     cache: bool = True,
+    progress: bool | None = None,
 ) -> dict[str, list[LayerSpectrum]]:
     """``spectra`` under several ranking rules: {rank: one LayerSpectrum per layer}.
 
@@ -147,7 +150,7 @@ def spectra_by_rank(
     reps: dict[int, int] = {}  # shared-weight group -> the layer computed for it
     for i in idx:
         reps.setdefault(adapter.layers[i].group, i)
-    found = _compute_groups(adapter, reps, options, cache)
+    found = _compute_groups(adapter, reps, options, cache, progress)
     return {
         rank: [
             _relabel(found[rank][adapter.layers[i].group], i)
@@ -160,7 +163,7 @@ def spectra_by_rank(
 
 
 def _compute_groups(
-    adapter: Adapter, reps: dict[int, int], options: dict[str, dict], cache: bool
+    adapter: Adapter, reps: dict[int, int], options: dict[str, dict], cache: bool, progress: bool | None = None
 ) -> dict[str, dict[int, LayerSpectrum]]:
     """{rank: one spectrum per shared-weight group}, layer by layer: memo, then disk cache, then eig.
 
@@ -183,10 +186,13 @@ def _compute_groups(
             g, specs = f.result()
             for r, spec in specs.items():
                 found[r][g] = spec
+        shown.update(completed=len(found[ranks[0]]))
 
     # One layer (or one core): compute inline. LAPACK's eigvals is ~40% slower in a worker
     # thread than in the main one (measured with MKL here), so a pool only pays with >1 job.
-    with _blas_threads(max(1, cores // workers)), _Inline() if workers == 1 else ThreadPoolExecutor(workers) as ex:
+    many = progress if progress is not None or len(reps) >= 8 else False  # a bar for 8+ layers, unless asked
+    pool = _Inline() if workers == 1 else ThreadPoolExecutor(workers)
+    with bar(f"spectra of {len(reps)} layers", len(reps), many) as shown, _blas_threads(cores // workers), pool as ex:
         for g, i in reps.items():
             missing = []
             for r in ranks:

@@ -12,6 +12,7 @@ import torch
 
 from ..models import Adapter, get_adapter
 from ..models.probe import apply_attention_many, probe_matrices
+from ..progress import bar
 from .compute import _layer_list
 
 
@@ -43,7 +44,9 @@ class Verification:
 _LINEAR_TOL = {"float64": 1e-9, "float32": 1e-4}  # relative superposition residual of a linear map
 
 
-def verify(model, layers: list[int] | None = None, n_tokens: int = 2) -> list[Verification]:
+def verify(
+    model, layers: list[int] | None = None, n_tokens: int = 2, progress: bool | None = None
+) -> list[Verification]:
     """Compare F from the weights with F from the identical-token probe, layer by layer.
 
     The probe runs in the model's own dtype: expect ~1e-12 relative in float64, ~1e-6 in
@@ -54,6 +57,8 @@ def verify(model, layers: list[int] | None = None, n_tokens: int = 2) -> list[Ve
     Args:
         layers: indices to verify (default: all; negative counts from the end).
         n_tokens: length of the identical-token probe sequence (1 skips the softmax).
+        progress: a bar on stderr (probes then run in about 10 steps of layers); None: on a terminal or
+            in a notebook.
 
     Returns:
         One Verification per layer.
@@ -63,8 +68,13 @@ def verify(model, layers: list[int] | None = None, n_tokens: int = 2) -> list[Ve
     """
     adapter = get_adapter(model)
     idx = _layer_list(adapter, layers)
-    probed = probe_matrices(adapter, idx, n_tokens=n_tokens)
-    lin = _linearity(adapter, idx, probed, n_tokens)
+    probed, lin = {}, {}
+    with bar(f"verify: {len(idx)} layers", len(idx), progress) as shown:
+        step = -(-len(idx) // 10) if shown.on else len(idx)  # no bar: all layers in one probe, as fast
+        for part in (idx[k : k + step] for k in range(0, len(idx), step)):
+            probed.update(probe_matrices(adapter, part, n_tokens=n_tokens))
+            lin.update(_linearity(adapter, part, probed, n_tokens))
+            shown.advance(len(part))
     dtype = str(next(adapter.model.parameters()).dtype).replace("torch.", "")
     tol = _LINEAR_TOL.get(dtype, 1e-2)
     rows = []

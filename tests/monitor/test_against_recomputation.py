@@ -299,6 +299,37 @@ def test_hf_and_lens_give_the_same_statistics(gpt2):
     assert a["n_up"] == 0 and p["n_up"] > 0
 
 
+def _frames_in_package(tb) -> list[str]:
+    """The traceback's frames in eigenhooks' own source files, wherever the clone lives (a clone at
+    /tmp/x/eigenhooks has 'eigenhooks' in every path, the model's frames included)."""
+    import traceback
+    from pathlib import Path
+
+    package = Path(eh.__file__).resolve().parent
+    return [
+        f"{f.filename}:{f.lineno}"
+        for f in traceback.extract_tb(tb)
+        if Path(f.filename).resolve().is_relative_to(package)
+    ]
+
+
+def test_frames_in_package_reads_paths_not_names(tmp_path):
+    """The check behind test_empty_batch_and_low_precision: a frame of the package counts, a frame of a
+    file elsewhere whose path says 'eigenhooks' does not."""
+    elsewhere = tmp_path / "eigenhooks" / "model.py"
+    elsewhere.parent.mkdir()
+    elsewhere.write_text("def boom():\n    raise RuntimeError('the model refuses')\n")
+    code = compile(elsewhere.read_text(), str(elsewhere), "exec")
+    space: dict = {}
+    exec(code, space)
+    with pytest.raises(RuntimeError) as info:
+        space["boom"]()
+    assert _frames_in_package(info.value.__traceback__) == []
+    with pytest.raises(ValueError) as ours:
+        eh.monitor(torch.nn.Linear(2, 2), targets="not a target list")
+    assert _frames_in_package(ours.value.__traceback__) != []
+
+
 def test_empty_batch_and_low_precision(gpt2):
     model, tok = gpt2
     ids = torch.zeros((0, 5), dtype=torch.long)
@@ -306,7 +337,7 @@ def test_empty_batch_and_low_precision(gpt2):
         with eh.monitor(model) as mon, torch.no_grad():
             model(input_ids=ids, attention_mask=torch.ones_like(ids))
     except Exception as e:  # the model itself may refuse an empty batch; never a crash in our hooks
-        assert "eigenhooks" not in "".join(__import__("traceback").format_tb(e.__traceback__))
+        assert _frames_in_package(e.__traceback__) == []
     else:
         assert mon.stats[(0, "ov/modulus")]["n"] == 0
     # bf16 activations are upcast to float32 for the statistics

@@ -11,8 +11,8 @@ pytest.importorskip("matplotlib", reason="plots need matplotlib (pip install 'ei
 SCRIPT = """
 import matplotlib
 {setup}
-from eigenhooks.run import plots
-plots._plt()
+from eigenhooks.plots import figures
+figures._plt()
 print(matplotlib.get_backend().lower())
 """
 

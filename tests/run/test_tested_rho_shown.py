@@ -67,7 +67,7 @@ def test_the_plot_rings_the_tested_rho_and_marks_the_verdict_on_it():
     pytest.importorskip("matplotlib", reason="plots need matplotlib (pip install 'eigenhooks[plot]')")
     import pandas as pd
 
-    from eigenhooks.run import plots
+    from eigenhooks import plots
 
     nan = float("nan")
     rows = [  # layer 0 is the notebook's case: rho inside the band, the tested rho above it
@@ -80,7 +80,7 @@ def test_the_plot_rings_the_tested_rho_and_marks_the_verdict_on_it():
         r.update(null_rho_lo=0.16, null_rho_hi=0.86, null_rho_mean=0.5, gamma_pre=0.1, gamma_mid=0.1)
         r.update(null_gamma_pre_lo=0.05, null_gamma_pre_hi=0.15, q_null=nan)
     df = pd.DataFrame(rows)
-    ax = plots.alignment_by_layer(df, "modulus").axes[1]
+    ax = plots.alignment_by_layer(df, "modulus").axes[0]  # rho on top, gamma below
     by_label = {c.get_label(): [tuple(p) for p in c.get_offsets()] for c in ax.collections}
     assert by_label["ρ on the null's tokens"] == [(0, 0.929), (1, 0.50), (2, 0.08)]
     assert by_label["toward (q < 0.05)"] == [(0, 0.929)] and by_label["away (q < 0.05)"] == [(2, 0.08)]

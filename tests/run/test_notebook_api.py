@@ -1,0 +1,74 @@
+"""What a notebook user reaches for: ``mon.plot()`` (one Figure: rho by layer with its null band, and
+gamma), ``mon.tokens()`` (the per-token records as a DataFrame), checked against the model's own
+hidden states and the summary's rho."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import eigenhooks as eh
+
+TEXTS = ["def add(a, b):\n    return a + b", "A class statement defines a class object, short."]
+
+
+@pytest.fixture(scope="module")
+def watched():
+    model, tok = eh.zoo.load("gpt2-tiny")
+    batch = tok(TEXTS, return_tensors="pt", padding=True)
+    with eh.monitor(model, targets=[("ov", "modulus"), ("ov", "residual")], tokens=True) as mon, torch.no_grad():
+        model(**batch)
+    return model, batch, mon
+
+
+def test_tokens_is_a_frame_of_every_valid_token_with_the_models_own_alignment(watched):
+    model, batch, mon = watched
+    df = mon.tokens()
+    n_layers, n_valid = model.config.n_layer, int(batch["attention_mask"].sum())
+    assert len(df) == n_layers * n_valid  # padding left out
+    assert list(df.columns[:5]) == ["forward", "layer", "target", "sequence", "position"]
+    # a(pre) at layer L from the model's own hidden states (the input of block L) and F's basis
+    with torch.no_grad():
+        hs = model(**batch, output_hidden_states=True).hidden_states
+    specs = eh.spectra(model)
+    for layer in range(n_layers):
+        U = specs[layer].basis.float()  # (d, k)
+        x = hs[layer]  # (batch, pos, d)
+        a = (x @ U).norm(dim=-1) / x.norm(dim=-1)
+        rows = df[df["layer"] == layer]
+        want = a[batch["attention_mask"].bool()]
+        torch.testing.assert_close(torch.tensor(rows["a_pre"].to_numpy()), want, atol=2e-5, rtol=1e-4)
+    # rho is the share of tokens whose alignment grew: the summary's, from these rows
+    s = mon.summary().set_index(["layer", "target"])
+    for layer, rows in df.groupby("layer"):
+        assert rows["up"].mean() == pytest.approx(s.loc[(layer, "ov/modulus"), "rho"], abs=1e-6)
+    assert (df["delta"] == df["a_mid"] - df["a_pre"]).all()
+
+
+def test_tokens_says_how_to_get_records():
+    model, tok = eh.zoo.load("gpt2-tiny")
+    with eh.monitor(model) as mon, torch.no_grad():
+        model(**tok(TEXTS[:1], return_tensors="pt"))
+    with pytest.raises(ValueError, match=r"tokens=True"):
+        mon.tokens()
+
+
+def test_plot_is_one_figure_of_rho_with_its_band_and_gamma_per_target(watched):
+    pytest.importorskip("matplotlib", reason="plots need matplotlib (pip install 'eigenhooks[plot]')")
+    from matplotlib.figure import Figure
+
+    _, _, mon = watched
+    fig = mon.plot()
+    assert isinstance(fig, Figure)
+    axes = fig.axes
+    assert len(axes) == 4  # (rho, gamma) x 2 targets
+    titles = [a.get_title() for a in axes if a.get_title()]
+    assert titles == ["ov/modulus: ρ per layer against the Haar null", "ov/residual: ρ per layer against the Haar null"]
+    rho_ax = axes[0]
+    labels = [t.get_text() for t in rho_ax.get_legend().get_texts()]
+    assert "null ρ 95% band" in labels and "ρ, 95% CI" in labels
+    assert "mean alignment γ" in [a.get_ylabel() for a in axes]
+    one = mon.plot("residual")
+    assert len(one.axes) == 2 and one.axes[0].get_title().startswith("ov/residual")
+    with pytest.raises(ValueError, match="no rows for target 'ov/nothing'"):
+        mon.plot("ov/nothing")

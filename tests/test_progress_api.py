@@ -1,0 +1,76 @@
+"""eh.spectra and eh.verify take ``progress=``: a bar per layer for a 30-layer model, none for a few
+layers unless asked, and the same numbers either way."""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+
+import pytest
+import torch
+from thirty_layers import thirty_layer_model
+
+import eigenhooks as eh
+from eigenhooks import progress as P
+from eigenhooks.spectra import compute
+
+
+@pytest.fixture
+def bars(monkeypatch):
+    """Every bar the spectra wing opens: [description, total, progress switch, completed, steps]."""
+    seen = []
+
+    @contextmanager
+    def recording(description, total, progress=None):
+        rec = [description, total, progress, 0, 0]
+        seen.append(rec)
+
+        class Rec(P.Bar):
+            on = P.shown(progress)
+
+            def advance(self, n=1):
+                rec[3] += n
+                rec[4] += 1
+
+            def update(self, *, completed=None, description=None):
+                if completed is not None and completed != rec[3]:
+                    rec[3] = completed
+                    rec[4] += 1
+
+        yield Rec()
+
+    monkeypatch.setattr(compute, "bar", recording)
+    return seen
+
+
+@pytest.fixture(scope="module")
+def deep():
+    return thirty_layer_model()[0]
+
+
+def test_spectra_of_thirty_layers_moves_a_bar_to_the_end(bars, deep):
+    specs = eh.spectra(deep, cache=False, progress=True)
+    assert len(specs) == 30
+    (desc, total, switch, done, steps), *_ = bars
+    assert desc == "spectra of 30 layers" and total == 30 and switch is True and done == 30 and steps >= 2
+    quiet = eh.spectra(deep, cache=False, progress=False)
+    assert bars[1][2] is False
+    assert all(torch.equal(a.eigenvalues, b.eigenvalues) for a, b in zip(specs, quiet))
+
+
+def test_a_few_layers_draw_no_bar_unless_asked(bars):
+    model, _ = eh.zoo.load("gpt2-tiny")
+    eh.spectra(model, cache=False)
+    assert bars[-1][:3] == ["spectra of 4 layers", 4, False]  # off whatever stderr is
+    eh.spectra(model, cache=False, progress=True)
+    assert bars[-1][2] is True
+
+
+def test_verify_steps_through_the_layers_with_the_same_numbers(bars, deep):
+    shown = eh.verify(deep, progress=True)
+    desc, total, switch, done, steps = bars[-1]
+    assert (desc, total, switch, done) == ("verify: 30 layers", 30, True, 30) and 2 <= steps <= 10
+    plain = eh.verify(deep, progress=False)
+    assert bars[-1][4] == 1  # no bar: one probe of every layer, as before
+    assert [(r.layer, r.max_abs_diff, r.linearity) for r in shown] == [
+        (r.layer, r.max_abs_diff, r.linearity) for r in plain
+    ]
