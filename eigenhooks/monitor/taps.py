@@ -18,7 +18,7 @@ import sys
 import threading
 import warnings
 from contextlib import ExitStack
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 import torch
 
@@ -96,20 +96,41 @@ class _PerThread:
         self.reader = None  # takes this forward's readings (the listener's, from forward_start)
 
 
+class TapLayout(NamedTuple):
+    """Where the taps go and what each call reads, made once per plan."""
+
+    attn_paths: dict  # layer -> (root, names, module): attentions with no tap (``attn_paths``)
+    slots: dict  # (id(module), where) -> (module, where, {"uses", "roles"}) (``build_slots``)
+    roles: dict  # (id(module), where) -> {call index: [(layer, point)]}
+    once: dict  # (id(module), where) -> [(layer, point)] of a module called once a forward: no counting
+
+    @classmethod
+    def build(cls, adapter: Adapter, plan: Plan, points) -> TapLayout:
+        paths = attn_paths(adapter, plan, points)
+        slots = build_slots(adapter, plan, points, set(paths))
+        roles = {key: entry[2]["roles"] for key, entry in slots.items()}
+        once = {k: r[0] for k, r in roles.items() if list(r) == [0] and len(slots[k][2]["uses"]) == 1}
+        return cls(paths, slots, roles, once)
+
+
 class Taps:
     """The monitor's hooks on one model, and the per-forward bookkeeping of which call reads what.
 
     Args:
         adapter: the model's adapter. plan: what is measured. points: the reading points.
-        listener: gets the forward's events. warn: a ``Warner``.
+        listener: gets the forward's events. warn: a ``Warner``. layout: a ``TapLayout`` of the same
+            plan, made by earlier taps (a monitor entered again does not walk the model again).
     """
 
-    def __init__(self, adapter: Adapter, plan: Plan, points: tuple[str, ...], listener: Listener, warn: Warner):
+    def __init__(self, adapter: Adapter, plan: Plan, points, listener: Listener, warn: Warner, layout=None):
         self.adapter, self.model = adapter, adapter.model
         self.listener, self.warn = listener, warn
-        self.slots = build_slots(adapter, plan, points)  # (id(module), where) -> (module, where, roles)
-        self.roles = {key: entry[2]["roles"] for key, entry in self.slots.items()}
+        self.layout = layout if layout is not None else TapLayout.build(adapter, plan, points)
+        self.attn_paths, self.slots = self.layout.attn_paths, self.layout.slots
+        self.roles, self.once = self.layout.roles, self.layout.once
         self._threads: dict[int, _PerThread] = {}
+        self._solo: _PerThread | None = None  # the bookkeeping of the only thread that ever ran a forward
+        self._multi = False  # a second thread ran one: every tap looks its thread up
         self.started = 0  # forwards whose start the taps saw (whole or not)
         self.orphans = 0  # tap calls that came outside any forward of the model
         self.on_end = None  # set by the Monitor: called after each forward's end (a deferred close)
@@ -128,7 +149,21 @@ class Taps:
         here = self._threads.get(key)
         if here is None:
             here = self._threads[key] = _PerThread()
+            if len(self._threads) > 1:  # from now on taps look their thread up (set before this
+                self._multi, self._solo = True, None  # thread's first tap; see _start for the order)
         return here
+
+    def swapped(self) -> frozenset[int]:
+        """Layers whose untapped attention module is no longer the one in place (another tool swapped it):
+        walked once per forward that starts sequences, not per decoding step."""
+        out = []
+        for layer, (root, names, module) in self.attn_paths.items():
+            m = root
+            for n in names:
+                m = m._modules.get(n) if isinstance(m, torch.nn.Module) else None
+            if m is not module:
+                out.append(layer)
+        return frozenset(out)
 
     @property
     def open(self) -> bool:
@@ -281,11 +316,18 @@ class Taps:
         here = self._here
         here.open, here.counts, here.root = True, {}, None
         here.reader = self.listener.forward_start(args, kwargs, fresh, mask)
+        if not self._multi:
+            # one thread so far: its taps skip the thread lookup. Written before the check, so a second
+            # thread that set _multi in between is seen here, or wrote None after this.
+            self._solo = here
+            if self._multi:
+                self._solo = None
 
     def _end(self, module, args, output) -> None:
-        if not self._here.open:
+        here = self._solo if self._solo is not None else self._here
+        if not here.open:
             return
-        self._here.open = False
+        here.open = False
         try:
             self.listener.forward_end(output is not None)  # None: the forward raised
         except BaseException:
@@ -313,19 +355,32 @@ class Taps:
             self._end(module, args, output)
 
     def _input_tap(self, key):
-        tap = self.tap
+        tap, roles = self.tap, self.once.get(key)
 
         def fn(module, args, kwargs):
             x = kwargs.get("hidden_states", args[0] if args else None)
-            tap(key, x[0] if isinstance(x, tuple | list) else x)
+            if isinstance(x, tuple | list):
+                x = x[0]
+            here = self._solo
+            if roles is None or here is None or not here.open or not isinstance(x, torch.Tensor) or x.requires_grad:
+                tap(key, x)
+            else:  # the one thread's open forward: no thread lookup, no count of calls
+                for layer, point in roles:
+                    here.reader.read(layer, point, x)
 
         return fn
 
     def _output_tap(self, key):
-        tap = self.tap
+        tap, roles = self.tap, self.once.get(key)
 
         def fn(module, args, output):
-            tap(key, output[0] if isinstance(output, tuple | list) else output)
+            x = output[0] if isinstance(output, tuple | list) else output
+            here = self._solo
+            if roles is None or here is None or not here.open or not isinstance(x, torch.Tensor) or x.requires_grad:
+                tap(key, x)
+            else:
+                for layer, point in roles:
+                    here.reader.read(layer, point, x)
 
         return fn
 
@@ -389,12 +444,40 @@ def _tap_module(adapter: Adapter, tap):
     return tap.module, tap.where
 
 
-def build_slots(adapter: Adapter, plan: Plan, points: tuple[str, ...]) -> dict:
+def attn_paths(adapter: Adapter, plan: Plan, points: tuple[str, ...]) -> dict:
+    """layer -> (root, names, module) for the layers whose attention output needs no tap: mid has its
+    own tap (a sequential block; in a parallel one mid = pre + attn) and completes the layer, so the
+    attention tap would only tell that the attention ran. That is told instead by finding its module
+    at its path (``Taps.swapped``): HF, from the layer's block; TransformerLens, from the model by hook
+    name (its ``hook_dict`` is built once and would not see a swapped HookPoint)."""
+    out = {}
+    for i, lp in plan.layers.items():
+        if lp.mid_is_sum or not lp.need_mid or "mid" not in points or lp.last_point == "attn":
+            continue
+        tap = lp.reading.attn
+        module, _ = _tap_module(adapter, tap)
+        if tap.hook_name is not None:
+            root, names = adapter.model, tuple(tap.hook_name.split("."))
+        else:
+            root = adapter.layers[i].block
+            names = next((tuple(n.split(".")) for n, m in root.named_modules() if m is module and n), None)
+        if names is None:
+            continue
+        m = root
+        for n in names:
+            m = m._modules.get(n) if isinstance(m, torch.nn.Module) else None
+        if m is module:  # found where it is walked to
+            out[i] = (root, names, module)
+    return out
+
+
+def build_slots(adapter: Adapter, plan: Plan, points: tuple[str, ...], untapped: set = frozenset()) -> dict:
     """(id(module), where) -> (module, where, {"uses", "roles"}): the roles of each of its calls in one
     forward, in order.
 
     A module shared by several layers (ALBERT) is called once per use, so its calls are matched to
-    layers by order; post(t) is read at layer t+1's pre tap, one reading for both.
+    layers by order; post(t) is read at layer t+1's pre tap, one reading for both. The layers in
+    ``untapped`` get no attention tap (``attn_paths``).
     """
     ad = adapter
     lens = ad.backend == "lens"
@@ -421,7 +504,8 @@ def build_slots(adapter: Adapter, plan: Plan, points: tuple[str, ...]) -> dict:
     for i, lp in sorted(plan.layers.items()):
         rp = lp.reading
         add(rp.pre, i, (i, "pre"))
-        add(rp.attn, i, (i, "attn"))
+        if i not in untapped:
+            add(rp.attn, i, (i, "attn"))
         if "mid" in points and rp.mid is not None:
             add(rp.mid, i, (i, "mid"))
         if "post" in points:
