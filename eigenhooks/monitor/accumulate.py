@@ -100,11 +100,11 @@ class Accumulator:
         if not self.buf:
             return
         buffered, self.buf = self.buf, []
-        cat = lambda xs: None if any(x is None for x in xs) else torch.cat(xs, 1)  # noqa: E731 (rows stay rows)
+        cat = lambda xs: None if any([x is None for x in xs]) else torch.cat(xs, 1)  # noqa: E731 (rows stay rows)
         items = []
         grids: dict[tuple, Grid] = {}  # the layers of a step share its Grid: their concatenations are one object,
         done_cats: dict[tuple, torch.Tensor] = {}  # so the reduction subsamples once for all; post(t) and
-        for i in dict.fromkeys(i for steps in buffered for i in steps):  # pre(t+1), one tensor, are cat once
+        for i in dict.fromkeys([i for steps in buffered for i in steps]):  # pre(t+1), one tensor, are cat once
             buf = [steps[i] for steps in buffered if i in steps]
             points = {}
             for p in buf[0].points:
@@ -113,7 +113,7 @@ class Accumulator:
                 if key not in done_cats:
                     done_cats[key] = cat(xs)
                 points[p] = done_cats[key]
-            key = tuple(id(s.grid) for s in buf)
+            key = tuple([id(s.grid) for s in buf])
             if key not in grids:
                 grids[key] = Grid.cat([s.grid for s in buf])
             bases = self.plan.layers[i].bases

@@ -201,7 +201,8 @@ class Forward:
         """``mask``'s Grid: each token's index among its sequence's valid tokens, counting the ones
         each sequence had before this forward (a KV cache's earlier positions). From the call's own
         mask where it covers them (one cumsum over it: 2 ops a decoding step), else from what the
-        accumulator counted over the open sequences' forwards. Device ops only."""
+        accumulator counted over the open sequences' forwards (one op a step where all are valid).
+        Device ops only."""
         b, n = mask.shape
         full = self._call_mask(stack)
         if full is not None and full.shape[0] == b and full.shape[1] > n:
@@ -210,6 +211,8 @@ class Forward:
         seen = self.seen.get(stack)
         if seen is None or seen.shape[0] != b or seen.device != mask.device:
             return Grid(mask)
+        if n == 1 and self.all_valid and mask is self.all_valid[0]:  # a step with every row valid: its token
+            return Grid(mask, seen, after=seen + 1)  # is each sequence's seen-th (1 op a step, not 4)
         return Grid(mask, seen + mask.cumsum(1) - 1)
 
     def _valid(self, x: torch.Tensor, stack) -> torch.Tensor:
