@@ -82,7 +82,7 @@ class Monitor:
         self._lock = threading.Lock()  # one forward counts at a time
         self._fingerprint: dict | None = None
         self._all_valid: list = []  # Forward's reused all-True mask
-        self._attn_ran = (None, frozenset())  # (taps, untapped attentions found in place: taps.attn_paths)
+        self._attn_ran = (None, frozenset())  # (taps, untapped attentions found in place: layout.attn_paths)
         self._active = False
         self._closing = False  # closed while a forward was running: detach when it returns
         self._entered_at = 0  # forwards counted before the with-block

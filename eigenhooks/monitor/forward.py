@@ -103,7 +103,7 @@ class Forward:
         all_valid: the monitor's one all-True (b, n) mask of the latest shape, reused across forwards
             (never written), so a decoding step with no mask makes none.
         call: what this forward is (``Call``).
-        attn_ran: layers whose attention has no tap (``taps.attn_paths``) and was found in place: they
+        attn_ran: layers whose attention has no tap (``layout.attn_paths``) and was found in place: they
             count as if its tap had fired.
     """
 
