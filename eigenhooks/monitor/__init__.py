@@ -2,7 +2,7 @@
 
 Owns ``Monitor`` and ``monitor()`` (``facade``), a small facade over the parts a forward flows
 through, one way: ``config`` (every setting and default, frozen), ``plan`` (per-layer bases and
-facts, built once at entry), ``taps`` (the hooks on the model, HF or TransformerLens; they know
+facts, built once at entry), ``taps`` (the hooks on the model, HF or TransformerLens, placed by ``layout``; they know
 nothing of sums), ``forward`` (one forward's scratch), ``accumulate`` (the running sums, open
 sequences, the decoding-step buffer), ``logs`` and ``sinks`` (where the numbers go), ``summary``
 (the table). ``reduce`` is the two-stage reduction on the device, ``reference`` its plain float64

@@ -30,7 +30,7 @@ class Undo:
     state: dict[int, dict[str, torch.Tensor]]
     zero: set[int]
     rows: dict[int, torch.Tensor]
-    buf: dict[int, list[Step]]
+    buf: list[dict[int, Step]]
     seen: dict
     n_token_records: int
 
@@ -46,7 +46,9 @@ class Accumulator:
             self.state[i] = M.zero_state(b.T, len(b.ks), b.null_draws, max(b.eig_slots, 0), b.fnull_draws)
         self.zero = set(plan.layers)  # layers whose state is still zeros: replaced, not added to, at first
         self.rows: dict[int, torch.Tensor] = {}  # open sequences' counters (b, 5, T)
-        self.buf: dict[int, list[Step]] = {}  # buffered one-token steps per layer
+        self.buf: list[dict[int, Step]] = []  # buffered one-token steps: each forward's, layer -> Step
+        self.buf_shapes: tuple = ()  # the buffered steps' grid shapes
+        self.buf_rows = 0  # rows of a buffered step
         self.seen: dict = {}  # stack -> (b, 1) valid tokens the open sequences have counted
         self.n_forwards = 0
         self.token_records: list[dict] = []
@@ -61,14 +63,16 @@ class Accumulator:
         if undoable:
             undo = Undo(
                 self.n_forwards, {i: dict(st) for i, st in self.state.items()}, set(self.zero), dict(self.rows),
-                {i: list(b) for i, b in self.buf.items()}, dict(self.seen), len(self.token_records),
+                list(self.buf), dict(self.seen), len(self.token_records),
             )  # fmt: skip
         if fs.fresh:
             self.end_sequences()
-        self._add_layers(list(fs.layers.items()))
-        self._buffer(fs.steps)
+        if fs.layers:
+            self._add_layers(list(fs.layers.items()))
+        self._buffer(fs.steps, fs.shapes)
         self.seen.update(fs.seen)
-        self.token_records.extend(fs.tokens)
+        if fs.tokens:
+            self.token_records.extend(fs.tokens)
         self.n_forwards += 1
         return undo
 
@@ -77,29 +81,39 @@ class Accumulator:
         self.buf, self.seen = u.buf, u.seen
         del self.token_records[u.n_token_records :]
 
-    def _buffer(self, steps: dict[int, Step]) -> None:
-        """Append a forward's one-token steps; flush every layer at once when a buffer is full or the
-        batch changes (a flush taken before every layer's step is in would split the stack in two)."""
+    def _buffer(self, steps: dict[int, Step], shapes: tuple) -> None:
+        """Keep a forward's one-token steps as they are (one append; no work per layer), and flush every
+        layer at once when the buffer is full or the steps' shapes change (a flush taken before every
+        layer's step is in would split the stack in two). ``shapes``: the steps' grid shapes."""
         if not steps:
             return
-        if any(self.buf.get(i) and self.buf[i][0].grid.mask.shape != s.grid.mask.shape for i, s in steps.items()):
+        if self.buf and shapes != self.buf_shapes:
             self.flush()
-        for i, s in steps.items():
-            self.buf.setdefault(i, []).append(s)
-        if any(len(b) * b[0].grid.mask.shape[0] >= BUFFER_TOKENS for b in self.buf.values()):
+        if not self.buf:
+            self.buf_shapes, self.buf_rows = shapes, next(iter(steps.values())).grid.mask.shape[0]
+        self.buf.append(steps)
+        if len(self.buf) * self.buf_rows >= BUFFER_TOKENS:
             self.flush()
 
     def flush(self) -> None:
         """Reduce the buffered one-token steps of every layer, stacked."""
-        cat = lambda xs: None if any(x is None for x in xs) else torch.cat(xs, 1)  # noqa: E731 (rows stay rows)
+        if not self.buf:
+            return
+        buffered, self.buf = self.buf, []
+        cat = lambda xs: None if any([x is None for x in xs]) else torch.cat(xs, 1)  # noqa: E731 (rows stay rows)
         items = []
         grids: dict[tuple, Grid] = {}  # the layers of a step share its Grid: their concatenations are one object,
-        for i in list(self.buf):  # so the reduction subsamples once for all
-            buf = self.buf.pop(i)
-            if not buf:
-                continue
-            points = {p: cat([s.points[p] for s in buf]) for p in buf[0].points}
-            key = tuple(id(s.grid) for s in buf)  # the steps' grids, alive in buf while this runs
+        done_cats: dict[tuple, torch.Tensor] = {}  # so the reduction subsamples once for all; post(t) and
+        for i in dict.fromkeys([i for steps in buffered for i in steps]):  # pre(t+1), one tensor, are cat once
+            buf = [steps[i] for steps in buffered if i in steps]
+            points = {}
+            for p in buf[0].points:
+                xs = [s.points[p] for s in buf]
+                key = tuple(map(id, xs))  # the readings, alive in buffered while this runs
+                if key not in done_cats:
+                    done_cats[key] = cat(xs)
+                points[p] = done_cats[key]
+            key = tuple([id(s.grid) for s in buf])
             if key not in grids:
                 grids[key] = Grid.cat([s.grid for s in buf])
             bases = self.plan.layers[i].bases
@@ -179,7 +193,7 @@ class Accumulator:
     def replace(self, states: dict[int, dict[str, torch.Tensor]]) -> None:
         """The state becomes ``states`` (a loaded one); nothing open or buffered is kept."""
         self.zero.clear()
-        self.rows, self.buf = {}, {}
+        self.rows, self.buf = {}, []
         self.state = dict(states)
 
     def merge(self, states: dict[int, dict[str, torch.Tensor]]) -> None:

@@ -83,6 +83,7 @@ class Monitor(NotebookViews):
         self._lock = threading.Lock()  # one forward counts at a time
         self._fingerprint: dict | None = None
         self._all_valid: list = []  # Forward's reused all-True mask
+        self._attn_ran = (None, frozenset())  # (taps, untapped attentions found in place: layout.attn_paths)
         self._active = False
         self._closing = False  # closed while a forward was running: detach when it returns
         self._entered_at = 0  # forwards counted before the with-block
@@ -137,7 +138,8 @@ class Monitor(NotebookViews):
             raise RuntimeError("this monitor is already active; leave its with-block before entering it again")
         self._prepare()
         if self.config.attach:
-            self._taps = Taps(self.adapter, self._plan, self.points, self, self._warn)
+            layout = self._taps.layout if self._taps is not None else None  # the model walked once
+            self._taps = Taps(self.adapter, self._plan, self.points, self, self._warn, layout)
             self._taps.on_end = self._after_end
             self._taps.attach()
         self._entered_at = self.n_forwards
@@ -214,7 +216,11 @@ class Monitor(NotebookViews):
         buffer = self._logs.sink_path is None and not self.config.tokens
         acc, keep = self._acc, self.config.tokens
         seen = {} if call.fresh else acc.seen
-        fwd = Forward(self._plan, self.points, mask, seen, buffer, keep, acc.n_forwards, self._all_valid, call)
+        taps = self._taps
+        if taps is not None and (call.fresh or self._attn_ran[0] is not taps):  # per generate, not per step
+            self._attn_ran = (taps, frozenset(taps.attn_paths) - taps.swapped())
+        ran = self._attn_ran[1]
+        fwd = Forward(self._plan, self.points, mask, seen, buffer, keep, acc.n_forwards, self._all_valid, call, ran)
         self._fwds[tid] = fwd
         return fwd
 

@@ -62,6 +62,7 @@ class ForwardSums:
     fresh: bool = True  # it starts new sequences: the open ones end before it counts
     seen: dict = field(default_factory=dict)  # stack -> (b, 1) valid tokens of each open sequence so far
     tokens: list[dict] = field(default_factory=list)  # per-token records (``tokens=True``)
+    shapes: tuple = ()  # (stack, (b, n), device) of each Grid it made: its steps' shapes
 
 
 @dataclass
@@ -102,6 +103,8 @@ class Forward:
         all_valid: the monitor's one all-True (b, n) mask of the latest shape, reused across forwards
             (never written), so a decoding step with no mask makes none.
         call: what this forward is (``Call``).
+        attn_ran: layers whose attention has no tap (``layout.attn_paths``) and was found in place: they
+            count as if its tap had fired.
     """
 
     def __init__(
@@ -115,7 +118,9 @@ class Forward:
         index: int,
         all_valid: list,
         call: Call = Call(),
+        attn_ran: frozenset = frozenset(),
     ):
+        self.attn_ran = attn_ran
         self.plan, self.read_mid, self.all_valid, self.call = plan, "mid" in points, all_valid, call
         self.mask, self.seen = mask, seen
         self.buffer_steps, self.keep_tokens, self.index = buffer_steps, keep_tokens, index
@@ -154,7 +159,7 @@ class Forward:
             return
         shape = pre.shape
         mid = None
-        if self.read_mid and "attn" in cap:  # no attention step ran: no delta
+        if self.read_mid and ("attn" in cap or lp.index in self.attn_ran):  # no attention step ran: no delta
             mid = pre + cap["attn"] if lp.mid_is_sum else cap.get("mid")
         post = cap.get("post")
         points = {
@@ -196,7 +201,8 @@ class Forward:
         """``mask``'s Grid: each token's index among its sequence's valid tokens, counting the ones
         each sequence had before this forward (a KV cache's earlier positions). From the call's own
         mask where it covers them (one cumsum over it: 2 ops a decoding step), else from what the
-        accumulator counted over the open sequences' forwards. Device ops only."""
+        accumulator counted over the open sequences' forwards (one op a step where all are valid).
+        Device ops only."""
         b, n = mask.shape
         full = self._call_mask(stack)
         if full is not None and full.shape[0] == b and full.shape[1] > n:
@@ -205,6 +211,8 @@ class Forward:
         seen = self.seen.get(stack)
         if seen is None or seen.shape[0] != b or seen.device != mask.device:
             return Grid(mask)
+        if n == 1 and self.all_valid and mask is self.all_valid[0]:  # a step with every row valid: its token
+            return Grid(mask, seen, after=seen + 1)  # is each sequence's seen-th (1 op a step, not 4)
         return Grid(mask, seen + mask.cumsum(1) - 1)
 
     def _valid(self, x: torch.Tensor, stack) -> torch.Tensor:
@@ -240,24 +248,25 @@ class Forward:
     def unmeasured(self, stacks: dict) -> tuple[list[int], list[int]]:
         """(missing, partial): layers expected in this forward that were not measured at all, and
         measured layers that lack their attention output or their mid reading."""
-        plan = self.plan.layers
+        plan, caps, ran, no = self.plan.layers, self.captures, self.attn_ran, {}
         expected = [i for i, lp in plan.items() if lp.stack not in stacks or lp.stack in self.ran]
-        measured = set(self.projections) | set(self.steps)
+        measured = self.projections.keys() | self.steps.keys()
         missing = [i for i in expected if i not in measured]
-        partial = [i for i in expected if i in measured and self._unread(plan[i])]
+        partial = [  # its attention output or its mid reading not seen (inline: this runs every step)
+            i for i in expected if i in measured
+            and (("attn" not in caps.get(i, no) and i not in ran) or (plan[i].need_mid and "mid" not in caps.get(i, no)))
+        ]  # fmt: skip
         return missing, partial
-
-    def _unread(self, lp: LayerPlan) -> bool:
-        cap = self.captures.get(lp.index, {})
-        return "attn" not in cap or (lp.need_mid and "mid" not in cap)
 
     def finish(self) -> ForwardSums:
         """Every projected layer reduced at once (stacked by layout), with this forward's steps and counts."""
-        layers = list(self.projections)
-        done = reduce_many([(self.plan.layers[i].bases, self.projections[i]) for i in layers])
+        sums = {}
+        if self.projections:  # a decoding step has none: its steps are kept as they are
+            layers = list(self.projections)
+            done = reduce_many([(self.plan.layers[i].bases, self.projections[i]) for i in layers])
+            sums = {i: LayerSums(d[0], fold_copies(d[1], self.call.copies)) for i, d in zip(layers, done)}
         seen = {stack: grid.after for (stack, _, _), grid in self.grids.items()}
-        sums = {i: LayerSums(d[0], fold_copies(d[1], self.call.copies)) for i, d in zip(layers, done)}
-        return ForwardSums(sums, dict(self.steps), self.call.fresh, seen, self.tokens)
+        return ForwardSums(sums, self.steps, self.call.fresh, seen, self.tokens, tuple(self.grids))
 
     def drop(self) -> None:
         """The forward raised: give back the arena rows it took; nothing of it counts."""

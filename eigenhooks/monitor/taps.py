@@ -23,6 +23,7 @@ from typing import Protocol
 import torch
 
 from ..models import Adapter
+from .layout import TapLayout
 from .plan import Plan
 
 
@@ -101,15 +102,19 @@ class Taps:
 
     Args:
         adapter: the model's adapter. plan: what is measured. points: the reading points.
-        listener: gets the forward's events. warn: a ``Warner``.
+        listener: gets the forward's events. warn: a ``Warner``. layout: a ``TapLayout`` of the same
+            plan, made by earlier taps (a monitor entered again does not walk the model again).
     """
 
-    def __init__(self, adapter: Adapter, plan: Plan, points: tuple[str, ...], listener: Listener, warn: Warner):
+    def __init__(self, adapter: Adapter, plan: Plan, points, listener: Listener, warn: Warner, layout=None):
         self.adapter, self.model = adapter, adapter.model
         self.listener, self.warn = listener, warn
-        self.slots = build_slots(adapter, plan, points)  # (id(module), where) -> (module, where, roles)
-        self.roles = {key: entry[2]["roles"] for key, entry in self.slots.items()}
+        self.layout = layout if layout is not None else TapLayout.build(adapter, plan, points)
+        self.attn_paths, self.slots = self.layout.attn_paths, self.layout.slots
+        self.roles, self.once = self.layout.roles, self.layout.once
         self._threads: dict[int, _PerThread] = {}
+        self._solo: _PerThread | None = None  # the bookkeeping of the only thread that ever ran a forward
+        self._multi = False  # a second thread ran one: every tap looks its thread up
         self.started = 0  # forwards whose start the taps saw (whole or not)
         self.orphans = 0  # tap calls that came outside any forward of the model
         self.on_end = None  # set by the Monitor: called after each forward's end (a deferred close)
@@ -128,7 +133,21 @@ class Taps:
         here = self._threads.get(key)
         if here is None:
             here = self._threads[key] = _PerThread()
+            if len(self._threads) > 1:  # from now on taps look their thread up (set before this
+                self._multi, self._solo = True, None  # thread's first tap; see _start for the order)
         return here
+
+    def swapped(self) -> frozenset[int]:
+        """Layers whose untapped attention module is no longer the one in place (another tool swapped it):
+        walked once per forward that starts sequences, not per decoding step."""
+        out = []
+        for layer, (root, names, module) in self.attn_paths.items():
+            m = root
+            for n in names:
+                m = m._modules.get(n) if isinstance(m, torch.nn.Module) else None
+            if m is not module:
+                out.append(layer)
+        return frozenset(out)
 
     @property
     def open(self) -> bool:
@@ -281,11 +300,18 @@ class Taps:
         here = self._here
         here.open, here.counts, here.root = True, {}, None
         here.reader = self.listener.forward_start(args, kwargs, fresh, mask)
+        if not self._multi:
+            # one thread so far: its taps skip the thread lookup. Written before the check, so a second
+            # thread that set _multi in between is seen here, or wrote None after this.
+            self._solo = here
+            if self._multi:
+                self._solo = None
 
     def _end(self, module, args, output) -> None:
-        if not self._here.open:
+        here = self._solo if self._solo is not None else self._here
+        if not here.open:
             return
-        self._here.open = False
+        here.open = False
         try:
             self.listener.forward_end(output is not None)  # None: the forward raised
         except BaseException:
@@ -313,19 +339,32 @@ class Taps:
             self._end(module, args, output)
 
     def _input_tap(self, key):
-        tap = self.tap
+        tap, roles = self.tap, self.once.get(key)
 
         def fn(module, args, kwargs):
             x = kwargs.get("hidden_states", args[0] if args else None)
-            tap(key, x[0] if isinstance(x, tuple | list) else x)
+            if isinstance(x, tuple | list):
+                x = x[0]
+            here = self._solo
+            if roles is None or here is None or not here.open or not isinstance(x, torch.Tensor) or x.requires_grad:
+                tap(key, x)
+            else:  # the one thread's open forward: no thread lookup, no count of calls
+                for layer, point in roles:
+                    here.reader.read(layer, point, x)
 
         return fn
 
     def _output_tap(self, key):
-        tap = self.tap
+        tap, roles = self.tap, self.once.get(key)
 
         def fn(module, args, output):
-            tap(key, output[0] if isinstance(output, tuple | list) else output)
+            x = output[0] if isinstance(output, tuple | list) else output
+            here = self._solo
+            if roles is None or here is None or not here.open or not isinstance(x, torch.Tensor) or x.requires_grad:
+                tap(key, x)
+            else:
+                for layer, point in roles:
+                    here.reader.read(layer, point, x)
 
         return fn
 
@@ -381,52 +420,3 @@ def _input_rows(args, kwargs) -> int | None:
         if isinstance(x, torch.Tensor) and x.dim() >= 2:
             return x.shape[0]
     return None
-
-
-def _tap_module(adapter: Adapter, tap):
-    if tap.hook_name is not None:
-        return adapter.model.hook_dict[tap.hook_name], "output"
-    return tap.module, tap.where
-
-
-def build_slots(adapter: Adapter, plan: Plan, points: tuple[str, ...]) -> dict:
-    """(id(module), where) -> (module, where, {"uses", "roles"}): the roles of each of its calls in one
-    forward, in order.
-
-    A module shared by several layers (ALBERT) is called once per use, so its calls are matched to
-    layers by order; post(t) is read at layer t+1's pre tap, one reading for both.
-    """
-    ad = adapter
-    lens = ad.backend == "lens"
-    mods = [
-        {id(m) for m in (ly.block, ly.attn_in, ly.attn_out, ly.norm, ly.mid_in, ly.pre_in, ly.mid_out) if m is not None}
-        for ly in ad.layers
-    ]
-    slots: dict = {}
-
-    def add(tap, owner: int | None, role):
-        module, where = _tap_module(ad, tap)
-        key = (id(module), where)
-        if key not in slots:
-            uses = [i for i, s in enumerate(mods) if id(module) in s] if not lens else []
-            if len({ad.layers[j].group for j in uses}) > 1:
-                # layers with different attention weights meet at this module (a decoder layer's block, or
-                # the norm between its self- and cross-attention): it runs once for all of them
-                uses = uses[:1]
-            slots[key] = (module, where, {"uses": uses or [owner], "roles": {}})
-        entry = slots[key][2]
-        idx = entry["uses"].index(owner) if owner in entry["uses"] else 0
-        entry["roles"].setdefault(idx, []).append(role)
-
-    for i, lp in sorted(plan.layers.items()):
-        rp = lp.reading
-        add(rp.pre, i, (i, "pre"))
-        add(rp.attn, i, (i, "attn"))
-        if "mid" in points and rp.mid is not None:
-            add(rp.mid, i, (i, "mid"))
-        if "post" in points:
-            module, _ = _tap_module(ad, rp.post)
-            nxt = i + 1 < ad.n_layers and not lens and id(module) in mods[i + 1]
-            owner = i + 1 if nxt else (i if not lens and id(module) in mods[i] else None)
-            add(rp.post, owner, (i, "post"))
-    return slots

@@ -96,3 +96,29 @@ def test_generate_with_copies_clusters_by_input_row_and_says_what_it_counted(gpt
     # prompt positions once per input row; each copy's generated positions: r per step and row
     generated = int(ref["n_tokens"].iloc[0]) - prompt
     assert (df["n_tokens"] == prompt + r * generated).all(), (df["n_tokens"].tolist(), prompt, generated, r)
+
+
+def _hooks(model) -> int:
+    return sum(len(m._forward_hooks) + len(m._forward_pre_hooks) for m in model.modules())
+
+
+@pytest.mark.parametrize("family", ["llama", "gpt2", "gptj"])
+def test_a_decoding_step_costs_two_hooks_a_layer_and_three(tiny, family):
+    """Where mid has its own tap the attention is not tapped (a swap is found by walking the module
+    paths, test_a_swapped_sublayer_warns_...); a parallel block (gptj) has no mid tap, its mid is pre +
+    the attention's output, so there the attention keeps its tap."""
+    model = tiny(family)
+    ids = torch.randint(3, 60, (2, 5), generator=torch.Generator().manual_seed(0))
+    before, calls = _hooks(model), []
+    with eh.monitor(model, targets=[("ov", "modulus")], null_draws=4) as mon, torch.no_grad():
+        added = _hooks(model) - before
+        for m in model.modules():  # count the monitor's hook calls in one decoding step
+            for d in (m._forward_hooks, m._forward_pre_hooks):
+                for k, f in list(d.items())[-1:] if d else []:
+                    d[k] = lambda *a, _f=f, **kw: calls.append(1) or _f(*a, **kw)
+        model.generate(input_ids=ids, max_new_tokens=3, min_new_tokens=3, do_sample=False, pad_token_id=0)
+    L = model.config.num_hidden_layers
+    assert added == 2 * L + 3, f"{added=} hooks on a {L}-layer {family}"
+    assert len(calls) == 3 * added, "every hook fires once a forward"
+    df = mon.summary()
+    assert (df["n_tokens"] == 2 * 5 + 2 * 2).all() and df[["gamma_mid", "rho"]].notna().all().all()
