@@ -74,8 +74,16 @@ RUN_COLUMNS = (
     ("p_null", lambda r: fmt_p(r["p_null"], r.get("null_draws"))),
     ("q_null", lambda r: fmt_p(r["q_null"], r.get("null_draws"))),
     ("eig rank", _rank),
-    ("verdict", lambda r: str(r["verdict"])),
+    ("verdict", lambda r: fmt_verdict(r)),
 )
+
+
+def fmt_verdict(r) -> str:
+    """The verdict; 'too few tokens' with the count the null saw and the minimum it needs."""
+    from ..monitor.stats import MIN_NULL_TOKENS, TOO_FEW
+
+    v = str(r["verdict"])
+    return f"{v} ({int(r['null_tokens'])} < {MIN_NULL_TOKENS})" if v == TOO_FEW else v
 
 
 def rows(summary, columns=RUN_COLUMNS) -> tuple[list[str], list[list[str]]]:
