@@ -58,9 +58,9 @@ LEGEND = {
     "the verdict test (it can differ from ρ on all tokens when there are few)",
     "pct": "ρ's percentile among those random subspaces",
     "p_null": "two-sided Monte-Carlo p-value against them (floor 2/(K+1), printed ≤floor)",
-    "q_null": "its Benjamini-Hochberg q over layers",
+    "q_null": "its Benjamini-Hochberg q over the table's distinct (layer, subspace) rows",
     "eig rank": "ρ's rank among F's own top eigen-directions (1 = highest)",
-    "verdict": "toward / away when q_null < 0.05, else indistinguishable",
+    "verdict": "toward / away when q_null < 0.05, else indistinguishable; too few tokens below 64 null tokens",
 }
 VERDICTS = ("toward", "away", "indistinguishable")
 LEFT = {"target", "kind", "verdict"}
