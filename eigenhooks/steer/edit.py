@@ -21,6 +21,7 @@ from dataclasses import dataclass
 
 import torch
 
+from ..linalg.cache import tensors_digest
 from ..linalg.eig import Factors, layer_spectrum
 from ..models import Adapter, UnsupportedModelError, get_adapter, layer_index
 from ..models.base import StopForward
@@ -114,12 +115,17 @@ def _vocab_size(model) -> int:
 _SAMPLES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
-def _fingerprint(model) -> tuple:
-    """A cheap content fingerprint of the weights (a strided sample of every parameter)."""
-    with torch.no_grad():
-        return tuple(
-            float(p.detach().reshape(-1)[:: max(1, p.numel() // 16)].double().sum()) for p in model.parameters()
-        )
+def _fingerprint(model) -> str | None:
+    """SHA-256 of every byte of every parameter, or None off the CPU (no memo there).
+
+    Every byte: ``p.data`` writes keep the version counter, and a sample of entries misses most
+    edits (issue 41). 0.7 s on SmolLM2 against minutes of sampling on a CPU; on an accelerator
+    the weights would have to come to the host, which costs more than sampling there.
+    """
+    params = list(model.parameters())
+    if any(p.device.type != "cpu" for p in params):
+        return None
+    return tensors_digest(params)
 
 
 def sample_tokens(model, shape=N_CALIBRATION, seed: int = 0) -> torch.Tensor:
@@ -130,7 +136,10 @@ def sample_tokens(model, shape=N_CALIBRATION, seed: int = 0) -> torch.Tensor:
     The sample is remembered per model while its weights are unchanged (steering restores
     them bit-exactly), so repeated steers of one model sample once.
     """
-    key = (tuple(shape), seed, _fingerprint(model))
+    fingerprint = _fingerprint(model)
+    if fingerprint is None:
+        return _sample_tokens(model, shape, seed)
+    key = (tuple(shape), seed, fingerprint)
     memo = _SAMPLES.setdefault(model, {})
     if key not in memo:
         memo.clear()
