@@ -7,8 +7,6 @@ from __future__ import annotations
 
 import logging
 import os
-import threading
-from collections import OrderedDict
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -28,8 +26,10 @@ from ..linalg.eig import (
 from ..models import Adapter, get_adapter, layer_index
 from ..models.offload import onloaded, source_modules
 from ..models.probe import apply_attention_many, probe_matrices
+from . import memo
 
 log = logging.getLogger(__name__)
+clear_memo = memo.clear_memo  # compute.clear_memo: the path tests and eh.api use
 VARIANTS = ("ov", "ov_ln")
 
 
@@ -221,15 +221,15 @@ def _compute_groups(
                 found[r][g] = spec
 
     # every byte of each layer's weights hashed (once for every rule), layers side by side: hashlib lets go of the GIL
-    digests = dict(zip(reps, parallel_map(lambda i: _memo_digest(adapter, i), reps.values()))) if cache else {}
+    digests = dict(zip(reps, parallel_map(lambda i: memo.digest(adapter, i), reps.values()))) if cache else {}
     # One layer (or one core): compute inline. LAPACK's eigvals is ~40% slower in a worker
     # thread than in the main one (measured with MKL here), so a pool only pays with >1 job.
     with _blas_threads(max(1, cores // workers)), _Inline() if workers == 1 else ThreadPoolExecutor(workers) as ex:
         for g, i in reps.items():
             missing = []
             for r in ranks:
-                mkey = _memo_key(adapter, i, options[r], digests.get(g))
-                hit = _memo_get(mkey)
+                mkey = memo.key(adapter, i, options[r], digests.get(g))
+                hit = memo.get(mkey)
                 if hit is not None:
                     found[r][g] = hit
                     continue
@@ -255,7 +255,7 @@ def _compute_groups(
                 )
         collect(inflight)
     for (r, g), mkey in memo_keys.items():
-        _memo_put(mkey, found[r][g])
+        memo.put(mkey, found[r][g])
     return found
 
 
@@ -335,17 +335,9 @@ def weights_digest(adapter: Adapter, i: int) -> str:
     if ly.factors is None:
         mods = [ly.block, ly.attn_in, ly.attn_out, ly.o_proj, ly.norm]
         with onloaded(adapter.model, mods):
-            return _content_digest(adapter, i)
+            return memo.content_digest(adapter, i)
     with onloaded(adapter.model, _weight_modules(adapter, i, "ov_ln")):
-        return _content_digest(adapter, i)
-
-
-def _content_digest(adapter: Adapter, i: int) -> str:
-    """``weights_digest`` of weights already in memory (SHA-256 of every byte, read in place)."""
-    meta = {"digest": "weights", "norm_position": adapter.norm_position}
-    if adapter.layers[i].factors is None:
-        return disk.tensors_digest(_layer_parameters(adapter, i), {**meta, "probe": True})
-    return disk.cache_key(adapter.factors(i), adapter.norm_weight(i), meta)
+        return memo.content_digest(adapter, i)
 
 
 def _weight_modules(adapter: Adapter, i: int, variant: str) -> list:
@@ -359,7 +351,7 @@ def _weight_modules(adapter: Adapter, i: int, variant: str) -> list:
     if ly.factors is None:
         return []
     whole = [ly.attn_in, ly.attn_out, ly.o_proj, ly.norm]
-    if not any(p.device.type == "meta" for p in _layer_parameters(adapter, i)):
+    if not any(p.device.type == "meta" for p in memo.layer_parameters(adapter, i)):
         return whole
     try:
         f = adapter.factors(i)
@@ -406,81 +398,6 @@ def _compute_layer(g: int, i: int, job: _Job, cache: bool, name: str) -> tuple[i
         for r, spec in specs.items():
             disk.save_spectrum(spec, job.keys[r])
     return g, {**job.hits, **specs}
-
-
-# --- the in-process memo: keyed by the content of the weights, hashed on every call ---
-
-_MEMO: OrderedDict[tuple, LayerSpectrum] = OrderedDict()
-_MEMO_SIZE = 512
-_memo_lock = threading.Lock()
-
-
-def _layer_parameters(adapter: Adapter, i: int) -> list[torch.nn.Parameter]:
-    ly = adapter.layers[i]
-    params: dict[int, torch.Tensor] = {}
-    for m in (ly.block, ly.attn_in, ly.attn_out, ly.o_proj, ly.norm):
-        if isinstance(m, torch.nn.Module):
-            params.update((id(p), p) for p in m.parameters())
-    return list(params.values())
-
-
-def _memo_digest(adapter: Adapter, i: int) -> str | None:
-    """Layer i's weights digest for the memo, or None (no memo) for probe-read layers and offloaded weights.
-
-    The content, never the identity: ``p.data`` writes keep ``_version`` and ``data_ptr``, and a
-    sample of entries misses most edits, so only every byte says the weights are the same.
-    SmolLM2's 30 layers hash in ~45 ms (docs/scale.md, "In-process memo").
-    """
-    params = _layer_parameters(adapter, i)
-    if adapter.layers[i].factors is None or not params or any(p.device.type == "meta" for p in params):
-        return None
-    return _content_digest(adapter, i)
-
-
-def _memo_key(adapter: Adapter, i: int, options: dict, digest: str | None) -> tuple | None:
-    """Key of layer i's spectrum: its weights' digest (O, V and the norm, every byte) and the options."""
-    if digest is None:
-        return None
-    ly = adapter.layers[i]
-    offset = float(ly.norm_offset or getattr(ly.norm, "eigenhooks_offset", 0.0) or 0.0)
-    opts = tuple(sorted(options.items()))
-    return (adapter.family, adapter.n_heads, adapter.n_kv_heads, i, offset, opts, digest)
-
-
-def clear_memo() -> None:
-    """Forget every spectrum held in memory (the disk cache is untouched)."""
-    with _memo_lock:
-        _MEMO.clear()
-
-
-def _memo_get(key) -> LayerSpectrum | None:
-    if key is None:
-        return None
-    with _memo_lock:
-        spec = _MEMO.get(key)
-        if spec is None:
-            return None
-        _MEMO.move_to_end(key)
-    return _fresh(spec)
-
-
-def _memo_put(key, spec: LayerSpectrum) -> LayerSpectrum:
-    if key is not None:
-        with _memo_lock:
-            _MEMO[key] = _fresh(spec)
-            _MEMO.move_to_end(key)
-            while len(_MEMO) > _MEMO_SIZE:
-                _MEMO.popitem(last=False)
-    return spec
-
-
-def _fresh(spec: LayerSpectrum) -> LayerSpectrum:
-    """A copy whose tensors the caller may edit without touching the memo."""
-    from dataclasses import replace
-
-    return replace(
-        spec, eigenvalues=spec.eigenvalues.clone(), eigenvectors=spec.eigenvectors.clone(), basis=spec.basis.clone()
-    )
 
 
 def _relabel(spec: LayerSpectrum, layer: int) -> LayerSpectrum:
