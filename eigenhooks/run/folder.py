@@ -35,7 +35,7 @@ import warnings
 from pathlib import Path
 
 from ..zoo.store import pid_alive
-from .integrity import STATUSES, files_stamp
+from .integrity import META_FORMAT, STATUSES, files_stamp
 from .table import json_safe
 
 log = logging.getLogger(__name__)
@@ -121,7 +121,8 @@ class RunFolder:
                 f"--out {out}: cannot create a folder in {out.parent} ({e.strerror or e}): choose another --out"
             ) from e
         run_id = secrets.token_hex(6)
-        self.meta = {"status": "running", "stage": "start", "out": str(out), "run_id": run_id, **meta}
+        self.meta = {"format": META_FORMAT, "status": "running", "stage": "start", "out": str(out), "run_id": run_id}
+        self.meta.update(meta)
         self.write_meta()
 
     @staticmethod
