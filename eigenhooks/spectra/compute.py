@@ -6,6 +6,8 @@ These join an adapter (which knows the model) with linalg.eig (which knows matri
 from __future__ import annotations
 
 import logging
+import math
+import operator
 import os
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from contextlib import contextmanager
@@ -92,7 +94,8 @@ def spectra(
         computed once.
 
     Raises:
-        ValueError: unknown variant or rank, non-finite weights, empty meta-device weights.
+        ValueError: unknown variant or rank, top < 1, threshold outside 0 < t <= 1 (NaN too), non-finite
+            weights, empty meta-device weights.
         TypeError: layers is not a list of ints (numpy and 0-d torch integers count; bools do not).
         IndexError: a layer out of range (negative counts from the end).
         UnsupportedModelError: the model's attention cannot be found.
@@ -129,6 +132,7 @@ def spectra_by_rank(
             raise ValueError(f"rank must be one of {RANKS}, got {rank!r}")
     if variant not in VARIANTS:
         raise ValueError(f"variant must be one of {VARIANTS}, got {variant!r}")
+    top, threshold = _check_top_threshold(top, threshold)
     adapter = get_adapter(model)
     idx = _layer_list(adapter, layers)
     options = {
@@ -155,6 +159,22 @@ def spectra_by_rank(
         ]
         for rank in options
     }
+
+
+def _check_top_threshold(top, threshold) -> tuple[int, float]:
+    """(top, threshold) as int and float: top >= 1 and 0 < threshold <= 1, else a ValueError naming the argument."""
+    if isinstance(top, bool) or not hasattr(top, "__index__") or operator.index(top) < 1:
+        raise ValueError(f"top must be an integer >= 1 (leading eigenvectors kept per layer), got {top!r}")
+    try:
+        t = float(threshold) if not isinstance(threshold, bool | str) else math.nan
+    except (TypeError, ValueError):
+        t = math.nan
+    if not 0 < t <= 1:  # NaN fails too
+        raise ValueError(
+            f"threshold must be a gap ratio with 0 < threshold <= 1 (above it a layer is near-degenerate), "
+            f"got {threshold!r}"
+        )
+    return operator.index(top), t
 
 
 def _cores() -> int:
@@ -477,10 +497,12 @@ def verify(model, layers: list[int] | None = None, n_tokens: int = 2) -> list[Ve
 
     Raises:
         TypeError: layers is not a list of ints. IndexError: a layer out of range.
+        ValueError: non-finite weights (the layer and O, V or the probe named), as ``spectra`` says.
     """
     adapter = get_adapter(model)
     idx = _layer_list(adapter, layers)
     probed = probe_matrices(adapter, idx, n_tokens=n_tokens)
+    _finite_or_raise(adapter, idx, probed)
     lin = _linearity(adapter, idx, probed, n_tokens)
     dtype = str(next(adapter.model.parameters()).dtype).replace("torch.", "")
     tol = _LINEAR_TOL.get(dtype, 1e-2)
@@ -497,6 +519,21 @@ def verify(model, layers: list[int] | None = None, n_tokens: int = 2) -> list[Ve
             Verification(i, float((F_w - F_p).abs().max()), float(F_w.abs().max()), dtype, "weights", lin[i], is_linear)
         )
     return rows
+
+
+def _finite_or_raise(adapter: Adapter, idx: list[int], probed: dict) -> None:
+    """A ValueError for the first layer whose O, V or probed F holds inf or NaN: no row of NaN is a verification."""
+    for i in idx:
+        if adapter.layers[i].factors is not None:
+            f = adapter.factors(i)
+            if not (torch.isfinite(f.O_heads).all() and torch.isfinite(f.V_groups).all()):
+                raise ValueError(_non_finite_message(i, _layer_name(adapter, i), f, None))
+        if not torch.isfinite(probed[i]).all():
+            raise ValueError(
+                f"layer {i} ({_layer_name(adapter, i)}): the identical-token probe's F holds inf or NaN (a non-finite "
+                "weight or bias the attention reads: its query, key or value path); F is undefined. Check the "
+                "checkpoint (an fp16 overflow?)."
+            )
 
 
 def _linearity(adapter: Adapter, idx: list[int], probed: dict, n_tokens: int) -> dict[int, float]:
