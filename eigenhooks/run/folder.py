@@ -233,6 +233,22 @@ class RunFolder:
             raise RunFolderError(f"{said}: move it, or run again with another --out")
         warnings.warn(said, RunFolderWarning, stacklevel=2)
 
+    def abandon(self, e: OSError) -> RunFolderError:
+        """The run could not be written (a full disk, a quota): its unfinished hidden folder is removed and the
+        error says where; a folder whose meta.json already says finished is kept, and named."""
+        tmp, finished = self.path, _read_meta(self.path).get("status") in STATUSES[1:]
+        if tmp != self.out and not finished:
+            shutil.rmtree(tmp, ignore_errors=True)
+            self.path, self.kept = self.out, False
+            left = f"its unfinished folder {tmp} was removed and {self.out} left as it was"
+        else:
+            left = f"what was written is in {tmp}"
+        where = f" ({e.filename})" if e.filename else ""
+        return RunFolderError(
+            f"--out {self.out}: the run could not be written: {e.strerror or e}{where}; {left}. "
+            "Free some space there, or choose another --out, and run again"
+        )
+
     def _swap_in(self) -> str | None:
         """Rename the finished folder to ``out``; None, or what holds ``out`` if another run got there first."""
         out, old, other = self.out, None, None
