@@ -14,24 +14,11 @@ import sys
 from pathlib import Path
 
 import pytest
-from gguf_tiny import write_tiny_gguf
 
 import eigenhooks as eh
 from eigenhooks import progress
-from eigenhooks.zoo import digest
 
 TQDM = "Converting and de-quantizing"
-
-
-@pytest.fixture
-def tiny(tmp_path, monkeypatch):
-    monkeypatch.setenv("EIGENHOOKS_MODELS", str(tmp_path / "models"))
-    digest.forget()
-    path = tmp_path / "src" / "tiny.gguf"
-    path.parent.mkdir()
-    write_tiny_gguf(path)
-    yield path
-    digest.forget()
 
 
 @pytest.fixture
@@ -55,10 +42,10 @@ def _entry(tmp_path: Path) -> Path:
 
 
 def test_first_load_and_rebuild_draw_our_bar_not_tqdm(tiny, tracked, capfd, tmp_path):
-    eh.load_model(str(tiny))
+    eh.load_model(str(tiny[0]))
     (_entry(tmp_path) / "tokenizer.json").unlink()  # a damaged copy: rebuilt from the GGUF
     with pytest.warns(eh.zoo.ModelCacheWarning, match="is damaged"):
-        eh.load_model(str(tiny))
+        eh.load_model(str(tiny[0]))
     err = capfd.readouterr().err  # transformers' own bars (writing, loading) are the library user's to turn off
     assert TQDM not in err, err
     assert tracked == [("dequantising tiny.gguf", 2 * 9 + 3)] * 2  # 9 tensors a layer, 3 more; twice
@@ -70,7 +57,7 @@ def test_cli_json_stderr_holds_no_bar(tiny, tmp_path):
     env = {**os.environ, "PYTHONPATH": str(root), "EIGENHOOKS_MODELS": str(tmp_path / "models")}
     env.pop("EIGENHOOKS_PROGRESS", None)
     r = subprocess.run(
-        [sys.executable, "-m", "eigenhooks", "spectrum", str(tiny), "--json"],
+        [sys.executable, "-m", "eigenhooks", "spectrum", str(tiny[0]), "--json"],
         capture_output=True,
         text=True,
         env=env,
