@@ -443,10 +443,10 @@ def iterate(
     """Iterate one layer far past its depth: the predicted limit, the measured one, the final alignment."""
     try:
         from . import dynamics
-        from .zoo.loading import load_model
+        from .run.texts import load_for_text
 
-        m, tok = load_model(model)
-        traj = dynamics.iterate(m, tok([text], return_tensors="pt"), layer=layer, steps=steps, mode=mode)
+        m, _, ids = load_for_text(model, text)  # a blank or non-UTF-8 --text refused before the load
+        traj = dynamics.iterate(m, ids, layer=layer, steps=steps, mode=mode)
         pred, meas = dynamics.predict_limit(traj.spectrum), dynamics.classify_limit(traj)
     except Exception as e:
         _fail(e, debug, "iterate")

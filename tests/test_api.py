@@ -1,7 +1,9 @@
 """spectra(): cache, dtypes, and the errors a user can trigger."""
 
 import os
+import re
 
+import numpy as np
 import pytest
 import torch
 from conftest import build
@@ -81,6 +83,32 @@ def test_non_finite_weight_is_named():
         eh.spectra(model, cache=False)
 
 
+@pytest.mark.parametrize("family", ["gpt2", "llama"])
+@pytest.mark.parametrize("value", [float("inf"), float("nan")])
+def test_verify_refuses_a_non_finite_weight_as_spectra_does(family, value):
+    """Issue 41: verify returned a NaN row with linear=False; docs/api.md promises a ValueError."""
+    model = build(family)
+    attn = model.transformer.h[1].attn if family == "gpt2" else model.model.layers[1].self_attn
+    weight = attn.c_proj.weight if family == "gpt2" else attn.v_proj.weight
+    with torch.no_grad():
+        weight[2, 3] = value
+    where = "O" if family == "gpt2" else "V"
+    with pytest.raises(ValueError, match=rf"layer 1 .*non-finite values in {where} weights"):
+        eh.verify(model)
+    with pytest.raises(ValueError, match=rf"layer 1 .*non-finite values in {where} weights"):
+        eh.spectra(model, cache=False)
+
+
+def test_verify_refuses_a_probe_that_is_not_finite():
+    """A NaN outside O and V that reaches F (here the value bias, through every token's value)."""
+    model = build("gpt2")
+    d = model.config.n_embd
+    with torch.no_grad():
+        model.transformer.h[0].attn.c_attn.bias[2 * d + 1] = float("nan")
+    with pytest.raises(ValueError, match=r"layer 0 .*probe's F holds inf or NaN"):
+        eh.verify(model, layers=[0])
+
+
 def test_unsupported_model_names_families():
     with pytest.raises(eh.UnsupportedModelError, match="gpt2.*llama"):
         eh.spectra(torch.nn.Sequential(torch.nn.Linear(4, 4)))
@@ -96,6 +124,30 @@ def test_bad_variant_rank_and_layer():
         eh.spectra(model, rank="largest")
     with pytest.raises(IndexError, match="out of range"):
         eh.spectra(model, layers=[5])
+
+
+@pytest.mark.parametrize("top", [0, -1, 1.5, True, "3"])
+def test_top_below_one_is_refused_naming_it(top):
+    """Issue 41: top=0 or -1 raised torch's 'stack expects a non-empty TensorList'."""
+    with pytest.raises(ValueError, match=rf"top must be an integer >= 1 .*got {re.escape(repr(top))}"):
+        eh.spectra(build("gpt2"), top=top)
+
+
+@pytest.mark.parametrize("threshold", [2.0, float("nan"), -0.5, 0.0, float("inf"), "0.5", None])
+def test_threshold_outside_zero_one_is_refused_naming_it(threshold):
+    """Issue 41: 2.0, nan and -0.5 were taken; a negative one labelled every layer near-degenerate."""
+    with pytest.raises(ValueError, match=r"threshold must be a gap ratio with 0 < threshold <= 1 .*got"):
+        eh.spectra(build("gpt2"), threshold=threshold)
+
+
+def test_top_and_threshold_take_numpy_and_torch_numbers():
+    model = build("gpt2")
+    want = eh.spectra(model, top=2, threshold=1.0, cache=False)
+    got = eh.spectra(model, top=np.int64(2), threshold=np.float32(1.0), cache=False)
+    got_t = eh.spectra(model, top=torch.tensor(2), threshold=1, cache=False)
+    for a, b, c in zip(want, got, got_t, strict=True):
+        assert torch.equal(a.eigenvectors, b.eigenvectors) and torch.equal(a.eigenvectors, c.eigenvectors)
+        assert a.kind == b.kind == c.kind
 
 
 def test_unknown_zoo_name():

@@ -244,7 +244,7 @@ def test_fast_path_never_runs_a_full_eig(monkeypatch):
         torch.testing.assert_close(F @ s.v_1, s.lambda_1 * s.v_1, atol=1e-10, rtol=0)
 
 
-# --- the in-process memo: identity and version, never a re-hash ---
+# --- the in-process memo: keyed by every byte of the weights, never by identity or version ---
 
 
 def _spectra_calls(monkeypatch):
@@ -271,19 +271,43 @@ def _same(a, b):
         assert torch.equal(x.eigenvectors, y.eigenvectors) and (x.kind, x.gap_ratio) == (y.kind, y.gap_ratio)
 
 
-def test_repeat_call_neither_recomputes_nor_rehashes(monkeypatch):
+def test_repeat_call_hashes_each_layer_once_and_never_recomputes(monkeypatch):
     model = build("llama")
     calls = _spectra_calls(monkeypatch)
-    first = eh.spectra(model)
-    assert calls == {"eig": 2, "hash": 2}
-    second = eh.spectra(model)
-    assert calls == {"eig": 2, "hash": 2}, "a repeat call re-hashed or recomputed the weights"
+    first = eh.spectra(model, variant="ov_ln", rank="residual")
+    assert calls == {"eig": 2, "hash": 4}  # per layer: the memo's digest and the disk cache's key
+    second = eh.spectra(model, variant="ov_ln", rank="residual")
+    assert calls == {"eig": 2, "hash": 6}, "a repeat call recomputed, or hashed a layer more than once"
     _same(first, second)
     second[0].basis.mul_(-1)  # the caller's copy: the memo keeps its own
-    _same(first, eh.spectra(model))
+    _same(first, eh.spectra(model, variant="ov_ln", rank="residual"))
     compute.clear_memo()  # the disk cache (content-keyed) answers next: hash, no eig
-    _same(first, eh.spectra(model))
-    assert calls == {"eig": 2, "hash": 4}
+    _same(first, eh.spectra(model, variant="ov_ln", rank="residual"))
+    assert calls == {"eig": 2, "hash": 12}
+
+
+def _numpy_lambda_1(o_proj_w, v_w) -> float:
+    """|lambda_1| of F = O V straight from raw weights (nn.Linear layout), by numpy."""
+    F = o_proj_w.detach().double().numpy() @ v_w.detach().double().numpy()
+    return float(np.abs(np.linalg.eigvals(F)).max())
+
+
+def test_data_edits_are_never_answered_from_the_memo():
+    """Issue 41: ``.data`` writes keep ``_version`` and ``data_ptr``; a sample of entries missed them."""
+    model, _ = eh.zoo.load("gpt2-tiny")
+    d = model.config.n_embd  # GPT-2's Conv1D: c_attn (d, 3d), V = its last d columns; c_proj (d, d)
+    eh.spectra(model)
+    h2 = model.transformer.h[2].attn
+    h2.c_attn.weight.data[:, 2 * d + 32 : 2 * d + 64] = 0  # ablate head 1's values
+    after = eh.spectra(model)
+    truth = _numpy_lambda_1(h2.c_proj.weight.T, h2.c_attn.weight[:, 2 * d :].T)
+    assert abs(abs(after[2].lambda_1) - truth) < 1e-9 * truth, (abs(after[2].lambda_1), truth)
+    h0 = model.transformer.h[0].attn
+    h0.c_proj.weight.data[17, 33] += 5  # one entry: a strided sample of 16 misses it
+    after = eh.spectra(model)
+    truth = _numpy_lambda_1(h0.c_proj.weight.T, h0.c_attn.weight[:, 2 * d :].T)
+    assert abs(abs(after[0].lambda_1) - truth) < 1e-9 * truth, (abs(after[0].lambda_1), truth)
+    _same(after, eh.spectra(model, cache=False))
 
 
 @pytest.mark.parametrize(
@@ -293,7 +317,7 @@ def test_repeat_call_neither_recomputes_nor_rehashes(monkeypatch):
         "one_entry",  # an unsampled entry: only _version tells
         "load_state_dict",  # copy_ under no_grad: bumps _version
         "data_assign",  # p.data = new tensor: new data_ptr
-        "data_inplace",  # p.data.copy_(...): _version unchanged, caught by the keyed sample
+        "data_inplace",  # p.data.copy_(...): _version unchanged, caught by the content digest
         "to_dtype",  # model.float(): new storage and dtype
     ],
 )

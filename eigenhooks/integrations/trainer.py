@@ -13,8 +13,8 @@ cannot reach the Trainer's logging on its own: ``attach(trainer)`` adds it to th
 keeps the Trainer to log through (one line, instead of ``trainer.add_callback``).
 
 The spectra are recomputed whenever the weights changed since the last measurement: the
-monitor asks ``eh.spectra``, whose in-process memo is keyed by each parameter's identity,
-version counter and a sample of its entries, and an optimizer step changes all three.
+monitor asks ``eh.spectra``, whose in-process memo is keyed by a hash of every byte of each
+layer's attention weights, which an optimizer step changes.
 """
 
 from __future__ import annotations

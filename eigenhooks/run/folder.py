@@ -35,7 +35,7 @@ import warnings
 from pathlib import Path
 
 from ..zoo.store import pid_alive
-from .integrity import STATUSES, files_stamp
+from .integrity import META_FORMAT, STATUSES, files_stamp
 from .table import json_safe
 
 log = logging.getLogger(__name__)
@@ -121,7 +121,8 @@ class RunFolder:
                 f"--out {out}: cannot create a folder in {out.parent} ({e.strerror or e}): choose another --out"
             ) from e
         run_id = secrets.token_hex(6)
-        self.meta = {"status": "running", "stage": "start", "out": str(out), "run_id": run_id, **meta}
+        self.meta = {"format": META_FORMAT, "status": "running", "stage": "start", "out": str(out), "run_id": run_id}
+        self.meta.update(meta)
         self.write_meta()
 
     @staticmethod
@@ -231,6 +232,22 @@ class RunFolder:
         if self.named:
             raise RunFolderError(f"{said}: move it, or run again with another --out")
         warnings.warn(said, RunFolderWarning, stacklevel=2)
+
+    def abandon(self, e: OSError) -> RunFolderError:
+        """The run could not be written (a full disk, a quota): its unfinished hidden folder is removed and the
+        error says where; a folder whose meta.json already says finished is kept, and named."""
+        tmp, finished = self.path, _read_meta(self.path).get("status") in STATUSES[1:]
+        if tmp != self.out and not finished:
+            shutil.rmtree(tmp, ignore_errors=True)
+            self.path, self.kept = self.out, False
+            left = f"its unfinished folder {tmp} was removed and {self.out} left as it was"
+        else:
+            left = f"what was written is in {tmp}"
+        where = f" ({e.filename})" if e.filename else ""
+        return RunFolderError(
+            f"--out {self.out}: the run could not be written: {e.strerror or e}{where}; {left}. "
+            "Free some space there, or choose another --out, and run again"
+        )
 
     def _swap_in(self) -> str | None:
         """Rename the finished folder to ``out``; None, or what holds ``out`` if another run got there first."""

@@ -12,15 +12,23 @@ Every other file the run wrote (stats.jsonl, spectra.json, the plots) is recorde
 ``files`` (``files_stamp``: size and SHA-256 of each), and meta.json is checked against itself and the
 folder (``_meta_facts``): a status that is no status, a forward count that is not stats.jsonl's line
 count, a token count that is not the table's, or a file the run wrote that is missing are damage.
+
+meta.json carries a ``format`` (``META_FORMAT``, 2 since the records exist). A finished run of format 2
+without its ``tables`` or ``files`` record (removed, or set to null) is damage: nothing would vouch for
+the tables. A folder with no ``format`` was written before the records and is checked as above. A field
+of the wrong type (``"forwards": "x"``, a count that is true) is damage in any format (``_meta_types``).
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
 import math
 from collections import Counter
 from pathlib import Path
 
+# meta.json's ``format``: 2 since every finished run records its tables and files (none: written before)
+META_FORMAT = 2
 TABLES = ("summary.csv", "summary.parquet")
 STATUSES = ("running", "complete", "interrupted", "failed")  # the only words meta.json's status may hold
 UNRECORDED = {"meta.json", "report.html", *TABLES}  # rewritten later, or recorded in ``tables``
@@ -54,6 +62,12 @@ def files_stamp(folder: Path) -> dict:
         for p in sorted(folder.iterdir())
         if p.is_file() and p.name not in UNRECORDED and not p.name.startswith(".")
     }
+
+
+def _shown(v) -> str:
+    """A value as meta.json holds it, cut to 40 characters."""
+    text = json.dumps(v, default=str)
+    return text if len(text) <= 40 else text[:37] + "..."
 
 
 def _is_missing(v) -> bool:
@@ -91,7 +105,57 @@ def damage(run_dir: Path, meta: dict | None, df) -> list[str]:
             out.append(f"summary.csv holds {whole['layer'].nunique()} layers, the model has {n} (meta.json)")
     out += _parquet(run_dir, df)
     if meta is not None:
-        out += _meta_facts(run_dir, meta, whole)
+        out += _meta_types(meta) + _meta_records(meta) + _meta_facts(run_dir, meta, whole)
+    return out
+
+
+_INT, _NUM, _STR = (int,), (int, float), (str,)
+FIELD_TYPES = {  # the type of each field meta.json may hold, when it is there
+    **dict.fromkeys(("format", "seed", "batch_size", "world_size", "pid", "forwards", "n_tokens"), _INT),
+    **dict.fromkeys(("status", "stage", "out", "run_id", "model", "backend", "command", "started"), _STR),
+    **dict.fromkeys(("finished", "error", "eigenhooks", "torch", "transformers", "device", "dtype"), _STR),
+    "seconds": _NUM,
+    "interrupted": (bool,),
+    **dict.fromkeys(("adapter", "nulls"), (dict,)),
+    **dict.fromkeys(("tokens_per_rank", "forwards_per_rank"), (list,)),
+}
+NULLABLE = {"max_tokens": _INT, "tokens_per_s": _NUM}  # a run writes null there too
+RECORDS = ("tables", "files")  # what the folder holds: ``_meta_records``
+_WANT = {_INT: "an integer", _NUM: "a number", _STR: "a string", (bool,): "true or false", (dict,): "an object"}
+
+
+def _typed(v, types: tuple) -> bool:
+    if isinstance(v, bool) and bool not in types:
+        return False  # JSON's true is no count
+    if not isinstance(v, types) or (isinstance(v, float) and not math.isfinite(v)):
+        return False
+    return not isinstance(v, list) or all(_typed(x, _INT) for x in v)
+
+
+def _meta_types(meta: dict) -> list[str]:
+    """Fields of meta.json whose value is of the wrong type: ``"forwards": "x"`` is damage, not a count."""
+    out = []
+    for name, types in {**FIELD_TYPES, **NULLABLE}.items():
+        v = meta.get(name)
+        if name not in meta or (v is None and name in NULLABLE) or _typed(v, types):
+            continue
+        want = _WANT.get(types, "a list of integers")
+        out.append(f"meta.json's {name} is {_shown(v)}, not {want}")
+    return out
+
+
+def _meta_records(meta: dict) -> list[str]:
+    """meta.json's ``tables`` and ``files``: a record that is there must be an object, and a finished run of
+    format 2 or later has both (without them nothing in the folder is vouched for). A folder written before
+    the records existed has no ``format`` and is not asked for them."""
+    fmt = meta.get("format")
+    required = _typed(fmt, _INT) and fmt >= 2 and meta.get("status") in STATUSES[1:]
+    out = []
+    for name in RECORDS:
+        if name in meta and not isinstance(meta[name], dict):
+            out.append(f"meta.json's {name} record is {_shown(meta[name])}, not an object")
+        elif name not in meta and required:
+            out.append(f"meta.json has no {name} record (a finished run of format {fmt} writes one)")
     return out
 
 

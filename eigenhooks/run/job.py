@@ -30,6 +30,7 @@ meta.json says so (``ranks_recorded``).
 
 from __future__ import annotations
 
+import errno
 import os
 import platform
 import secrets
@@ -180,7 +181,14 @@ def run(
         return RunResult(Path(out or "."), st.summary, status, rank=ctx.rank)
     with deferred_sigint():
         stage = folder.meta.get("stage", "")
-        _finish(st, folder, status, error, ctx)
+        try:
+            _finish(st, folder, status, error, ctx)
+        except OSError as e:  # a full disk: no half-written hidden folder stays, and the error says where
+            raise folder.abandon(e) from (error or e)
+    if isinstance(error, OSError) and error.errno in _NO_SPACE and not error.filename:
+        raise RunFolderError(
+            f"--out {folder.out}: {error.strerror} while the run wrote there (status failed)"
+        ) from error
     if error is not None:
         raise error
     m = folder.meta
@@ -201,6 +209,8 @@ def run(
         report_error=folder.report_error,
     )
 
+
+_NO_SPACE = (errno.ENOSPC, errno.EDQUOT)  # a write that failed for room: the run folder is named
 
 # The compiled modules that finishing a run folder uses (the summary, its CSV and parquet, the report).
 FINISH_IMPORTS = ("pandas", "pandas.io.parquet", "pyarrow.parquet", "scipy.stats")

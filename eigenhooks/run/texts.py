@@ -75,6 +75,42 @@ def check_utf8(path: Path, chunk: int = 1 << 20) -> None:
             offset += len(b)
 
 
+def check_text(text: str, flag: str = "--text") -> str:
+    """``text`` if it is text: not blank, and UTF-8 (a bad byte of a command line arrives as a lone surrogate).
+
+    Raises:
+        DataLoadError: a blank text, or one holding what is no character, named by byte and offset.
+    """
+    if not isinstance(text, str):
+        raise DataLoadError(f"{flag} must be a string, got {type(text).__name__}")
+    try:
+        raw = text.encode("utf-8", "surrogateescape")  # the bytes given, if it came from a command line
+    except UnicodeEncodeError as e:  # a surrogate no command line makes: a str built in Python
+        raise DataLoadError(
+            f"{flag} holds the lone surrogate U+{ord(text[e.start]):04X} at character {e.start}, which is no "
+            "character: pass text that encodes as UTF-8"
+        ) from None
+    try:
+        raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise DataLoadError(
+            f"{flag} is not UTF-8 text (byte 0x{raw[e.start]:02x} at offset {e.start}): a character cut in half, "
+            "or another encoding; convert it, e.g. with iconv -f latin1 -t utf-8, or use --file"
+        ) from None
+    if not text.strip():
+        raise DataLoadError(f"{flag} is blank ({text!r}): give some text, or use --file or --dataset")
+    return text
+
+
+def load_for_text(model: str, text: str):
+    """(model, tokenizer, the text's input batch) for ``eigenhooks iterate``: the text checked before the model loads."""
+    check_text(text)
+    from ..zoo.loading import load_model
+
+    m, tok = load_model(model)
+    return m, tok, tok([text], return_tensors="pt")
+
+
 def iter_texts(text: str | None = None, file: str | None = None, dataset: str | None = None) -> Iterator[str]:
     """Texts from at most one of a string, a file, a dataset; by default the bundled sample.
 
@@ -88,9 +124,7 @@ def iter_texts(text: str | None = None, file: str | None = None, dataset: str | 
     if sum(x is not None for x in (text, file, dataset)) > 1:
         raise DataLoadError("give at most one of --text, --file and --dataset")
     if text is not None:
-        if not text.strip():
-            raise DataLoadError(f"--text is blank ({text!r}): give some text, or use --file or --dataset")
-        return iter([text])
+        return iter([check_text(text)])
     if file is not None:
         p = Path(file).expanduser()
         if p.is_dir():

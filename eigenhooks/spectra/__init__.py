@@ -1,7 +1,7 @@
 """Spectra of a whole model: ``spectra()`` and ``verify()``, adapters in, cached spectra out.
 
 Owns the model-level entry points (``compute``): reading each layer's factors through its adapter
-(offloaded weights one layer at a time), the per-process memo keyed by parameter versions, the
+(offloaded weights one layer at a time), the per-process memo keyed by the weights' content, the
 disk cache, and ``verify`` (F from the weights against F from the model's own forward, the
 identical-token probe, ``verify``), what the heads' full OV circuits need from the model (``heads``),
 token readouts of a direction with their null (``readout``), and a user's own directions

@@ -6,8 +6,8 @@ These join an adapter (which knows the model) with linalg.eig (which knows matri
 from __future__ import annotations
 
 import logging
-import weakref
-from collections import OrderedDict
+import math
+import operator
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 
@@ -27,10 +27,12 @@ from ..models import Adapter, get_adapter, layer_index
 from ..models.offload import onloaded, source_modules
 from ..models.probe import probe_matrices
 from ..progress import bar
+from . import memo
 from .heads import circuit_digest, circuit_matrix, copy_out
 from .pool import _blas_threads, _cores, _Inline, parallel_map  # noqa: F401  (parallel_map: for the monitor)
 
 log = logging.getLogger(__name__)
+clear_memo = memo.clear_memo  # compute.clear_memo: the path tests and eh.api use
 VARIANTS = ("ov", "ov_ln")
 
 
@@ -72,9 +74,9 @@ def spectra(
 ) -> list[LayerSpectrum]:
     """Spectrum of F_t for every attention layer of a model, in float64.
 
-    A repeat call in the same process is answered from memory, keyed by the identity and
-    version of the layer's parameters (an in-place edit, a reload or a dtype change makes a
-    new key); across processes the disk cache answers, keyed by the weights' content.
+    A repeat call in the same process is answered from memory, keyed by a hash of every byte
+    of the layer's weights (any edit, ``.data`` writes included, makes a new key); across
+    processes the disk cache answers, keyed the same way.
     Models dispatched with accelerate (CPU or disk offload) are read one layer at a time
     from their offload maps, so the model is never materialised.
 
@@ -96,7 +98,8 @@ def spectra(
         computed once.
 
     Raises:
-        ValueError: unknown variant or rank, non-finite weights, empty meta-device weights.
+        ValueError: unknown variant or rank, top < 1, threshold outside 0 < t <= 1 (NaN too), non-finite
+            weights, empty meta-device weights.
         TypeError: layers is not a list of ints (numpy and 0-d torch integers count; bools do not).
         IndexError: a layer out of range (negative counts from the end).
         UnsupportedModelError: the model's attention cannot be found.
@@ -133,6 +136,7 @@ def spectra_by_rank(
             raise ValueError(f"rank must be one of {RANKS}, got {rank!r}")
     if variant not in VARIANTS:
         raise ValueError(f"variant must be one of {VARIANTS}, got {variant!r}")
+    top, threshold = _check_top_threshold(top, threshold)
     adapter = get_adapter(model)
     idx = _layer_list(adapter, layers)
     options = {
@@ -162,6 +166,22 @@ def spectra_by_rank(
     }
 
 
+def _check_top_threshold(top, threshold) -> tuple[int, float]:
+    """(top, threshold) as int and float: top >= 1 and 0 < threshold <= 1, else a ValueError naming the argument."""
+    if isinstance(top, bool) or not hasattr(top, "__index__") or operator.index(top) < 1:
+        raise ValueError(f"top must be an integer >= 1 (leading eigenvectors kept per layer), got {top!r}")
+    try:
+        t = float(threshold) if not isinstance(threshold, bool | str) else math.nan
+    except (TypeError, ValueError):
+        t = math.nan
+    if not 0 < t <= 1:  # NaN fails too
+        raise ValueError(
+            f"threshold must be a gap ratio with 0 < threshold <= 1 (above it a layer is near-degenerate), "
+            f"got {threshold!r}"
+        )
+    return operator.index(top), t
+
+
 def _compute_groups(
     adapter: Adapter, reps: dict[int, int], options: dict[str, dict], cache: bool, progress: bool | None = None
 ) -> dict[str, dict[int, LayerSpectrum]]:
@@ -188,6 +208,8 @@ def _compute_groups(
                 found[r][g] = spec
         shown.update(completed=len(found[ranks[0]]))
 
+    # every byte of each layer's weights hashed (once for every rule), layers side by side: hashlib lets go of the GIL
+    digests = dict(zip(reps, parallel_map(lambda i: memo.digest(adapter, i), reps.values()))) if cache else {}
     # One layer (or one core): compute inline. LAPACK's eigvals is ~40% slower in a worker
     # thread than in the main one (measured with MKL here), so a pool only pays with >1 job.
     many = progress if progress is not None or len(reps) >= 8 else False  # a bar for 8+ layers, unless asked
@@ -196,8 +218,8 @@ def _compute_groups(
         for g, i in reps.items():
             missing = []
             for r in ranks:
-                mkey = _memo_key(adapter, i, options[r]) if cache else None
-                hit = _memo_get(mkey)
+                mkey = memo.key(adapter, i, options[r], digests.get(g))
+                hit = memo.get(mkey)
                 if hit is not None:
                     found[r][g] = hit
                     continue
@@ -223,7 +245,7 @@ def _compute_groups(
                 )
         collect(inflight)
     for (r, g), mkey in memo_keys.items():
-        _memo_put(mkey, found[r][g])
+        memo.put(mkey, found[r][g])
     return found
 
 
@@ -284,13 +306,12 @@ def weights_digest(adapter: Adapter, i: int) -> str:
     for this layer only. 40 hex digits.
     """
     ly = adapter.layers[i]
-    meta = {"digest": "weights", "norm_position": adapter.norm_position}
     if ly.factors is None:
         mods = [ly.block, ly.attn_in, ly.attn_out, ly.o_proj, ly.norm]
         with onloaded(adapter.model, mods):
-            return disk.tensors_digest(_layer_parameters(adapter, i), {**meta, "probe": True})
+            return memo.content_digest(adapter, i)
     with onloaded(adapter.model, _weight_modules(adapter, i, "ov_ln")):
-        return disk.cache_key(adapter.factors(i), adapter.norm_weight(i), meta)
+        return memo.content_digest(adapter, i)
 
 
 def _weight_modules(adapter: Adapter, i: int, variant: str) -> list:
@@ -304,7 +325,7 @@ def _weight_modules(adapter: Adapter, i: int, variant: str) -> list:
     if ly.factors is None:
         return []
     whole = [ly.attn_in, ly.attn_out, ly.o_proj, ly.norm]
-    if not any(p.device.type == "meta" for p in _layer_parameters(adapter, i)):
+    if not any(p.device.type == "meta" for p in memo.layer_parameters(adapter, i)):
         return whole
     try:
         f = adapter.factors(i)
@@ -338,87 +359,6 @@ def _compute_layer(g: int, i: int, job: _Job, cache: bool, name: str) -> tuple[i
         for r, spec in specs.items():
             disk.save_spectrum(spec, job.keys[r])
     return g, {**job.hits, **specs}
-
-
-# --- the in-process memo: identity and version of the parameters, never their content ---
-
-_MEMO: OrderedDict[tuple, tuple[list[weakref.ref], LayerSpectrum]] = OrderedDict()
-_MEMO_SIZE = 512
-
-
-def _layer_parameters(adapter: Adapter, i: int) -> list[torch.nn.Parameter]:
-    ly = adapter.layers[i]
-    params: dict[int, torch.Tensor] = {}
-    for m in (ly.block, ly.attn_in, ly.attn_out, ly.o_proj, ly.norm):
-        if isinstance(m, torch.nn.Module):
-            params.update((id(p), p) for p in m.parameters())
-    return list(params.values())
-
-
-def _memo_key(adapter: Adapter, i: int, options: dict) -> tuple | None:
-    """Key of layer i's spectrum from its parameters' identity, version, storage and a sample.
-
-    ``_version`` changes with every in-place edit through autograd-visible tensors
-    (``copy_``, ``load_state_dict``, ``mul_`` under no_grad); ``data_ptr`` with ``p.data = ...``
-    and device or dtype moves. Edits through ``p.data`` keep the version, so a strided sample
-    of 16 entries is keyed too. None (no memo) for probe-read layers and offloaded weights.
-    """
-    ly = adapter.layers[i]
-    params = _layer_parameters(adapter, i)
-    if ly.factors is None or not params or any(p.device.type == "meta" for p in params):
-        return None
-    parts = []
-    for p in params:
-        flat = p.detach().reshape(-1)
-        sample = flat[:: max(1, flat.numel() // 16)][:16].tolist()
-        parts.append(
-            (id(p), p._version, p.data_ptr(), tuple(p.shape), p.stride(), str(p.dtype), str(p.device), tuple(sample))
-        )
-    offset = float(ly.norm_offset or getattr(ly.norm, "eigenhooks_offset", 0.0) or 0.0)
-    opts = tuple(sorted(options.items()))
-    return (adapter.family, adapter.n_heads, adapter.n_kv_heads, i, offset, opts, tuple(parts)), [
-        weakref.ref(p) for p in params
-    ]
-
-
-def clear_memo() -> None:
-    """Forget every spectrum held in memory (the disk cache is untouched)."""
-    _MEMO.clear()
-
-
-def _memo_get(mkey) -> LayerSpectrum | None:
-    if mkey is None:
-        return None
-    key, refs = mkey
-    entry = _MEMO.get(key)
-    # The parameters must be the very objects keyed (an id can be reused once one is freed).
-    if entry is None or len(entry[0]) != len(refs):
-        return None
-    if not all(a() is not None and a() is b() for a, b in zip(entry[0], refs)):
-        return None
-    _MEMO.move_to_end(key)
-    return _fresh(entry[1])
-
-
-def _memo_put(mkey, spec: LayerSpectrum) -> LayerSpectrum:
-    if mkey is not None:
-        key, refs = mkey
-        for k in [k for k, (rs, _) in _MEMO.items() if any(r() is None for r in rs)]:
-            del _MEMO[k]  # entries of freed models
-        _MEMO[key] = (refs, _fresh(spec))
-        _MEMO.move_to_end(key)
-        while len(_MEMO) > _MEMO_SIZE:
-            _MEMO.popitem(last=False)
-    return spec
-
-
-def _fresh(spec: LayerSpectrum) -> LayerSpectrum:
-    """A copy whose tensors the caller may edit without touching the memo."""
-    from dataclasses import replace
-
-    return replace(
-        spec, eigenvalues=spec.eigenvalues.clone(), eigenvectors=spec.eigenvectors.clone(), basis=spec.basis.clone()
-    )
 
 
 def _relabel(spec: LayerSpectrum, layer: int) -> LayerSpectrum:

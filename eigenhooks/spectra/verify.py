@@ -13,7 +13,7 @@ import torch
 from ..models import Adapter, get_adapter
 from ..models.probe import apply_attention_many, probe_matrices
 from ..progress import bar
-from .compute import _layer_list
+from .compute import _layer_list, _layer_name, _non_finite_message
 
 
 @dataclass
@@ -65,6 +65,7 @@ def verify(
 
     Raises:
         TypeError: layers is not a list of ints. IndexError: a layer out of range.
+        ValueError: non-finite weights (the layer and O, V or the probe named), as ``spectra`` says.
     """
     adapter = get_adapter(model)
     idx = _layer_list(adapter, layers)
@@ -73,6 +74,7 @@ def verify(
         step = -(-len(idx) // 10) if shown.on else len(idx)  # no bar: all layers in one probe, as fast
         for part in (idx[k : k + step] for k in range(0, len(idx), step)):
             probed.update(probe_matrices(adapter, part, n_tokens=n_tokens))
+            _finite_or_raise(adapter, part, probed)
             lin.update(_linearity(adapter, part, probed, n_tokens))
             shown.advance(len(part))
     dtype = str(next(adapter.model.parameters()).dtype).replace("torch.", "")
@@ -90,6 +92,21 @@ def verify(
             Verification(i, float((F_w - F_p).abs().max()), float(F_w.abs().max()), dtype, "weights", lin[i], is_linear)
         )
     return rows
+
+
+def _finite_or_raise(adapter: Adapter, idx: list[int], probed: dict) -> None:
+    """A ValueError for the first layer whose O, V or probed F holds inf or NaN: no row of NaN is a verification."""
+    for i in idx:
+        if adapter.layers[i].factors is not None:
+            f = adapter.factors(i)
+            if not (torch.isfinite(f.O_heads).all() and torch.isfinite(f.V_groups).all()):
+                raise ValueError(_non_finite_message(i, _layer_name(adapter, i), f, None))
+        if not torch.isfinite(probed[i]).all():
+            raise ValueError(
+                f"layer {i} ({_layer_name(adapter, i)}): the identical-token probe's F holds inf or NaN (a non-finite "
+                "weight or bias the attention reads: its query, key or value path); F is undefined. Check the "
+                "checkpoint (an fp16 overflow?)."
+            )
 
 
 def _linearity(adapter: Adapter, idx: list[int], probed: dict, n_tokens: int) -> dict[int, float]:

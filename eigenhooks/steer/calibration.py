@@ -14,6 +14,7 @@ import weakref
 
 import torch
 
+from ..linalg.cache import tensors_digest
 from ..models import Adapter, UnsupportedModelError
 from ..models.base import StopForward
 from ..models.probe import input_embeddings
@@ -44,12 +45,11 @@ def _vocab_size(model) -> int:
     return int(n)
 
 
-def _fingerprint(model) -> tuple:
-    """A cheap content fingerprint of the weights (a strided sample of every parameter)."""
-    with torch.no_grad():
-        return tuple(
-            float(p.detach().reshape(-1)[:: max(1, p.numel() // 16)].double().sum()) for p in model.parameters()
-        )
+def _fingerprint(model) -> object:
+    """SHA-256 of every byte of every parameter (``p.data`` writes keep the version and a sample misses most
+    edits); off the CPU a fresh object, equal to no key: hashing there would cost more than sampling again."""
+    params = list(model.parameters())
+    return tensors_digest(params) if all(p.device.type == "cpu" for p in params) else object()
 
 
 def sample_tokens(model, shape=N_CALIBRATION, seed: int = 0, progress: bool | None = None) -> torch.Tensor:

@@ -11,9 +11,12 @@ from __future__ import annotations
 
 import importlib.util
 import logging
+import threading
 import warnings
+from contextlib import contextmanager
 from pathlib import Path
 
+from .. import progress
 from . import digest, store
 from .errors import ModelLoadError
 from .gguf_file import check_gguf, check_magic, metadata_scalars
@@ -96,12 +99,61 @@ def _convert(path: Path):
     except ImportError:  # older transformers always dequantise
         pass
     try:
-        model = AutoModelForCausalLM.from_pretrained(path.parent, **kwargs, **extra)
+        with _our_bar(f"dequantising {path.name}"):
+            model = AutoModelForCausalLM.from_pretrained(path.parent, **kwargs, **extra)
         tok = AutoTokenizer.from_pretrained(path.parent, **kwargs)
     except Exception as e:  # transformers raises many kinds here; each becomes one line
         why = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise ModelLoadError(f"transformers cannot load or dequantise {path.name}: {why}") from e
     return model, as_the_file_says(tok, path)
+
+
+_bar_lock = threading.Lock()
+
+
+class _Tensors:
+    """What transformers' GGUF reader takes for tqdm: the tensors, under eigenhooks' bar (``progress``: rich on
+    a terminal or in a notebook, nothing when stderr is piped), never tqdm's own on stderr."""
+
+    description = "dequantising"
+
+    def __init__(self, iterable=None, desc=None, total=None, **_):
+        self.iterable, self.total = iterable, total
+
+    def __iter__(self):
+        return iter(progress.track(self.iterable, self.description, total=self.total))
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+    def update(self, n=1) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+@contextmanager
+def _our_bar(description: str):
+    """transformers' "Converting and de-quantizing GGUF tensors" tqdm bar replaced by ours while the block runs.
+
+    Its GGUF reader calls tqdm itself (``tqdm.auto``), so transformers' disable_progress_bar does not reach it.
+    """
+    import transformers.modeling_gguf_pytorch_utils as reader
+
+    if not hasattr(reader, "tqdm"):  # a transformers that draws no bar there
+        yield
+        return
+    bar = type("_Bar", (_Tensors,), {"description": description})
+    with _bar_lock:
+        saved, reader.tqdm = reader.tqdm, bar
+        try:
+            yield
+        finally:
+            reader.tqdm = saved
 
 
 # the GGUF keys of the tokenizer's special tokens, by the tokenizer's attribute

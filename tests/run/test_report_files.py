@@ -66,10 +66,35 @@ def _damage(folder, how: str) -> str:
         return f"summary.csv counts {meta['n_tokens']} tokens, meta.json says {meta['n_tokens'] - 1}"
     if how == "old_meta_stats_deleted":  # a folder from before the files record: the forward count still speaks
         meta.pop("files", None)
+        meta.pop("format", None)
         (folder / "meta.json").write_text(json.dumps(meta))
         stats.unlink()
         return f"stats.jsonl is missing \\(meta.json says {meta['forwards']} forwards\\)"
+    if how in ("tables_removed", "tables_null", "files_removed"):  # issue 41: then a table edit went unseen
+        _edit_summary(folder)
+        name = how.split("_")[0]
+        if how.endswith("null"):
+            _edit_meta(folder, **{name: None})
+            return f"meta.json's {name} record is null, not an object"
+        meta.pop(name)
+        (folder / "meta.json").write_text(json.dumps(meta))
+        return f"meta.json has no {name} record \\(a finished run of format 2 writes one\\)"
+    if how == "forwards_text":
+        _edit_meta(folder, forwards="x")
+        return 'meta.json\'s forwards is "x", not an integer'
+    if how == "tokens_bool":
+        _edit_meta(folder, n_tokens=True)
+        return "meta.json's n_tokens is true, not an integer"
     raise ValueError(how)
+
+
+def _edit_summary(folder) -> None:
+    """Change one number in summary.csv (its rows, layers and targets stay)."""
+    import pandas as pd
+
+    df = pd.read_csv(folder / "summary.csv")
+    df.loc[0, "rho"] = 0.123456
+    df.to_csv(folder / "summary.csv", index=False)
 
 
 def test_a_whole_folder_records_every_file_and_is_not_marked(folder):
@@ -87,6 +112,11 @@ HOWS = [
     "forwards_changed",
     "tokens_changed",
     "old_meta_stats_deleted",
+    "tables_removed",
+    "tables_null",
+    "files_removed",
+    "forwards_text",
+    "tokens_bool",
 ]
 
 
@@ -100,3 +130,15 @@ def test_a_folder_damaged_outside_its_tables_is_not_complete(folder, how):
     assert r.exit_code == 1 and len(lines) == 1 and f"{folder} is damaged" in lines[0], r.output
     page = (folder / "report.html").read_text().replace("&#x27;", "'")
     assert "Damaged run folder." in page and ", complete." not in page
+
+
+def test_a_folder_from_before_the_records_is_told_apart_by_its_format(folder):
+    """No ``format``, no ``tables``, no ``files``: written before they existed, checked for what it shows."""
+    meta = json.loads((folder / "meta.json").read_text())
+    assert meta["format"] == 2
+    for name in ("format", "tables", "files"):
+        meta.pop(name)
+    (folder / "meta.json").write_text(json.dumps(meta))
+    assert inspect(folder)[2] == []
+    r = runner.invoke(app, ["report", str(folder)])
+    assert r.exit_code == 0 and "damaged" not in r.output, r.output

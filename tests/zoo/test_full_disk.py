@@ -7,20 +7,9 @@ from pathlib import Path
 
 import pytest
 import torch
-from gguf_tiny import write_tiny_gguf
 
 import eigenhooks as eh
-from eigenhooks.zoo import digest, store
-
-
-@pytest.fixture
-def tiny(tmp_path, monkeypatch):
-    monkeypatch.setenv("EIGENHOOKS_MODELS", str(tmp_path / "models"))
-    digest.forget()
-    path = tmp_path / "src" / "tiny.gguf"
-    path.parent.mkdir()
-    yield path, write_tiny_gguf(path)
-    digest.forget()
+from eigenhooks.zoo import store
 
 
 def test_a_full_disk_while_converting_loads_without_the_cache(tiny, monkeypatch):

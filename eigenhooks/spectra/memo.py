@@ -1,0 +1,93 @@
+"""The in-process spectra memo: one spectrum per (weights, options), keyed by the weights' content.
+
+The key is a SHA-256 of every byte of a layer's O, V and attention norm, never the parameters'
+identity or version: ``p.data`` writes keep ``_version`` and ``data_ptr``, and a sample of entries
+misses most edits, so only every byte says the weights are the same (issue 41). SmolLM2's 30
+layers hash in ~45 ms (docs/scale.md, "In-process memo"). Least recently used entries go first.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from dataclasses import replace
+
+import torch
+
+from ..linalg import cache as disk
+from ..linalg.eig import LayerSpectrum
+from ..models import Adapter
+
+_MEMO: OrderedDict[tuple, LayerSpectrum] = OrderedDict()
+_MEMO_SIZE = 512
+_memo_lock = threading.Lock()
+
+
+def layer_parameters(adapter: Adapter, i: int) -> list[torch.nn.Parameter]:
+    """The parameters of layer i's block, attention and norm, each once."""
+    ly = adapter.layers[i]
+    params: dict[int, torch.Tensor] = {}
+    for m in (ly.block, ly.attn_in, ly.attn_out, ly.o_proj, ly.norm):
+        if isinstance(m, torch.nn.Module):
+            params.update((id(p), p) for p in m.parameters())
+    return list(params.values())
+
+
+def digest(adapter: Adapter, i: int) -> str | None:
+    """Layer i's ``content_digest`` for the memo, or None (no memo) for probe-read layers and offloaded weights."""
+    params = layer_parameters(adapter, i)
+    if adapter.layers[i].factors is None or not params or any(p.device.type == "meta" for p in params):
+        return None
+    return content_digest(adapter, i)
+
+
+def key(adapter: Adapter, i: int, options: dict, content: str | None) -> tuple | None:
+    """Key of layer i's spectrum: its weights' digest (O, V and the norm, every byte) and the options."""
+    if content is None:
+        return None
+    ly = adapter.layers[i]
+    offset = float(ly.norm_offset or getattr(ly.norm, "eigenhooks_offset", 0.0) or 0.0)
+    opts = tuple(sorted(options.items()))
+    return (adapter.family, adapter.n_heads, adapter.n_kv_heads, i, offset, opts, content)
+
+
+def clear_memo() -> None:
+    """Forget every spectrum held in memory (the disk cache is untouched)."""
+    with _memo_lock:
+        _MEMO.clear()
+
+
+def get(key) -> LayerSpectrum | None:
+    if key is None:
+        return None
+    with _memo_lock:
+        spec = _MEMO.get(key)
+        if spec is None:
+            return None
+        _MEMO.move_to_end(key)
+    return _fresh(spec)
+
+
+def put(key, spec: LayerSpectrum) -> LayerSpectrum:
+    if key is not None:
+        with _memo_lock:
+            _MEMO[key] = _fresh(spec)
+            _MEMO.move_to_end(key)
+            while len(_MEMO) > _MEMO_SIZE:
+                _MEMO.popitem(last=False)
+    return spec
+
+
+def _fresh(spec: LayerSpectrum) -> LayerSpectrum:
+    """A copy whose tensors the caller may edit without touching the memo."""
+    return replace(
+        spec, eigenvalues=spec.eigenvalues.clone(), eigenvectors=spec.eigenvectors.clone(), basis=spec.basis.clone()
+    )
+
+
+def content_digest(adapter: Adapter, i: int) -> str:
+    """``weights_digest`` of weights already in memory (SHA-256 of every byte, read in place)."""
+    meta = {"digest": "weights", "norm_position": adapter.norm_position}
+    if adapter.layers[i].factors is None:
+        return disk.tensors_digest(layer_parameters(adapter, i), {**meta, "probe": True})
+    return disk.cache_key(adapter.factors(i), adapter.norm_weight(i), meta)
