@@ -8,8 +8,6 @@ and exit code 1; ``--debug`` shows the traceback.
 from __future__ import annotations
 
 from . import _startup  # isort: skip  (first, before torch: a Ctrl-C while the command starts is one line)
-import contextlib
-import re
 import sys
 from pathlib import Path
 from typing import Annotated
@@ -17,7 +15,7 @@ from typing import Annotated
 import typer
 
 from .run.checks import interrupted
-from .run.commandline import ReadableTyper, VersionOpt
+from .run.commandline import ReadableTyper, VersionOpt, as_flags, one_line_warnings, quiet_libraries
 from .run.table import emit, fmt_complex, fmt_mb, print_run_table
 
 app = ReadableTyper(add_completion=False, no_args_is_help=True, help="Power-method alignment of transformer tokens.")
@@ -25,44 +23,14 @@ app = ReadableTyper(add_completion=False, no_args_is_help=True, help="Power-meth
 
 @app.callback()
 def _setup(version: VersionOpt = False) -> None:
-    _quiet_libraries()
-    _one_line_warnings()
-
-
-def _one_line_warnings() -> None:
-    """eigenhooks' own warnings print as one line on stderr ("eigenhooks: warning: ..."), once each."""
-    import warnings
-
-    default = warnings.showwarning
-
-    def show(message, category, filename, lineno, file=None, line=None):
-        text = str(message)
-        if not (category.__module__.startswith("eigenhooks") or text.startswith("eigenhooks: ")):
-            return default(message, category, filename, lineno, file, line)
-        typer.echo(f"eigenhooks: warning: {text.removeprefix('eigenhooks: ')}", err=True)  # said once
-
-    warnings.showwarning = show
+    quiet_libraries()
+    one_line_warnings()
 
 
 ModelArg = Annotated[
     str, typer.Argument(help="zoo name (e.g. gpt2-tiny, smollm2-135m), a .gguf file, a folder or hub id")
 ]
 DebugOpt = Annotated[bool, typer.Option("--debug", help="show tracebacks")]
-
-
-def _quiet_libraries() -> None:
-    """Keep transformers' progress bars and warnings, and datasets' log lines, off stdout/stderr
-    (tables and JSON stay clean; a file datasets cannot read is our one line, not its log line first)."""
-    import os
-
-    os.environ.setdefault("DATASETS_VERBOSITY", "critical")  # read when --dataset first imports datasets
-    if "datasets" in sys.modules:
-        sys.modules["datasets"].utils.logging.set_verbosity(50)  # logging.CRITICAL
-    with contextlib.suppress(ImportError):
-        from transformers.utils import logging as hf_logging
-
-        hf_logging.disable_progress_bar()
-        hf_logging.set_verbosity_error()
 
 
 def _fail(e: BaseException, debug: bool, command: str | None = None) -> None:
@@ -75,34 +43,9 @@ def _fail(e: BaseException, debug: bool, command: str | None = None) -> None:
     raise typer.Exit(1)
 
 
-# library names of a command's inputs that differ from its option's name
-_ALIASES = {"steer": {"direction": "--toward"}}
-
-
 def _as_flags(msg: str, command: str | None) -> str:
-    """A library message as a command-line user needs it: the running command's options named
-    by their flags, not their Python arguments (``allow_shared=True`` -> ``--allow-shared``,
-    ``gap_ratio`` -> ``--gap-ratio``, ``alpha=5.0`` -> ``--alpha 5.0``, ``mode must`` -> ``--mode must``).
-
-    Plain words (mode, layer, text ...) change only where they are an argument's name: before
-    ``=`` or ``must``, or next to another flag (``alpha and --gap-ratio``); words with an
-    underscore change everywhere.
-    """
-    cmd = typer.main.get_command(app).commands.get(command) if command else None
-    if cmd is None:
-        return msg
-    flags = {p.name: p.opts[0] for p in cmd.params if p.param_type_name == "option" and p.opts[0][:2] == "--"}
-    flags.update(_ALIASES.get(command, {}))
-    for name, flag in flags.items():
-        n = rf"(?<![-\w.'\"]){re.escape(name)}"
-        msg = re.sub(rf"{n}=True\b", flag, msg)
-        msg = re.sub(rf"{n}=(?=\S)", flag + " ", msg)
-        msg = re.sub(rf"{n}\b(?=\s+must\b)" if "_" not in name else rf"{n}\b", flag, msg)
-    for name, flag in flags.items():  # "one of alpha and --gap-ratio", "--alpha or mode"
-        n = rf"(?<![-\w.'\"]){re.escape(name)}\b"
-        msg = re.sub(rf"{n}(?=,? (?:and|or) --)", flag, msg)
-        msg = re.sub(rf"(--[\w-]+,? (?:and|or) ){n}", rf"\g<1>{flag}", msg)
-    return msg
+    """``commandline.as_flags`` for the command of this app named ``command``."""
+    return as_flags(msg, typer.main.get_command(app).commands.get(command) if command else None, command)
 
 
 @app.command()
@@ -527,7 +470,7 @@ def cache_clear(
 def main() -> None:
     _startup.done()  # from here on Ctrl-C is a KeyboardInterrupt, handled below or by the command
     try:
-        _quiet_libraries()
+        quiet_libraries()
         app()
     except (Exception, KeyboardInterrupt) as e:
         if not interrupted(e):  # Ctrl-C that a library wrapped in its own error is still Ctrl-C

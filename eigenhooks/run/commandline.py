@@ -1,4 +1,5 @@
-"""What the command line shows about itself: readable types in ``--help`` and ``--version``.
+"""What the command line shows about itself: readable types in ``--help``, ``--version``, eigenhooks'
+warnings in one line, other libraries kept quiet, and a library message with its arguments named as flags.
 
 typer 0.29 prints an option's Python type as ``<bool>``, ``<str>``, ``<list[str]>``; older typer prints
 click's ``TEXT``, ``INTEGER``. ``ReadableTyper`` makes every command print what click prints, under every
@@ -7,7 +8,9 @@ typer: a flag shows no type, a value its kind (``TEXT``, ``INTEGER``, ``FLOAT``)
 
 from __future__ import annotations
 
+import contextlib
 import re
+import sys
 import typing
 
 import typer
@@ -83,3 +86,63 @@ def print_version(value: bool) -> None:
 VersionOpt = typing.Annotated[
     bool, typer.Option("--version", help="print the version and exit", callback=print_version, is_eager=True)
 ]
+
+
+def one_line_warnings() -> None:
+    """eigenhooks' own warnings print as one line on stderr ("eigenhooks: warning: ..."), once each."""
+    import warnings
+
+    default = warnings.showwarning
+
+    def show(message, category, filename, lineno, file=None, line=None):
+        text = str(message)
+        if not (category.__module__.startswith("eigenhooks") or text.startswith("eigenhooks: ")):
+            return default(message, category, filename, lineno, file, line)
+        typer.echo(f"eigenhooks: warning: {text.removeprefix('eigenhooks: ')}", err=True)  # said once
+
+    warnings.showwarning = show
+
+
+def quiet_libraries() -> None:
+    """Keep transformers' progress bars and warnings, and datasets' log lines, off stdout/stderr
+    (tables and JSON stay clean; a file datasets cannot read is our one line, not its log line first)."""
+    import os
+
+    os.environ.setdefault("DATASETS_VERBOSITY", "critical")  # read when --dataset first imports datasets
+    if "datasets" in sys.modules:
+        sys.modules["datasets"].utils.logging.set_verbosity(50)  # logging.CRITICAL
+    with contextlib.suppress(ImportError):
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.disable_progress_bar()
+        hf_logging.set_verbosity_error()
+
+
+# library names of a command's inputs that differ from its option's name
+_ALIASES = {"steer": {"direction": "--toward"}}
+
+
+def as_flags(msg: str, cmd, command: str | None) -> str:
+    """A library message as a command-line user needs it: the running command's options named
+    by their flags, not their Python arguments (``allow_shared=True`` -> ``--allow-shared``,
+    ``gap_ratio`` -> ``--gap-ratio``, ``alpha=5.0`` -> ``--alpha 5.0``, ``mode must`` -> ``--mode must``).
+    ``cmd`` is the running command's click command, ``command`` its name.
+
+    Plain words (mode, layer, text ...) change only where they are an argument's name: before
+    ``=`` or ``must``, or next to another flag (``alpha and --gap-ratio``); words with an
+    underscore change everywhere.
+    """
+    if cmd is None:
+        return msg
+    flags = {p.name: p.opts[0] for p in cmd.params if p.param_type_name == "option" and p.opts[0][:2] == "--"}
+    flags.update(_ALIASES.get(command, {}))
+    for name, flag in flags.items():
+        n = rf"(?<![-\w.'\"]){re.escape(name)}"
+        msg = re.sub(rf"{n}=True\b", flag, msg)
+        msg = re.sub(rf"{n}=(?=\S)", flag + " ", msg)
+        msg = re.sub(rf"{n}\b(?=\s+must\b)" if "_" not in name else rf"{n}\b", flag, msg)
+    for name, flag in flags.items():  # "one of alpha and --gap-ratio", "--alpha or mode"
+        n = rf"(?<![-\w.'\"]){re.escape(name)}\b"
+        msg = re.sub(rf"{n}(?=,? (?:and|or) --)", flag, msg)
+        msg = re.sub(rf"(--[\w-]+,? (?:and|or) ){n}", rf"\g<1>{flag}", msg)
+    return msg

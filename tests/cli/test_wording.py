@@ -8,8 +8,8 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from eigenhooks import cli
 from eigenhooks.cli import app
+from eigenhooks.run.commandline import one_line_warnings
 
 runner = CliRunner()
 
@@ -53,7 +53,7 @@ def test_a_warning_is_prefixed_once(tmp_path, monkeypatch, capsys):
     said = [x for x in r.output.splitlines() if "warning" in x]
     assert said and said[0].startswith("eigenhooks: warning: cannot write the spectrum cache"), said
     assert "eigenhooks: warning: eigenhooks:" not in r.output
-    cli._one_line_warnings()
+    one_line_warnings()
     with warnings.catch_warnings():
         warnings.simplefilter("always")
         warnings.warn("eigenhooks: a sink failed on exit", RuntimeWarning, stacklevel=1)  # other category
