@@ -143,7 +143,7 @@ def _cells(values) -> str:
     return "".join(f"<td>{html.escape(str(v))}</td>" for v in values)
 
 
-def section(run_dir: Path) -> str:
+def section(run_dir: Path, fold: int = 8) -> str:
     """The report's "What the direction is" (HTML), or '' when the run wrote no directions.json."""
     path = Path(run_dir) / FILE
     if not path.is_file():
@@ -178,7 +178,8 @@ def section(run_dir: Path) -> str:
 unembedding (final norm's scale folded in). The score is the larger of the top-10 mean and minus the
 bottom-10 mean (a plane: the mean of the top-10 projection norms); the band is the same score for
 Haar-random directions. A score inside the band is no more token-like than chance (docs/concepts.md).</p>
-<table><tr>{th}</tr>{rows}</table>
+<details{" open" if len(doc["layers"]) <= fold else ""}><summary>v_1 per layer ({len(doc["layers"])} rows)</summary>
+<div class="tablebox"><table><tr>{th}</tr>{rows}</table></div></details>
 <details><summary>Per head and key/value group ({len(prow)} rows)</summary>
-<table><tr>{pth}</tr>{parts}</table></details>
+<div class="tablebox"><table><tr>{pth}</tr>{parts}</table></div></details>
 """

@@ -337,7 +337,7 @@ def _page(run_dir: Path, meta: dict, df, model: str, status: str, problems: list
 <h2>Per layer</h2>
 {_run_table(df)}
 {_extra_table(df)}
-{direction_report.section(run_dir)}
+{direction_report.section(run_dir, FOLD)}
 <h2>Run</h2>
 <table class="meta">{meta_rows}</table>
 <script>
