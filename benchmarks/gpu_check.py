@@ -28,7 +28,7 @@ skipped and say so). Figures go to ``$OUT/gpu_check.json`` when OUT is set (rewr
 every check, so a run cut short keeps what it measured). Exit 1 if any check fails; without
 CUDA it prints "no CUDA device: nothing checked" and exits 0.
 
-The functions take a ``device`` so that ``tests/test_gpu_check.py`` runs them on the CPU
+The functions take a ``device`` so that ``tests/benchmarks/test_gpu_check_on_cpu.py`` runs them on the CPU
 (``--cpu``: tiny shapes stand in for the Llama ones).
 
 Usage: python benchmarks/gpu_check.py [--reps 10] [--scale] [--cpu]
@@ -49,7 +49,7 @@ import torch
 
 STAT_COLS = ("gamma_pre", "gamma_mid", "gamma_post", "rho")
 # (gamma, rho) absolute tolerances vs float32 on the CPU (gamma and rho are in [0, 1]). Set
-# from CPU runs of the same check in tests/test_gpu_check.py, with a margin of 2-10x:
+# from CPU runs of the same check in tests/benchmarks/test_gpu_check_on_cpu.py, with a margin of 2-10x:
 #   gpt2-tiny 4x128  fp16: |d gamma| <= 5.7e-5, |d rho| 0.0020;  bf16: 1.4e-4, 0.0039
 #   SmolLM2   2x64   fp16: |d gamma| <= 1.1e-4, |d rho| 0.0078;  bf16: 1.3e-3, 0.0234
 #   SmolLM2   4x128  fp16: |d gamma| <= 1.1e-4, |d rho| 0.0039;  bf16: 1.3e-3, 0.0098

@@ -2,7 +2,7 @@
 
 gpt_oss (sinks), deepseek_v3 (MLA) and qwen3_next (gated output) have nonlinear value
 paths: F from the weights is the linear map stated in special.py, and the probe is not
-compared to it here. tests/test_special.py checks each stated F against the model's own
+compared to it here. tests/models/test_nonlinear_value_paths.py checks each stated F against the model's own
 identical-token output, from the raw weights: gpt_oss with the sinks switched off, MLA as
 F x / rms(latent), qwen3_next as O (sigmoid(gate) * V x).
 """

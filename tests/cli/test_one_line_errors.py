@@ -19,7 +19,7 @@ from typer.testing import CliRunner
 from eigenhooks.cli import app
 
 runner = CliRunner()
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 D = 128  # gpt2-tiny's width
 
 

@@ -53,7 +53,7 @@ def thirty(tmp_path_factory):
 
 
 def _measure(run_dir, tmp_path):
-    from test_run import _browser
+    from .test_main_job import _browser
 
     browser = _browser()
     if browser is None:

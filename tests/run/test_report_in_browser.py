@@ -188,7 +188,7 @@ window.addEventListener("load", function () {
 
 
 def _chromium(args, timeout=120):
-    from test_run import _browser
+    from .test_main_job import _browser
 
     browser = _browser()
     if browser is None:

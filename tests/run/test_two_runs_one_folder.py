@@ -17,7 +17,7 @@ from eigenhooks.run import RunFolderError, run
 from eigenhooks.run.folder import RunFolder
 
 PAUSED = "eigenhooks-test: paused at"
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _meta(p: Path) -> dict:

@@ -2,7 +2,7 @@
 
 ``p.data`` writes keep a parameter's version counter and its storage, and a sample of entries
 misses most edits, so every cache keyed by the weights hashes all of their bytes. The spectra
-memo's own tests are in test_spectrum.py (``test_data_edits_are_never_answered_from_the_memo``).
+memo's own tests are in tests/linalg/test_eig_against_numpy.py (``test_data_edits_are_never_answered_from_the_memo``).
 """
 
 from __future__ import annotations

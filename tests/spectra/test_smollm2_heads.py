@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from test_real import _own_F
+from zoo.test_smollm2_real_tier import _own_F
 
 import eigenhooks as eh
 

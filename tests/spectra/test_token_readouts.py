@@ -5,9 +5,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from test_heads import _llama
 
 import eigenhooks as eh
+
+from .test_head_and_group_spectra import _llama
 
 
 @pytest.fixture(scope="module")
