@@ -3,6 +3,7 @@ layers unless asked, and the same numbers either way."""
 
 from __future__ import annotations
 
+import importlib
 from contextlib import contextmanager
 
 import pytest
@@ -39,6 +40,7 @@ def bars(monkeypatch):
         yield Rec()
 
     monkeypatch.setattr(compute, "bar", recording)
+    monkeypatch.setattr(importlib.import_module("eigenhooks.spectra.verify"), "bar", recording)  # verify's own file
     return seen
 
 
