@@ -1,8 +1,8 @@
 """A Ctrl-C while the ``eigenhooks`` command is still importing (torch, transformers) is one line, not a traceback.
 
-The package imports torch before the command's own code runs, so nothing in ``cli`` can catch an
-interrupt that early. When this process is the command (the ``eigenhooks`` script or ``python -m
-eigenhooks``), ``install`` (run when the package imports this module, before anything else) sets a SIGINT handler that says so in
+The package imports nothing on ``import eigenhooks`` (its public names load on first use), so ``cli``
+calls ``install`` before its own imports bring in torch and transformers: when this process is the
+command (the ``eigenhooks`` script or ``python -m eigenhooks``), it sets a SIGINT handler that says so in
 one line and exits 130 at once; ``cli.main`` puts Python's own handler back as soon as it runs, so from
 there on Ctrl-C is a KeyboardInterrupt that each command handles. Imported as a library, nothing
 changes.
@@ -113,4 +113,3 @@ def done() -> None:
         sys.unraisablehook = _keep
 
 
-install()  # on import: the package imports this module before anything else

@@ -7,7 +7,11 @@ and exit code 1; ``--debug`` shows the traceback.
 
 from __future__ import annotations
 
-import contextlib
+from . import _startup  # isort: skip  (first, before torch: a Ctrl-C while the command starts is one line)
+
+_startup.install()  # noqa: E402 below: torch and transformers load after the handler is set
+
+import contextlib  # noqa: E402
 import re
 import sys
 from pathlib import Path

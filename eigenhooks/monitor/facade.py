@@ -41,10 +41,9 @@ _ALIASES = {"K": "null_draws", "Kf": "fnull_draws", "m": "eig_top"}  # names bef
 class Monitor(NotebookViews):
     """Streaming alignment statistics for every attention layer of a model.
 
-    Use through ``eigenhooks.monitor(...)`` (its docstring lists the arguments; ``config`` holds
-    them, frozen). After (or during) the block: ``summary()``, ``save(path)``, ``state_dict()`` /
-    ``load_state_dict()`` / ``merge_state_dict()``, ``all_reduce()`` under torch.distributed; in a
-    notebook ``plot()`` and ``tokens()``; with a sink, ``log()``, ``log_summary()`` and ``step``.
+    Use through ``eigenhooks.monitor(...)`` (its docstring lists the arguments; ``config`` holds them, frozen).
+    After (or during) the block: ``summary()``, ``plot()``, ``tokens()``, ``save(path)``, ``state_dict()`` /
+    ``load_state_dict()`` / ``merge_state_dict()``, ``all_reduce()``; with a sink, ``log()``, ``log_summary()``, ``step``.
     """
 
     def __init__(

@@ -28,6 +28,11 @@ POINTS = ("pre", "mid", "post")
 # differences are rounding (an ablated attention step would otherwise show spurious growth).
 GROWTH_EPS = 1e-6
 Z95 = 1.959963984540054
+# Below this many null tokens the Haar null's 95% band is wider than 0.5 on the zoo's gpt2-tiny (the median
+# row; benchmarks/null_band_width.py, docs/concepts.md "Too few tokens"): p_null is NaN and the verdict says so.
+MIN_NULL_TOKENS = 64
+TOO_FEW = "too few tokens"
+SAME_SUBSPACE_TOL = 1e-12  # equal subspaces: same k, every principal cosine >= 1 - this
 # Per-target sums; the cluster sums use u_s (tokens up in sequence s), n_s (tokens with a
 # delta in s) and w_s = u_s - mean over Haar draws of their u_s (for the lift's interval).
 TGT_FIELDS = (
@@ -384,7 +389,7 @@ def summarize(
         null_rho_lo=q(null, 0.025),
         null_rho_hi=q(null, 0.975),
         rho_percentile=percentile(rho_s, null),
-        p_null=mc_p_value(rho_s, null, tie_seed),
+        p_null=mc_p_value(rho_s, null, tie_seed) if ns >= MIN_NULL_TOKENS else nan,
         null_gamma_pre_mean=float(npre.mean()) if npre.size else nan,
         null_gamma_pre_lo=q(npre, 0.025),
         null_gamma_pre_hi=q(npre, 0.975),
@@ -411,8 +416,19 @@ def summarize(
     return out
 
 
-def verdict(q_null: float, lift: float, alpha: float = 0.05) -> str:
-    """'toward' / 'away' when q_null < alpha (by the sign of rho - null mean), else 'indistinguishable'."""
+def same_subspace(U1: torch.Tensor, U2: torch.Tensor, tol: float = SAME_SUBSPACE_TOL) -> bool:
+    """Whether orthonormal bases U1 (d, k1) and U2 (d, k2) span one subspace: k1 == k2 and every principal
+    cosine (singular value of U1^T U2) is at least 1 - tol."""
+    if U1.shape != U2.shape:
+        return False
+    return bool(torch.linalg.svdvals(U1.to(torch.float64).T @ U2.to(torch.float64)).min() >= 1 - tol)
+
+
+def verdict(q_null: float, lift: float, alpha: float = 0.05, null_tokens: float | None = None) -> str:
+    """'toward' / 'away' when q_null < alpha (by the sign of rho - null mean), else 'indistinguishable';
+    'too few tokens' when the null saw fewer than ``MIN_NULL_TOKENS`` (its band is then wider than 0.5)."""
+    if null_tokens is not None and null_tokens < MIN_NULL_TOKENS:
+        return TOO_FEW
     if not (math.isfinite(q_null) and math.isfinite(lift)) or q_null >= alpha:
         return "indistinguishable"
     return "toward" if lift > 0 else "away"

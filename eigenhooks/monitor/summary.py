@@ -1,8 +1,8 @@
 """From a monitor's sums to the table a user reads: one row per (layer, target).
 
 Pure: it takes each layer's current state (``Accumulator.current``) and the plan, and calls the
-formulas of ``stats`` (alignment means, the Haar null band, Monte-Carlo p-values, BH across
-layers, cluster-robust intervals, the verdict). Columns: docs/concepts.md, "Statistics".
+formulas of ``stats`` (alignment means, the Haar null band, Monte-Carlo p-values, cluster-robust
+intervals, the verdict) and runs Benjamini-Hochberg over the table's hypotheses (``q_values``). Columns: docs/concepts.md, "Statistics".
 """
 
 from __future__ import annotations
@@ -38,10 +38,12 @@ def summary_table(
     """
     import pandas as pd
 
-    rows = []
+    rows, bases, families = [], [], []
     for layer, lp in sorted(plan.layers.items()):
         st = current(layer)
         for ti, (t, meta) in enumerate(zip(lp.targets, lp.meta)):
+            bases.append(t.U)
+            families.append(getattr(meta, "family", None))
             s = meta.spec
             row = {"layer": layer, "target": meta.name, "variant": meta.variant, "rank": meta.rank, "k": t.k}
             row.update(
@@ -57,11 +59,54 @@ def summary_table(
             rows.append(row)
     df = pd.DataFrame(rows)
     if len(df):
-        df["q_null"] = float("nan")
-        for _, idx in df.groupby("target").groups.items():
-            df.loc[idx, "q_null"] = M.bh(df.loc[idx, "p_null"].to_numpy())
-        df["verdict"] = [M.verdict(q, lift) for q, lift in zip(df["q_null"], df["lift"])]
+        fam = [f or family(r) for f, r in zip(families, rows)]
+        df["q_null"] = q_values(df["layer"].tolist(), bases, fam, df["p_null"].tolist(), df)
+        df["verdict"] = [
+            M.verdict(q, lift, null_tokens=n) for q, lift, n in zip(df["q_null"], df["lift"], df["null_tokens"])
+        ]
     return df
+
+
+LAYERS, HEADS = "layers", "heads"
+
+
+def family(row: dict) -> str:
+    """The Benjamini-Hochberg family of a summary row: a head target's rows (a ``head`` column) are
+    their own, every layer target's one. A measure whose rows are a family of their own says so by a
+    ``family`` attribute on its rows' ``TargetMeta``, which wins over this rule."""
+    head = row.get("head")
+    return HEADS if head is not None and head == head else LAYERS  # head == head: not NaN
+
+
+def hypotheses(layers: list, bases: list[torch.Tensor], families: list[str]) -> list[int]:
+    """For each row, the index of the first row of its hypothesis: one per distinct (family, layer,
+    subspace), rows with equal subspaces (``stats.same_subspace``) sharing one, ov/modulus and
+    ov/residual at a layer where they pick the same eigenpair for instance."""
+    first: list[int] = []
+    seen: dict[tuple, list[int]] = {}
+    for i, key in enumerate(zip(families, layers)):
+        reps = seen.setdefault(key, [])
+        j = next((r for r in reps if M.same_subspace(bases[r], bases[i])), None)
+        if j is None:
+            reps.append(i)
+        first.append(i if j is None else j)
+    return first
+
+
+def q_values(layers: list, bases: list[torch.Tensor], families: list[str], p: list[float], df=None) -> list[float]:
+    """BH q_null over the table a reader sees: within each family, one p per distinct (layer, subspace)
+    (NaN p, too few tokens, left out); every row of a hypothesis gets its p and its q. When ``df`` is
+    given, its ``p_null`` is set to the hypothesis's (equal already: the draws are seeded per layer)."""
+    first = hypotheses(layers, bases, families)
+    p = [p[j] for j in first]
+    if df is not None:
+        df["p_null"] = p
+    q = [float("nan")] * len(p)
+    for fam in dict.fromkeys(families):
+        reps = [i for i, (j, f) in enumerate(zip(first, families)) if i == j and f == fam]
+        for i, qi in zip(reps, M.bh([p[i] for i in reps])):
+            q[i] = qi
+    return [q[j] for j in first]
 
 
 def save_table(summary: Callable, path) -> Path:

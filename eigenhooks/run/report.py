@@ -62,11 +62,11 @@ LEGEND = {
     "the verdict test (it can differ from ρ on all tokens when there are few)",
     "pct": "ρ's percentile among those random subspaces",
     "p_null": "two-sided Monte-Carlo p-value against them (floor 2/(K+1), printed ≤floor)",
-    "q_null": "its Benjamini-Hochberg q over layers",
+    "q_null": "its Benjamini-Hochberg q over the table's distinct (layer, subspace) rows",
     "eig rank": "ρ's rank among F's own top eigen-directions (1 = highest)",
-    "verdict": "toward / away when q_null < 0.05, else indistinguishable",
+    "verdict": "toward / away when q_null < 0.05, else indistinguishable; too few tokens below 64 null tokens",
 }
-VERDICTS = ("toward", "away", "indistinguishable")
+VERDICTS = ("toward", "away", "indistinguishable", "too few tokens")
 LEFT = {"target", "kind", "verdict"}
 CSS = """
 body { font-family: system-ui, sans-serif; margin: 1.5em auto; max-width: 1200px; padding: 0 1em; color: #222; }
@@ -86,6 +86,7 @@ td.verdict { font-weight: 600; text-align: left; }
 .tablebox tr td.v-toward, .chip.v-toward { background: #d4efd9; color: #14532d; }
 .tablebox tr td.v-away, .chip.v-away { background: #fbd9cb; color: #7c2d12; }
 .tablebox tr td.v-indistinguishable, .chip.v-indistinguishable { color: #666; font-weight: 400; background: #f1f1f1; }
+.tablebox tr td.v-too-few-tokens, .chip.v-too-few-tokens { color: #666; font-weight: 400; font-style: italic; background: #fdf6d8; }
 .legend { display: grid; grid-template-columns: max-content 1fr; gap: 1px 12px; font-size: 13px; margin: .5em 0 1em; }
 .legend dt { font-weight: 600; } .legend dd { margin: 0; color: #444; }
 .chip { display: inline-block; padding: 0 6px; border-radius: 3px; font-weight: 600; }
@@ -250,7 +251,8 @@ def _run_table(df) -> str:
         tds = []
         for h, c in zip(heads, row):
             if h == "verdict":
-                cls = f"verdict v-{c}" if c in VERDICTS else "verdict"
+                v = next((v for v in VERDICTS if c.startswith(v)), None)  # "too few tokens (5 < 64)"
+                cls = f"verdict v-{v.replace(' ', '-')}" if v else "verdict"
                 tds.append(f'<td class="{cls}">{html.escape(c)}</td>')
             else:
                 tds.append(f'<td class="{"left" if h in LEFT else ""}">{html.escape(c)}</td>')
@@ -287,7 +289,7 @@ def _extra_table(df) -> str:
 
 def _legend() -> str:
     items = "".join(f"<dt>{html.escape(k)}</dt><dd>{html.escape(v)}</dd>" for k, v in LEGEND.items())
-    chips = " ".join(f'<span class="chip v-{v}">{v}</span>' for v in VERDICTS)
+    chips = " ".join(f'<span class="chip v-{v.replace(" ", "-")}">{v}</span>' for v in VERDICTS)
     return (
         f'<dl class="legend" id="legend">{items}</dl>'
         f'<p class="note">Verdict cells: {chips}. A claim that v_1 is special also needs a low eig rank and a '

@@ -73,13 +73,21 @@ RUN_COLUMNS = (
     ("p_null", lambda r: fmt_p(r["p_null"], r.get("null_draws"))),
     ("q_null", lambda r: fmt_p(r["q_null"], r.get("null_draws"))),
     ("eig rank", _rank),
-    ("verdict", lambda r: str(r["verdict"])),
+    ("verdict", lambda r: fmt_verdict(r)),
 )
 
 
 # what a narrow terminal gives up first, last one last; layer, target, ρ and verdict always stay
 DROP_ORDER = ("|λ1|", "kind", "γ pre", "γ mid", "eig rank", "pct", "p_null", "null ρ 95% (ρ there)", "q_null")
 FULL_WIDTH = 160  # at this width or more, and when piped, every column
+
+
+def fmt_verdict(r) -> str:
+    """The verdict; 'too few tokens' with the count the null saw and the minimum it needs."""
+    from ..monitor.stats import MIN_NULL_TOKENS, TOO_FEW
+
+    v = str(r["verdict"])
+    return f"{v} ({int(r['null_tokens'])} < {MIN_NULL_TOKENS})" if v == TOO_FEW else v
 
 
 def rows(summary, columns=RUN_COLUMNS) -> tuple[list[str], list[list[str]]]:

@@ -23,15 +23,13 @@ import torch
 
 from ..linalg.eig import Factors, layer_spectrum
 from ..models import Adapter, UnsupportedModelError, get_adapter, layer_index
-from ..models.base import StopForward
-from ..models.probe import input_embeddings
 from . import rank1
+from .calibration import token_logits, value_activations
 
 log = logging.getLogger(__name__)
 METHODS = ("exact", "paper")
 MODES = ("edit", "hook")
 DEFAULT_GAP_RATIO = 0.1
-N_CALIBRATION = (4, 32)  # sequences x tokens the model samples for calibration when none are given
 _EDITING: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # o_proj -> the Steer editing it
 
 
@@ -97,119 +95,6 @@ class SteerReport:
     prob_after: float | None = None
 
 
-def _vocab_size(model) -> int:
-    emb = input_embeddings(model)
-    n = getattr(emb, "num_embeddings", None)
-    if n is None:
-        n = getattr(getattr(model, "cfg", None), "d_vocab", None)
-    if n is None:
-        raise UnsupportedModelError(
-            f"{type(model).__name__}: cannot tell its vocabulary size for random calibration tokens (its input "
-            f"embedding is {type(emb).__name__}); pass calibration=input_ids, or a dict of its forward kwargs "
-            "(e.g. {'pixel_values': images} for a vision tower)"
-        )
-    return int(n)
-
-
-_SAMPLES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-
-
-def _fingerprint(model) -> tuple:
-    """A cheap content fingerprint of the weights (a strided sample of every parameter)."""
-    with torch.no_grad():
-        return tuple(
-            float(p.detach().reshape(-1)[:: max(1, p.numel() // 16)].double().sum()) for p in model.parameters()
-        )
-
-
-def sample_tokens(model, shape=N_CALIBRATION, seed: int = 0) -> torch.Tensor:
-    """Token ids (batch, seq) sampled from the model itself, seeded: its own typical text.
-
-    Each sequence starts from a seeded random token; the rest is sampled at temperature 1
-    from the model's next-token distribution (full forwards, no cache: HF and lens alike).
-    The sample is remembered per model while its weights are unchanged (steering restores
-    them bit-exactly), so repeated steers of one model sample once.
-    """
-    key = (tuple(shape), seed, _fingerprint(model))
-    memo = _SAMPLES.setdefault(model, {})
-    if key not in memo:
-        memo.clear()
-        memo[key] = _sample_tokens(model, shape, seed)
-    return memo[key].clone()
-
-
-@torch.no_grad()
-def _sample_tokens(model, shape, seed: int) -> torch.Tensor:
-    g = torch.Generator().manual_seed(seed)
-    dev = next(model.parameters()).device
-    ids = torch.randint(0, _vocab_size(model), (shape[0], 1), generator=g)
-    for _ in range(shape[1] - 1):
-        out = model(ids.to(dev))
-        logits = token_logits(out)
-        if logits is None:
-            raise UnsupportedModelError(
-                f"{type(model).__name__} has no LM head (its output has no (batch, seq, vocab) logits), so it "
-                "cannot sample its own calibration text; pass calibration=input_ids or a dict of forward kwargs"
-            )
-        logits = logits[:, -1].to("cpu", torch.float64)
-        nxt = torch.multinomial(torch.softmax(logits, -1), 1, generator=g)  # (batch, 1)
-        ids = torch.cat([ids, nxt], 1)
-    return ids
-
-
-def _calibration_inputs(model, calibration):
-    """(args, kwargs, mask) for the calibration forward; the model's own samples when None."""
-    if calibration is None:
-        return (sample_tokens(model),), {}, None
-    if isinstance(calibration, torch.Tensor):
-        if calibration.dtype != torch.long or calibration.dim() != 2:
-            raise ValueError(
-                f"calibration must be token ids (batch, seq) of dtype long, got {calibration.dtype} "
-                f"{tuple(calibration.shape)}; or a tokenizer batch (dict)"
-            )
-        return (calibration,), {}, None
-    if hasattr(calibration, "keys"):
-        return (), dict(calibration), calibration.get("attention_mask")
-    raise ValueError(f"calibration must be token ids or a tokenizer batch (dict), got {type(calibration).__name__}")
-
-
-@torch.no_grad()
-def value_activations(adapter: Adapter, o_proj, calibration=None) -> torch.Tensor:
-    """The heads' outputs z (tokens, H*d_head) entering ``o_proj`` on calibration inputs, float64.
-
-    The forward stops at ``o_proj`` (later layers do not run). Padding is left out.
-    """
-    model = adapter.model
-    args, kwargs, mask = _calibration_inputs(model, calibration)
-    dev = next(model.parameters()).device
-    args = tuple(a.to(dev) for a in args)
-    kwargs = {k: (v.to(dev) if isinstance(v, torch.Tensor) else v) for k, v in kwargs.items()}
-    got = {}
-
-    def grab(module, inputs):
-        got["z"] = inputs[0].detach()
-        raise StopForward
-
-    h = o_proj.register_forward_pre_hook(grab)
-    try:
-        model(*args, **kwargs)
-    except StopForward:
-        pass
-    finally:
-        h.remove()
-    if "z" not in got:
-        raise UnsupportedModelError(f"{adapter.family}: the calibration forward never reached the output projection")
-    z = got["z"].to("cpu", torch.float64)  # (batch, seq, H*d_head)
-    ly = next((ly for ly in adapter.layers if ly.o_proj is o_proj), None)
-    if ly is not None and not getattr(ly, "masked", True):
-        mask = None  # the attention_mask is another tower's (CLIP's text mask, a vision layer steered)
-    elif any(ly.o_proj is o_proj and ly.stack == "decoder" for ly in adapter.layers):
-        mask = kwargs.get("decoder_attention_mask")  # an encoder-decoder's decoder layer: the decoder's own mask
-    if mask is not None:
-        return z[mask.to("cpu").bool()]
-    return z.reshape(-1, z.shape[-1])
-
-
 class Steer:
     """Context manager made by ``eigenhooks.steer``; see there."""
 
@@ -226,6 +111,7 @@ class Steer:
         method="exact",
         signed=None,
         calibration=None,
+        progress=None,
     ):
         if mode not in MODES:
             raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
@@ -243,13 +129,14 @@ class Steer:
         self.u = check_direction(direction, self.adapter.width(self.layer))
         self.before = layer_spectrum(self.factors, layer=self.layer, rank=rank)
         self.calibration_positive = None
-        self.change = self._construct(alpha, gap_ratio, calibration)
+        self.change = self._construct(alpha, gap_ratio, calibration, progress)
         self.alpha = self.change.alpha
         self.after = layer_spectrum(rank1.steered_factors(self.factors, self.change), layer=self.layer, rank=rank)
         self._saved = self._edited = None
         self._handles: list = []
         self._active = False
-        self._last_call = self._last_out = self._final = None
+        self._last_call = self._last_out = self._final = None  # the last steered call, its logits, its residuals
+        self._unsteered = None  # after exit: that call run again on the restored model (logits, residuals)
 
     def _check_layer(self, layer: int, allow_shared: bool) -> int:
         ad = self.adapter
@@ -265,7 +152,7 @@ class Steer:
             raise UnsupportedModelError(f"{ad.family}: no output projection module known for layer {layer}")
         return layer
 
-    def _construct(self, alpha, gap_ratio, calibration) -> rank1.Rank1:
+    def _construct(self, alpha, gap_ratio, calibration, progress) -> rank1.Rank1:
         """The rank-1 change ΔO = a bᵀ for the requested method and strength."""
         V = rank1.value_stack(self.factors)
         Vu = V @ self.u
@@ -280,7 +167,7 @@ class Steer:
             return rank1.paper(self.factors, self.u, alpha if alpha is not None else self._solve_alpha(gap_ratio))
         z_mean = None
         if self.signed:
-            Z = value_activations(self.adapter, self.o_proj, calibration)  # (tokens, H*d_head)
+            Z = value_activations(self.adapter, self.o_proj, calibration, progress)  # (tokens, H*d_head)
             z_mean = Z.mean(0)
         b = rank1.free_vector(Vu, z_mean)
         if self.signed:
@@ -327,6 +214,7 @@ class Steer:
                 f"layer {self.layer}'s output projection is already edited by another active Steer; exit that "
                 "one first, or use mode='hook' to stack steerings (nothing was changed)"
             )
+        self._last_call = self._last_out = self._final = self._unsteered = None  # what report() reads: this block's
         try:
             if self.mode == "edit":
                 self._edit()
@@ -396,7 +284,7 @@ class Steer:
         self._last_call = (args, kwargs)
 
     def _capture_output(self, module, args, output):
-        self._last_out = output
+        self._last_out = _last_logits(output)
 
     def _capture_final(self, module, args, output):
         out = output[0] if isinstance(output, tuple) else output
@@ -404,33 +292,47 @@ class Steer:
 
     # ---- report ----
     def _rerun_unsteered(self):
-        """The last steered call, run again with the steering off (then on again)."""
-        args, kwargs = self._last_call
+        """The last steered call run again unsteered: (its last-position logits, the last block's output).
+
+        Inside the block the steering is lifted for the run (then put back); after the block the model is
+        already restored, and the result is kept, so ``report()`` after the block gives what was measured
+        inside it, at the cost of one forward, once.
+        """
+        if not self._active:
+            if self._unsteered is None:
+                self._unsteered = self._run_plain()
+            return self._unsteered
         self._remove_hooks()
         was_edit = self._saved is not None
         if was_edit:
             with torch.no_grad():
                 self.o_proj.weight.copy_(self._saved)
-        hold = {}
         try:
-            h = self._last_block().register_forward_hook(
-                lambda m, a, o: hold.__setitem__("final", (o[0] if isinstance(o, tuple) else o).detach())
-            )
-            try:
-                with torch.no_grad():
-                    out = self.adapter.model(*args, **kwargs)
-            finally:
-                h.remove()
+            return self._run_plain()
         finally:
             if was_edit:
                 with torch.no_grad():
                     self.o_proj.weight.copy_(self._edited)
             self._register()
-        return out, hold["final"]
+
+    def _run_plain(self):
+        args, kwargs = self._last_call
+        hold = {}
+        h = self._last_block().register_forward_hook(
+            lambda m, a, o: hold.__setitem__("final", (o[0] if isinstance(o, tuple) else o).detach())
+        )
+        try:
+            with torch.no_grad():
+                out = self.adapter.model(*args, **kwargs)
+        finally:
+            h.remove()
+        return _last_logits(out), hold["final"]
 
     def report(self, target_token: int | None = None) -> SteerReport:
         """The steered layer's new spectrum and, for the last run inside the block, the final
-        residuals' mean |cos| with u and (given a token id) its next-token probability, before and after.
+        residuals' mean |cos| with u and (given a token id, e.g. ``eh.direction.token_id(tok, " Paris")``)
+        its next-token probability, before and after. Called after the block, it reports that block's
+        last run (its unsteered twin is run once, on the restored model); None only if nothing ran.
 
         Raises:
             ValueError: a target token on a model whose LM head was initialised randomly when
@@ -451,8 +353,8 @@ class Steer:
             lam=self.change.lam,
             calibration_positive=self.calibration_positive,
         )
-        if self._last_out is None or not self._active:
-            return rep
+        if self._last_out is None:
+            return rep  # no call was steered
         after_out, after_final = self._last_out, self._final  # from the last steered run
         before_out, before_final = self._rerun_unsteered()
         rep.alignment_before = mean_abs_cos(before_final, self.u)
@@ -480,11 +382,13 @@ def mean_abs_cos(X: torch.Tensor, u: torch.Tensor) -> float:
     return float(((X @ u.to(X.device)).abs() / torch.linalg.vector_norm(X, dim=-1).clamp_min(1e-30)).mean())
 
 
-def token_logits(output) -> torch.Tensor | None:
-    """The (batch, seq, vocab) logits of a model's output, or None where it has no LM head
-    (a vision tower, CLIP, a classifier's (batch, labels) logits)."""
-    logits = getattr(output, "logits", None) if not isinstance(output, torch.Tensor) else output
-    return logits if isinstance(logits, torch.Tensor) and logits.dim() == 3 else None
+_NO_LOGITS = object()  # a steered output without (batch, seq, vocab) logits
+
+
+def _last_logits(output):
+    """The last position's logits (batch, 1, vocab), detached (no graph kept alive), or ``_NO_LOGITS``."""
+    logits = token_logits(output)
+    return _NO_LOGITS if logits is None else logits[:, -1:].detach()
 
 
 def next_token_prob(output, token: int) -> float | None:
@@ -508,6 +412,7 @@ def steer(
     method: str = "exact",
     signed: bool | None = None,
     calibration=None,
+    progress: bool | None = None,
 ) -> Steer:
     """Steer ``layer`` toward unit direction u by a rank-1 change of its output matrix.
 
@@ -527,6 +432,8 @@ def steer(
             ``{"pixel_values": images}`` for a vision tower), whose heads' outputs set the signed
             read-out; default: 4 sequences of 32 tokens sampled from the model (seeded; needs an
             LM head).
+        progress: show the calibration's sampling as a bar (default: when stderr is a terminal or
+            this is a notebook; see ``eigenhooks.progress``).
 
     Returns:
         A Steer, to use as a context manager (once at a time).
@@ -542,4 +449,6 @@ def steer(
         >>> s.report().cos_v1_u                               # doctest: +SKIP
         1.0
     """
-    return Steer(model, direction, layer, alpha, gap_ratio, mode, allow_shared, rank, method, signed, calibration)
+    return Steer(
+        model, direction, layer, alpha, gap_ratio, mode, allow_shared, rank, method, signed, calibration, progress
+    )

@@ -135,15 +135,16 @@ def test_custom_target_errors(gpt2):
 
 def test_custom_target_equals_builtin_on_the_same_basis(gpt2):
     model, tok = gpt2
-    batch = tok(TEXTS, return_tensors="pt", padding=True)
+    batch = tok([t * 6 for t in TEXTS], return_tensors="pt", padding=True)  # enough null tokens for a p_null
     specs = eh.spectra(model)
     per = {s.layer: s.basis for s in specs}
-    with eh.monitor(model, targets=[("ov", "modulus"), ("mine", per)]) as mon, torch.no_grad():
+    with eh.monitor(model, targets=[("ov", "modulus"), ("mine", per)], null_stride=1) as mon, torch.no_grad():
         model(**batch)
     df = mon.summary()
     a, b = df[df.target == "ov/modulus"].set_index("layer"), df[df.target == "mine"].set_index("layer")
     for c in ("gamma_pre", "gamma_mid", "rho", "null_rho_lo", "null_rho_hi", "p_null", "rho_ci_lo"):
         assert (a[c] - b[c]).abs().max() < 1e-9, c
+    assert a["p_null"].notna().all()
 
 
 def test_null_quantiles_and_ci_match_an_independent_recomputation(gpt2):

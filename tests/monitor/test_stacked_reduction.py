@@ -248,11 +248,12 @@ def test_the_half_precision_split_path_gives_the_float32_statistics(monkeypatch)
 
     model, tok = eh.zoo.load("gpt2-tiny", dtype=torch.bfloat16)
     tok.pad_token = tok.eos_token
-    batch = tok(["def f(x):\n    return x + 1", "class A:\n    pass", "import os"], return_tensors="pt", padding=True)
+    texts = ["def f(x):\n    return x + 1", "class A:\n    pass", "import os"]
+    batch = tok([t * 6 for t in texts], return_tensors="pt", padding=True)  # enough null tokens for a p_null
 
     def run(split: bool):
         monkeypatch.setitem(reduce.kernels._OUT_DTYPE, ("cpu", torch.bfloat16), split)
-        with eh.monitor(model) as mon, torch.no_grad():
+        with eh.monitor(model, null_stride=1) as mon, torch.no_grad():
             model(**batch)
         red = mon._plan.layers[0].bases
         assert any(B.dtype == (torch.bfloat16 if split else torch.float32) for B, _ in red._dev.values())
@@ -263,6 +264,7 @@ def test_the_half_precision_split_path_gives_the_float32_statistics(monkeypatch)
         assert (plain[col] - split[col]).abs().max() < 2e-5, col
     for col in ("n_tokens", "rho", "null_rho_lo", "null_rho_hi", "p_null", "eig_rank"):
         assert (plain[col] - split[col]).abs().max() <= 1.5 / plain["n_tokens"].min(), col  # a token may flip
+    assert plain["p_null"].notna().all()
 
 
 def test_the_cuda_layout_gives_the_cpu_layouts_summary(monkeypatch):

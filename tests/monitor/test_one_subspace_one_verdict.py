@@ -1,0 +1,140 @@
+"""Benjamini-Hochberg over the table a reader sees (DESIGN, Statistics): one hypothesis per distinct
+(layer, subspace) of the layer targets, equal subspaces sharing p and q, head targets their own
+family, too few null tokens a NaN p and its own verdict; and the error rates that makes: about 5% of
+rows at p < 0.05 on random targets, and under the global null a table-wide FDR <= 0.05."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+import eigenhooks as eh
+from eigenhooks.monitor import stats as M
+from eigenhooks.monitor.summary import HEADS, LAYERS, q_values
+
+
+@pytest.fixture(scope="module")
+def gpt2():
+    return eh.zoo.load("gpt2-tiny")
+
+
+def _ids(n_seq=2, n=100, seed=0):
+    return torch.randint(0, 1000, (n_seq, n), generator=torch.Generator().manual_seed(seed))
+
+
+def _bh_by_hand(p):
+    """Benjamini-Hochberg written out (step-up), numpy only."""
+    p = np.asarray(p, float)
+    m, order = p.size, np.argsort(p)
+    q = np.empty(m)
+    running = 1.0
+    for rank in range(m, 0, -1):
+        i = order[rank - 1]
+        running = min(running, p[i] * m / rank)
+        q[i] = running
+    return q
+
+
+def test_equal_subspaces_share_p_and_q(gpt2):
+    """ov/modulus, ov/residual and the modulus basis given back as a custom target with its sign flipped:
+    at each layer the equal subspaces get one p and one q, and q is BH over the distinct ones only."""
+    model, _ = gpt2
+    specs = eh.spectra(model, rank="modulus")
+    flipped = {s.layer: -s.basis for s in specs}
+    targets = [("ov", "modulus"), ("ov", "residual"), ("mine", flipped)]
+    with eh.monitor(model, targets=targets, null_stride=1) as mon, torch.no_grad():
+        model(input_ids=_ids(2, 100))
+    df = mon.summary()
+    assert (df["null_tokens"] >= M.MIN_NULL_TOKENS).all()
+    distinct = []
+    for layer, g in df.groupby("layer"):
+        mod, mine = g[g.target == "ov/modulus"].iloc[0], g[g.target == "mine"].iloc[0]
+        assert mod["p_null"] == mine["p_null"] and mod["q_null"] == mine["q_null"]  # seeded per layer: equal p
+        assert mod["verdict"] == mine["verdict"]
+        res = g[g.target == "ov/residual"].iloc[0]
+        same = M.same_subspace(specs[layer].basis, eh.spectra(model, rank="residual")[layer].basis)
+        if same:
+            assert res["p_null"] == mod["p_null"] and res["q_null"] == mod["q_null"]
+        distinct += [mod["p_null"]] + ([] if same else [res["p_null"]])
+    assert len(distinct) < len(df)  # duplicates were counted once
+    want = dict(zip(distinct, _bh_by_hand(distinct)))
+    np.testing.assert_allclose(df["q_null"], [want[p] for p in df["p_null"]], rtol=1e-12)
+
+
+def test_q_values_families_and_nan():
+    """Head rows are a family of their own; a NaN p stays out of BH; principal cosines decide equality."""
+    d = 6
+    e = torch.eye(d, dtype=torch.float64)
+    U = [e[:, :1], e[:, :1].neg(), e[:, 1:2], e[:, :2], e[:, [1, 0]], e[:, :1]]
+    nudged = e[:, :1] + 1e-5 * e[:, 2:3]
+    U.append(nudged / nudged.norm())  # a principal cosine 1 - 5e-11 < 1 - 1e-12: another subspace
+    layers = [0, 0, 0, 0, 0, 0, 0]
+    fams = [LAYERS, LAYERS, LAYERS, LAYERS, LAYERS, HEADS, LAYERS]
+    p = [0.01, 0.01, 0.02, 0.03, 0.03, 0.01, float("nan")]
+    q = q_values(layers, U, fams, p)
+    # layer family: {0, 1} one hypothesis, {2}, {3, 4} (k = 2, same plane), {6} NaN: three p's in BH
+    assert q[0] == q[1] == pytest.approx(0.03) and q[2] == pytest.approx(0.03) and q[3] == q[4] == pytest.approx(0.03)
+    assert q[5] == pytest.approx(0.01)  # alone in its family: the same U as row 0, but a head target
+    assert math.isnan(q[6])
+    assert not M.same_subspace(U[0], U[6]) and M.same_subspace(U[3], U[4]) and not M.same_subspace(U[0], U[3])
+
+
+def test_too_few_tokens_says_so(gpt2):
+    """The README's two-text example: 19 tokens, 5 of them the null's: p is NaN and the verdict says why."""
+    model, tok = gpt2
+    batch = tok(["def f(x):\n    return x", "class A:\n    pass"], return_tensors="pt", padding=True)
+    with eh.monitor(model) as mon:
+        model(**batch)
+    df = mon.summary()
+    assert (df["null_tokens"] < M.MIN_NULL_TOKENS).all()
+    assert df["p_null"].isna().all() and df["q_null"].isna().all()
+    assert (df["verdict"] == "too few tokens").all()
+    assert df["rho"].notna().all() and df["null_rho_lo"].notna().all()  # the rest is still measured
+    from eigenhooks.run.table import rows
+
+    _, cells = rows(df)
+    assert all(c[-1].startswith("too few tokens") and str(M.MIN_NULL_TOKENS) in c[-1] for c in cells)
+
+
+def _random_targets(d, n, g):
+    out = []
+    for j in range(n):
+        u = torch.randn(d, generator=g, dtype=torch.float64)
+        out.append((f"rand{j}", u / u.norm()))
+    return out
+
+
+def test_random_targets_are_calibrated_row_and_table(gpt2):
+    """Random targets have no special role: p_null < 0.05 for about 5% of rows, and under this global
+    null (no effect anywhere) a table rejects anything, which is its false discovery rate, in at most
+    5% of tables. Each table: 3 random targets x 4 layers, its own null seed and tokens, K = 999 draws
+    (at K = 128 the floor 2/129 keeps BH over 12 rows from ever rejecting); 160 tables. BH per target
+    (the old family) rejects in a table about 3 times as often."""
+    model, _ = gpt2
+    g = torch.Generator().manual_seed(7)
+    tables, rows_hit, rows_n, per_target = 160, 0, 0, 0
+    any_hit = 0
+    torch.set_num_threads(1)
+    for r in range(tables):
+        targets = _random_targets(model.config.n_embd, 3, g)
+        with eh.monitor(
+            model, targets=targets, null_seed=r, null_stride=1, null_draws=999, fnull_draws=0, eig_top=0
+        ) as mon:
+            with torch.no_grad():
+                model(input_ids=_ids(2, 40, seed=1000 + r))
+        df = mon.summary()
+        assert df["p_null"].notna().all()
+        rows_hit += int((df["p_null"] < 0.05).sum())
+        rows_n += len(df)
+        any_hit += bool((df["q_null"] < 0.05).any())
+        per_target += any((np.asarray(M.bh(grp["p_null"])) < 0.05).any() for _, grp in df.groupby("target"))
+    share, fdr, old = rows_hit / rows_n, any_hit / tables, per_target / tables
+    se_row, se_tab = math.sqrt(0.05 * 0.95 / rows_n), math.sqrt(0.05 * 0.95 / tables)
+    print(
+        f"\n[gpt2-tiny calibration] rows p<0.05: {share:.3f}; tables with a q<0.05: {fdr:.3f} (per-target BH: {old:.3f})"
+    )
+    assert abs(share - 0.05) <= 3 * se_row + 0.01  # rows of one table share tokens and draws: a little slack
+    assert fdr <= 0.05 + 2 * se_tab
