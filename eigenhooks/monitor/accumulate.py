@@ -5,7 +5,7 @@ whole (a sink that fails after it, docs/api.md "A forward's life"). One-token de
 buffered and reduced together, every layer in one stacked flush once every layer's step is in. A
 sequence stays one cluster across the forwards of a KV cache: its per-row counters stay open
 until it ends (``end_sequences``). Every state is a dict of float64-able sums in
-``stats.zero_state``'s layout, so states merge by addition and all_reduce sums them.
+``measures.zero_state``'s layout, so states merge by addition and all_reduce sums them.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import torch
 
 from . import stats as M
 from .forward import ForwardSums, LayerSums, Step, fold_copies
-from .measures import zero_state
+from .measures import close_rows, zero_state
 from .plan import Plan
 from .reduce import Grid, project, reduce_many
 
@@ -161,7 +161,7 @@ class Accumulator:
         rows = self.rows.pop(layer, None)
         if rows is not None:
             st = self.state[layer]
-            self.state[layer] = {**st, "tgt": M.close_rows(st["tgt"].to(rows.device), rows)}
+            self.state[layer] = {**st, "tgt": close_rows(st["tgt"].to(rows.device), rows)}
 
     def end_sequences(self) -> None:
         """The open sequences ended: fold their per-row counters into the cluster sums.
@@ -175,7 +175,7 @@ class Accumulator:
         for layers in groups.values():
             rows = torch.stack([self.rows.pop(i) for i in layers])
             tgt = torch.stack([self.state[i]["tgt"].to(rows.device) for i in layers])
-            for i, t in zip(layers, M.close_rows(tgt, rows)):
+            for i, t in zip(layers, close_rows(tgt, rows)):
                 self.state[i] = {**self.state[i], "tgt": t}
 
     # ---- reading the state ----
@@ -184,7 +184,7 @@ class Accumulator:
         st = dict(self.state[layer])
         rows = self.rows.get(layer)
         if rows is not None:
-            st["tgt"] = M.close_rows(st["tgt"].to(rows.device), rows)
+            st["tgt"] = close_rows(st["tgt"].to(rows.device), rows)
         return {k: v.detach().to("cpu", torch.float64) for k, v in st.items()}
 
     def target_sums(self) -> list[torch.Tensor]:

@@ -67,9 +67,6 @@ class MonitorConfig:
         return tuple(f.name for f in fields(cls))
 
 
-NULL_SETTINGS = ("null_draws", "null_seed", "null_stride", "fnull_draws", "eig_top")
-
-
 def check_nulls(null_draws, fnull_draws, eig_top, null_stride) -> None:
     """Raise ValueError, naming the setting, unless the monitor's null settings are usable."""
     for name, v in (("null_draws", null_draws), ("fnull_draws", fnull_draws), ("eig_top", eig_top)):

@@ -312,7 +312,7 @@ class Monitor(NotebookViews):
     # ---- results ----
     @property
     def stats(self) -> dict[tuple[int, str], dict[str, float]]:
-        """(layer, target) -> the raw per-target sums and counts (``stats.TGT_FIELDS``)."""
+        """(layer, target) -> the raw per-target sums and counts (``measures.TGT_FIELDS``)."""
         self._prepare().flush()
         return target_stats(self._plan, self._acc.current)
 

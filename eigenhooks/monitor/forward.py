@@ -16,12 +16,13 @@ import torch
 
 from ..models.base import as_tokens
 from . import stats as M
+from .config import POINTS
 from .plan import LayerPlan, Plan
 from .reduce import Grid, Projection, project, reduce_many
 
 
 class LayerSums(NamedTuple):
-    """One layer's sums of one forward (``stats.zero_state``'s layout) and its per-row counters (b, 5, T)."""
+    """One layer's sums of one forward (``measures.zero_state``'s layout) and its per-row counters (b, 5, T)."""
 
     sums: dict[str, torch.Tensor]
     rows: torch.Tensor | None
@@ -239,7 +240,7 @@ class Forward:
         t, meta = lp.targets[0], lp.meta[0]
         U = t.U.to(points["pre"].device, torch.float32)
         rec = {"layer": lp.index, "target": meta.name, "forward": self.index, "mask": mask.cpu()}
-        for p in M.POINTS:
+        for p in POINTS:
             if points.get(p) is not None:
                 rec[f"a_{p}"] = M.alignment(points[p].float(), U).cpu()
         return rec

@@ -9,14 +9,15 @@ Each holds its state fields, its columns and slice of the fast reduction (``base
 reduction engine (``reduce/``) hands each its columns and knows none by name.
 """
 
-from .base import Measure
+from .base import Measure, Row
 from .eig import EIG
 from .fnull import FNULL
 from .haar import HAAR
-from .target import TARGET
+from .target import TARGET, TGT_FIELDS, close_rows
 
 MEASURES: tuple[Measure, ...] = (TARGET, HAAR, EIG, FNULL)  # the state's fields and the rows' order
 NULL_COLUMNS: tuple[Measure, ...] = (EIG, HAAR, FNULL)  # the order of their columns in ``Bn64``
+NULL_SETTINGS = tuple(k for m in MEASURES for k in m.settings)  # the settings the numbers depend on
 ROW = tuple(f for m in MEASURES for f in m.row_fields)  # a sequence's open counters, per target
 
 
@@ -28,4 +29,31 @@ def zero_state(T: int, n_k: int, K: int, m: int, Kf: int, measures=MEASURES) -> 
     return out
 
 
-__all__ = ["EIG", "FNULL", "HAAR", "MEASURES", "Measure", "NULL_COLUMNS", "ROW", "TARGET", "zero_state"]
+def summarize(
+    state: dict, ti: int, k_index: int, k: int, post_norm: bool = False, tie_seed: int | None = None,
+    measures=MEASURES,
+) -> dict:  # fmt: skip
+    """Every measure's summary columns of one (layer, target) from its state (q_null and the verdict
+    come later, over the table). ``tie_seed`` breaks p_null's ties with the draws at random."""
+    row = Row(state, ti, k_index, k, dict(zip(TGT_FIELDS, state["tgt"][ti].tolist())), post_norm, tie_seed)
+    out: dict = {}
+    for m in measures:
+        out.update(m.summary(row, out))
+    return out
+
+
+__all__ = [
+    "EIG",
+    "FNULL",
+    "HAAR",
+    "MEASURES",
+    "Measure",
+    "NULL_COLUMNS",
+    "ROW",
+    "Row",
+    "TARGET",
+    "TGT_FIELDS",
+    "close_rows",
+    "summarize",
+    "zero_state",
+]

@@ -9,7 +9,29 @@ counters (``rows``) and its group constants (``constants``). A measure's state f
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
+
+
+@dataclass
+class Row:
+    """What a measure's summary columns read: one (layer, target)'s state and where it sits.
+
+    Attributes:
+        state: the layer's state (float64, CPU), open sequences folded in. ti: the target's index.
+        k_index: the index of its k among the layer's distinct k. k: its dimension.
+        t: its ``tgt`` fields by name. post_norm: the model normalises after the residual.
+        tie_seed: breaks p_null's ties with the draws at random (``stats.mc_p_value``).
+    """
+
+    state: dict
+    ti: int
+    k_index: int
+    k: int
+    t: dict
+    post_norm: bool = False
+    tie_seed: int | None = None
 
 
 class Measure:
@@ -76,3 +98,12 @@ class Measure:
 
     def finish(self, stk, cols: dict, st: dict) -> None:
         """Last sums, once every measure has run."""
+
+    # ---- the summary and the plain twin ----
+    def summary(self, row: Row, out: dict) -> dict:
+        """Its summary columns of one (layer, target); ``out`` holds the columns of the measures before it."""
+        return {}
+
+    def reference(self, ls, X: dict, Xb, Y: dict, Yr, sub: torch.Tensor, row: torch.Tensor) -> None:
+        """Plain float64: add one sequence's counted tokens X[p] (n, d) (Xb: LN_t(pre), post-norm), their
+        subsample Y[p] and its baseline Yr to the layer's state ``ls.state``; its counters into row (5, T)."""

@@ -84,7 +84,7 @@ class Eig(Measure):
             "eig_rho_median": float(np.median(eig)) if eig.size else nan,
         }
 
-    def reference(self, ls, X: dict, Y: dict, Yr, sub, row) -> None:
+    def reference(self, ls, X: dict, Xb, Y: dict, Yr, sub, row) -> None:
         """Plain float64: each target's eigen-subspaces' up-counts on one sequence's subsample."""
         from .plain import align, up
 

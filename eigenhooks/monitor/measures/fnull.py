@@ -73,7 +73,7 @@ class FNull(Measure):
             "fnull_percentile": percentile(out["rho_null_tokens"], fn),
         }
 
-    def reference(self, ls, X: dict, Y: dict, Yr, sub, row) -> None:
+    def reference(self, ls, X: dict, Xb, Y: dict, Yr, sub, row) -> None:
         """Plain float64: each target's F-null up-counts on one sequence's subsample."""
         from .plain import align_frames, up
 

@@ -122,7 +122,7 @@ class Haar(Measure):
         col["null_draws"] = K
         return col
 
-    def reference(self, ls, X: dict, Y: dict, Yr, sub, row) -> None:
+    def reference(self, ls, X: dict, Xb, Y: dict, Yr, sub, row) -> None:
         """Plain float64: the Haar sums on one sequence's subsample Y[p] (its reference Yr); ubar into row."""
         from .plain import align_frames, up
 

@@ -11,10 +11,78 @@ from __future__ import annotations
 import torch
 
 from ..config import POINTS
-from ..stats import TGT_FIELDS
 from .base import Measure
 
-_F = {name: i for i, name in enumerate(TGT_FIELDS)}
+# Per-target sums; the cluster sums use u_s (tokens up in sequence s), n_s (tokens with a
+# delta in s) and w_s = u_s - mean over Haar draws of their u_s (for the lift's interval).
+TGT_FIELDS = (
+    "n",  # valid, finite tokens
+    "n_nonfinite",  # valid tokens skipped for non-finite activations
+    "n_mid",  # tokens with a mid reading (and an attention step that ran)
+    "n_post",
+    "sum_pre",
+    "sum_mid",
+    "sum_post",
+    "sum_delta",
+    "n_up",
+    "n_norm_up",  # post-norm: a(LN_t(pre)) > a(pre)  (rho_norm_only)
+    "cos_sum_pre",  # signed cosine with v_1 (k = 1 only)
+    "cos_sum_mid",
+    "cos_sum_post",
+    "cons_sum_pre",
+    "cons_sum_mid",
+    "cons_sum_post",
+    "n_seq",  # sequences with >= 2 valid tokens, none non-finite, in one forward (consensus)
+    "n_clu",  # clusters (sequences) with at least one delta
+    "clu_u2",
+    "clu_un",
+    "clu_n2",
+    "clu_w2",  # w_s = u_s - ubar_s on the null's tokens, n_s there: the lift's interval
+    "clu_wn",
+    "clu_ns2",
+    "n_sub",  # tokens in the null subsample with a delta (p_null and its kin compare these)
+    "n_up_sub",
+    "n_pre_sub",
+    "sum_pre_sub",
+    "sum_mid_sub",
+)
+_T = {name: i for i, name in enumerate(TGT_FIELDS)}
+
+_CLU = ("n_clu", "clu_u2", "clu_un", "clu_n2", "clu_w2", "clu_wn", "clu_ns2")
+_CLU_SLICE = slice(_T[_CLU[0]], _T[_CLU[-1]] + 1)
+assert [_T[f] for f in _CLU] == list(range(_CLU_SLICE.start, _CLU_SLICE.stop)), "the cluster fields must be adjacent"
+
+
+def close_rows(tgt: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+    """Add finished sequences' counters (..., b, 5, T) to the cluster sums of ``tgt`` (..., T, F); new tgt.
+
+    Leading dimensions are layers closed together (one op each for all of them).
+    """
+    n, u, ns, us, ubar = rows.unbind(-2)  # (..., b, T) each
+    w = us - ubar
+    add = torch.stack([(n > 0).double(), u * u, u * n, n * n, w * w, w * ns, ns * ns], -1).sum(-3)  # (..., T, 7)
+    tgt = tgt.clone()
+    tgt[..., _CLU_SLICE] += add  # a slice, not a list: no index tensor made on the host each time
+    return tgt
+
+
+def reference_close(tgt: torch.Tensor, rows: torch.Tensor) -> None:
+    """Plain: add ended sequences' counters rows (b, 5, T) to the cluster sums of tgt (T, F), in place.
+
+    Per sequence s and target: n_s its counted tokens, u_s those up, ns_s and us_s the same on
+    the null subsample, w_s = us_s - ubar_s (ubar_s: its up-counts there averaged over the draws).
+    """
+    for r in rows:
+        for ti in range(tgt.shape[0]):
+            n, u, ns, us, ubar = (float(v) for v in r[:, ti])
+            w, c = us - ubar, tgt[ti]
+            c[_T["n_clu"]] += float(n > 0)
+            c[_T["clu_u2"]] += u * u
+            c[_T["clu_un"]] += u * n
+            c[_T["clu_n2"]] += n * n
+            c[_T["clu_w2"]] += w * w
+            c[_T["clu_wn"]] += w * ns
+            c[_T["clu_ns2"]] += ns * ns
 
 
 class Target(Measure):
@@ -127,7 +195,7 @@ class Target(Measure):
             col[f"consensus_{p}"] = div(t[f"cons_sum_{p}"], t["n_seq"])
         return col
 
-    def reference(self, ls, X: dict, Xb, sub: torch.Tensor, row: torch.Tensor) -> None:
+    def reference(self, ls, X: dict, Xb, Y: dict, Yr, sub: torch.Tensor, row: torch.Tensor) -> None:
         """Plain float64: the per-target sums of one sequence's counted tokens X[p] (n, d); its counters
         into row (5, T)."""
         from .plain import align, up
@@ -137,26 +205,26 @@ class Target(Measure):
         for ti, t in enumerate(ls.bases.targets):
             c = tgt[ti]
             a = {p: align(x, t.U) for p, x in X.items()}
-            c[_F["n"]] += n
-            c[_F["n_pre_sub"]] += float(sub.sum())
-            c[_F["sum_pre_sub"]] += float(a["pre"][sub].sum())
+            c[_T["n"]] += n
+            c[_T["n_pre_sub"]] += float(sub.sum())
+            c[_T["sum_pre_sub"]] += float(a["pre"][sub].sum())
             for p, x in X.items():
-                c[_F[f"sum_{p}"]] += float(a[p].sum())
+                c[_T[f"sum_{p}"]] += float(a[p].sum())
                 if p != "pre":
-                    c[_F[f"n_{p}"]] += n
+                    c[_T[f"n_{p}"]] += n
                 if t.k == 1:  # the signed cosine with v_1, the one column of U
-                    c[_F[f"cos_sum_{p}"]] += float((x @ t.U[:, 0] / torch.linalg.vector_norm(x, dim=-1)).sum())
+                    c[_T[f"cos_sum_{p}"]] += float((x @ t.U[:, 0] / torch.linalg.vector_norm(x, dim=-1)).sum())
             if "mid" not in X:
                 continue
             ref = align(Xb, t.U) if Xb is not None else a["pre"]
             u = up(a["mid"], ref)
-            c[_F["n_up"]] += float(u.sum())
-            c[_F["sum_delta"]] += float((a["mid"] - ref).sum())
+            c[_T["n_up"]] += float(u.sum())
+            c[_T["sum_delta"]] += float((a["mid"] - ref).sum())
             if Xb is not None:
-                c[_F["n_norm_up"]] += float(up(ref, a["pre"]).sum())
-            c[_F["n_sub"]] += float(sub.sum())
-            c[_F["n_up_sub"]] += float(u[sub].sum())
-            c[_F["sum_mid_sub"]] += float(a["mid"][sub].sum())
+                c[_T["n_norm_up"]] += float(up(ref, a["pre"]).sum())
+            c[_T["n_sub"]] += float(sub.sum())
+            c[_T["n_up_sub"]] += float(u[sub].sum())
+            c[_T["sum_mid_sub"]] += float(a["mid"][sub].sum())
             row[0, ti], row[1, ti] = n, float(u.sum())
             row[2, ti], row[3, ti] = float(sub.sum()), float(u[sub].sum())
 
@@ -167,8 +235,8 @@ class Target(Measure):
         for p, X in pts.items():
             n = X.shape[0]
             sv = (X / torch.linalg.vector_norm(X, dim=-1, keepdim=True)).sum(0)
-            tgt[:, _F[f"cons_sum_{p}"]] += (float(sv @ sv) - n) / (n * (n - 1))
-        tgt[:, _F["n_seq"]] += 1
+            tgt[:, _T[f"cons_sum_{p}"]] += (float(sv @ sv) - n) / (n * (n - 1))
+        tgt[:, _T["n_seq"]] += 1
 
     @staticmethod
     def _consensus(stk, cols) -> None:

@@ -3,7 +3,7 @@
 Layers of the same layout and shapes are reduced together (alignments, up-counts, null draws,
 per-row counters) straight from their arena's buffers, so the many small element-wise steps cost
 one op per forward instead of one per layer. Its output is per layer, in the layout
-``stats.zero_state`` describes. ``monitor/reference.py`` computes the same sums with plain loops.
+``measures.zero_state`` describes. ``monitor/reference.py`` computes the same sums with plain loops.
 """
 
 from __future__ import annotations
