@@ -16,8 +16,10 @@ Where hooks vanish or are bypassed, ``MeasurementWarning`` says so and the stati
 from __future__ import annotations
 
 import contextlib
+import inspect
 import threading
 import warnings
+from dataclasses import fields
 from pathlib import Path
 
 import torch
@@ -25,7 +27,7 @@ import torch
 from ..models import Adapter, get_adapter
 from . import fingerprint as FP
 from .accumulate import Accumulator
-from .config import DEFAULTS, MonitorConfig
+from .config import MonitorConfig
 from .forward import Call, Forward, Generation, continues
 from .lens import lens_call_mask, lens_string_mask
 from .logs import LogPoints, scalar_labels
@@ -46,27 +48,8 @@ class Monitor(NotebookViews):
     ``load_state_dict()`` / ``merge_state_dict()``, ``all_reduce()``; with a sink, ``log()``, ``log_summary()``, ``step``.
     """
 
-    def __init__(
-        self,
-        model,
-        targets=DEFAULTS.targets,
-        reading_points=DEFAULTS.reading_points,
-        tokens=DEFAULTS.tokens,
-        attention_mask=None,
-        null_seed: int = DEFAULTS.null_seed,
-        sink=None,
-        attach: bool = DEFAULTS.attach,
-        null_draws: int = DEFAULTS.null_draws,
-        fnull_draws: int = DEFAULTS.fnull_draws,
-        eig_top: int = DEFAULTS.eig_top,
-        null_stride: int | None = DEFAULTS.null_stride,
-        log_every: int | None = DEFAULTS.log_every,
-    ):
-        self.config = MonitorConfig(
-            targets=targets, reading_points=reading_points, tokens=tokens, null_seed=null_seed,
-            null_draws=null_draws, fnull_draws=fnull_draws, eig_top=eig_top, null_stride=null_stride,
-            log_every=log_every, attach=attach,
-        )  # fmt: skip
+    def __init__(self, model, *args, attention_mask=None, sink=None, **settings):
+        self.config = make_config(args, settings)
         self.adapter: Adapter = get_adapter(model)
         self.model = self.adapter.model
         self.target_defs, self._vectors = parse_targets(self.adapter, self.config.targets)
@@ -87,15 +70,10 @@ class Monitor(NotebookViews):
         self._closing = False  # closed while a forward was running: detach when it returns
         self._entered_at = 0  # forwards counted before the with-block
 
-    # ---- settings, read-only ----
+    # ---- settings, read-only: ``config``'s (``mon.null_draws`` is ``mon.config.null_draws``) ----
     points = property(lambda self: self.config.reading_points)
-    null_seed = property(lambda self: self.config.null_seed)
     null_stride = property(lambda self: self.config.stride)
-    null_draws = property(lambda self: self.config.null_draws)
-    fnull_draws = property(lambda self: self.config.fnull_draws)
-    eig_top = property(lambda self: self.config.eig_top)
     keep_tokens = property(lambda self: self.config.tokens)
-    attach = property(lambda self: self.config.attach)
     sink_path = property(lambda self: self._logs.sink_path)
     log_every = property(lambda self: self._logs.log_every)
 
@@ -104,7 +82,9 @@ class Monitor(NotebookViews):
             warnings.warn(
                 f"Monitor.{name} is deprecated: use Monitor.{_ALIASES[name]}", DeprecationWarning, stacklevel=2
             )
-            return getattr(self.config, _ALIASES[name])
+            name = _ALIASES[name]
+        if name in MonitorConfig.names() and "config" in self.__dict__:
+            return getattr(self.__dict__["config"], name)
         raise AttributeError(f"'Monitor' object has no attribute {name!r}")
 
     @property
@@ -427,22 +407,40 @@ class Monitor(NotebookViews):
         self._logs.end(raised, self._acc, self._labels(), self.log_summary)
 
 
-def monitor(
-    model,
-    targets=DEFAULTS.targets,
-    reading_points=DEFAULTS.reading_points,
-    tokens=DEFAULTS.tokens,
-    *,
-    attention_mask=None,
-    null_seed: int = DEFAULTS.null_seed,
-    null_draws: int = DEFAULTS.null_draws,
-    fnull_draws: int = DEFAULTS.fnull_draws,
-    eig_top: int = DEFAULTS.eig_top,
-    null_stride: int | None = DEFAULTS.null_stride,
-    sink=None,
-    log_every: int | None = DEFAULTS.log_every,
-    attach: bool = DEFAULTS.attach,
-) -> Monitor:
+def make_config(args: tuple, settings: dict) -> MonitorConfig:
+    """The ``MonitorConfig`` of ``monitor()``'s arguments: its first fields (targets, reading_points,
+    tokens) by position, any by keyword; ``K``, ``Kf``, ``m`` (the names before 0.2, one release more)
+    with a DeprecationWarning."""
+    names = MonitorConfig.names()
+    if len(args) > len(_POSITIONAL):
+        raise TypeError(f"monitor() takes the model and at most {len(_POSITIONAL)} settings by position {_POSITIONAL}")
+    for old, new in _ALIASES.items():
+        if old in settings:
+            warnings.warn(f"{old}= is deprecated: use {new}=", DeprecationWarning, stacklevel=4)
+            settings[new] = settings.pop(old)
+    given = dict(zip(names, args))
+    unknown = sorted(set(settings) - set(names)) + sorted(set(settings) & set(given))
+    if unknown:
+        raise TypeError(f"monitor() got unexpected or repeated settings {unknown}; its settings: {', '.join(names)}")
+    return MonitorConfig(**given, **settings)
+
+
+_POSITIONAL = MonitorConfig.names()[:3]  # targets, reading_points, tokens
+
+
+def _signature() -> inspect.Signature:
+    """``monitor``'s and ``Monitor``'s signature as help() shows it, from ``MonitorConfig``'s fields."""
+    P = inspect.Parameter
+    head = [P("model", P.POSITIONAL_OR_KEYWORD)]
+    head += [
+        P(f.name, P.POSITIONAL_OR_KEYWORD, default=f.default) for f in fields(MonitorConfig) if f.name in _POSITIONAL
+    ]
+    tail = [P(n, P.KEYWORD_ONLY, default=None) for n in ("attention_mask", "sink")]
+    tail += [P(f.name, P.KEYWORD_ONLY, default=f.default) for f in fields(MonitorConfig) if f.name not in _POSITIONAL]
+    return inspect.Signature(head + tail, return_annotation="Monitor")
+
+
+def monitor(model, *args, **kw) -> Monitor:
     """Measure alignment with each layer's principal subspace while the model runs.
 
     Args:
@@ -490,11 +488,10 @@ def monitor(
         ...     model(**tok(["def f(x):"], return_tensors="pt"))
         >>> mon.summary()[["layer", "target", "rho", "null_rho_lo", "null_rho_hi", "verdict"]]  # doctest: +SKIP
     """
-    return Monitor(
-        model, targets=targets, reading_points=reading_points, tokens=tokens, attention_mask=attention_mask,
-        null_seed=null_seed, sink=sink, attach=attach, null_draws=null_draws, fnull_draws=fnull_draws,
-        eig_top=eig_top, null_stride=null_stride, log_every=log_every,
-    )  # fmt: skip
+    return Monitor(model, *args, **kw)
+
+
+monitor.__signature__ = Monitor.__signature__ = _signature()
 
 
 __all__ = ["MeasurementWarning", "Monitor", "monitor"]

@@ -15,7 +15,8 @@ import torch
 
 from ..linalg.eig import RANKS
 from ..models import Adapter, layer_index
-from ..spectra.compute import VARIANTS, layer_stacked, parallel_map, spectra_by_rank
+from ..spectra import parallel_map
+from ..spectra.compute import VARIANTS, layer_stacked, spectra_by_rank
 from . import fingerprint as FP
 from . import stats as M
 from .config import MonitorConfig
