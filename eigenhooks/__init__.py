@@ -69,7 +69,7 @@ _MOVED = {
     "io": "eigenhooks.linalg.cache",
     "metrics": "eigenhooks.monitor.stats",
     "monitor_state": "eigenhooks.monitor.accumulate",
-    "monitor_lens": "eigenhooks.monitor.lens",
+    "monitor_lens": "eigenhooks.models.calls",
     "reducer": "eigenhooks.monitor.reduce",
     "distributed": "eigenhooks.run.distributed",
     "steering": "eigenhooks.steer.edit",

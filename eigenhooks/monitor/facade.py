@@ -28,8 +28,7 @@ from ..models import Adapter, get_adapter
 from . import fingerprint as FP
 from .accumulate import Accumulator
 from .config import MonitorConfig
-from .forward import Call, Forward, Generation, continues
-from .lens import lens_call_mask, lens_string_mask
+from .forward import Call, Forward, Generation
 from .logs import LogPoints, scalar_labels
 from .notebook import NotebookViews
 from .plan import Plan, build_plan, parse_targets
@@ -168,7 +167,7 @@ class Monitor(NotebookViews):
         if not self._closing:
             return
         self._closing = False
-        if not raised or self.adapter.backend == "lens":
+        if not raised or not self.adapter.calls.module_hooks:  # a wrapped forward has returned
             self.close()
             return
         self._taps.remove_in_raising_forward()
@@ -184,13 +183,12 @@ class Monitor(NotebookViews):
         old = self._fwds.pop(tid, None)
         if old is not None:  # its end never came (interrupted): nothing of it counts
             old.drop()
-        call = self._call(args, kwargs, fresh or not continues(args, kwargs))
-        if fresh:  # TransformerLens run_with_hooks: the mask comes from the running forward's frame
-            mask = self.explicit_mask if self.explicit_mask is not None else mask
-        else:
-            mask = self.explicit_mask if self.explicit_mask is not None else kwargs.get("attention_mask")
-            if mask is None and self.adapter.backend == "lens":
-                mask = lens_string_mask(self.model, args, kwargs)
+        calls = self.adapter.calls
+        call = self._call(args, kwargs, fresh or not calls.continues(args, kwargs))
+        if self.explicit_mask is not None:
+            mask = self.explicit_mask
+        elif not fresh:  # fresh: hook lists, whose mask the adapter read from the running forward
+            mask = calls.mask(self.model, args, kwargs)
         mask = mask if isinstance(mask, torch.Tensor) and mask.dim() == 2 else None
         buffer = self._logs.sink_path is None and not self.config.tokens
         acc, keep = self._acc, self.config.tokens
@@ -206,10 +204,10 @@ class Monitor(NotebookViews):
     def _call(self, args, kwargs, fresh: bool) -> Call:
         """What this forward is (``forward.Generation`` when it is a step of a ``generate``)."""
         gen = self._gens.get(thread_key())
-        x = kwargs.get("input_ids", kwargs.get("inputs_embeds", args[0] if args else None))
-        if gen is None or not isinstance(x, torch.Tensor) or x.dim() < 2:
+        rows = self.adapter.calls.rows(args, kwargs) if gen is not None else None
+        if rows is None:
             return Call(fresh)
-        call = gen.next_call(x.shape[0], x.shape[1], fresh)
+        call = gen.next_call(rows[0], rows[1], fresh)
         if call.copies > 1 and call.first_copy_only:
             self._warn(
                 "copies",
@@ -279,7 +277,7 @@ class Monitor(NotebookViews):
         first hook reads them from the bridge's running forward; ``eh.monitor(..., attention_mask=)``
         overrides that.
         """
-        if self.adapter.backend != "lens":
+        if not self.adapter.calls.hook_lists:
             raise TypeError("fwd_hooks() is for TransformerLens models; HF models are hooked by the with-block")
         if self._taps is not None and self._taps.attached:
             raise RuntimeError(
@@ -287,7 +285,7 @@ class Monitor(NotebookViews):
             )
         self._prepare()
         self._taps = Taps(self.adapter, self._plan, self.points, self, self._warn)
-        return self._taps.fwd_hooks(self._plan, lambda: lens_call_mask(self.model))
+        return self._taps.fwd_hooks(self._plan, lambda: self.adapter.calls.running_mask(self.model))
 
     # ---- results ----
     @property

@@ -173,8 +173,8 @@ class Taps:
 
     def _register(self) -> None:
         ad = self.adapter
-        if ad.backend == "lens":
-            self._wrap_lens_forward()
+        if not ad.calls.module_hooks:  # the adapter says its model's forward is called directly
+            self._wrap_forward()
         else:
             self._hook(self.model, self._start, "pre", with_kwargs=True)
             self._hook(self.model, self._end, "fwd", always_call=True)
@@ -188,7 +188,7 @@ class Taps:
             else:
                 self._hook(module, self._output_tap(key), "fwd")
 
-    def _wrap_lens_forward(self) -> None:
+    def _wrap_forward(self) -> None:
         """TransformerLens calls ``self.forward`` directly from run_with_hooks, bypassing module
         hooks, so the forward's start and end (and its input, for the mask) are caught here."""
         model, inner = self.model, self.model.forward
