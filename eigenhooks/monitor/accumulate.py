@@ -180,7 +180,9 @@ class Accumulator:
 
     # ---- reading the state ----
     def current(self, layer: int) -> dict[str, torch.Tensor]:
-        """This layer's state with the still-open sequences folded in, float64 on the CPU (flush first)."""
+        """This layer's state with the still-open sequences folded in, float64 on the CPU; buffered steps
+        are reduced first (``flush``), so a reader and a forward's end reach the state by one door."""
+        self.flush()
         st = dict(self.state[layer])
         rows = self.rows.get(layer)
         if rows is not None:
@@ -188,7 +190,9 @@ class Accumulator:
         return {k: v.detach().to("cpu", torch.float64) for k, v in st.items()}
 
     def target_sums(self) -> list[torch.Tensor]:
-        """Each layer's running per-target sums (T, len(TGT_FIELDS)), in layer order, on their devices."""
+        """Each layer's running per-target sums (T, len(TGT_FIELDS)), in layer order, on their devices
+        (buffered steps reduced first, as ``current``)."""
+        self.flush()
         return [self.state[i]["tgt"].detach() for i in sorted(self.plan.layers)]
 
     def replace(self, states: dict[int, dict[str, torch.Tensor]]) -> None:

@@ -118,7 +118,6 @@ class Monitor(NotebookViews):
         if self.config.attach:
             layout = self._taps.layout if self._taps is not None else None  # the model walked once
             self._taps = Taps(self.adapter, self._plan, self.points, self, self._warn, layout)
-            self._taps.on_end = self._after_end
             self._taps.attach()
         self._entered_at = self.n_forwards
         self._active = True
@@ -229,7 +228,16 @@ class Monitor(NotebookViews):
             fwd.stack_started(name, mask)
 
     def forward_end(self, ok: bool) -> None:
-        """The forward ended: dropped if it raised; else reduced, counted, and logged, or taken back whole."""
+        """The forward ended: dropped if it raised; else reduced, counted, and logged, or taken back whole;
+        then a close that waited for it detaches (``_after_end``). The taps hear nothing back."""
+        try:
+            self._count(ok)
+        except BaseException:
+            self._after_end(True)
+            raise
+        self._after_end(not ok)
+
+    def _count(self, ok: bool) -> None:
         fwd = self._fwds.pop(thread_key(), None)
         if fwd is None:
             return
@@ -291,13 +299,11 @@ class Monitor(NotebookViews):
     @property
     def stats(self) -> dict[tuple[int, str], dict[str, float]]:
         """(layer, target) -> the raw per-target sums and counts (``measures.TGT_FIELDS``)."""
-        self._prepare().flush()
-        return target_stats(self._plan, self._acc.current)
+        return target_stats(self._plan, self._prepare().current)
 
     def summary(self):
         """pandas DataFrame, one row per (layer, target); see docs/concepts.md, 'Statistics'."""
-        self._prepare().flush()
-        return summary_table(self._plan, self._acc.current, self.config, self.adapter.norm_position == "post")
+        return summary_table(self._plan, self._prepare().current, self.config, self.adapter.norm_position == "post")
 
     def save(self, path) -> Path:
         """Write the summary as Parquet, CSV or JSON (by the file's suffix)."""
@@ -319,8 +325,8 @@ class Monitor(NotebookViews):
             {"fingerprint": what the sums mean (weights, targets, reading points, null settings),
             "layers": {"i": {name: nested lists}}}.
         """
-        self._prepare().flush()
-        layers = {str(i): {k: v.tolist() for k, v in self._acc.current(i).items()} for i in self._plan.layers}
+        acc = self._prepare()
+        layers = {str(i): {k: v.tolist() for k, v in acc.current(i).items()} for i in self._plan.layers}
         return {"fingerprint": self._layout(), "layers": layers}
 
     def load_state_dict(self, state: dict) -> None:
@@ -373,7 +379,6 @@ class Monitor(NotebookViews):
         """The running values now, ``{tag: value}``: gamma_pre/mid/post, rho and n_tokens per
         (layer, target), tagged ``eigenhooks/rho/L07/ov-modulus``. Reads the device (a sync)."""
         acc = self._prepare()
-        acc.flush()
         rows = torch.cat([t.to("cpu", torch.float64) for t in acc.target_sums()])
         return self._labels()(rows.tolist())
 

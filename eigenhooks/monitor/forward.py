@@ -281,4 +281,3 @@ def fold_copies(rows: torch.Tensor | None, copies: int) -> torch.Tensor | None:
     if rows is None or copies == 1:
         return rows
     return rows.view(rows.shape[0] // copies, copies, *rows.shape[1:]).sum(1)
-

@@ -89,7 +89,6 @@ class LogPoints:
     # ---- log points ----
     def enqueue(self, acc: Accumulator, step: int) -> None:
         """Start copying the running sums to the host; ``emit_pending`` reads them later."""
-        acc.flush()
         tgt = acc.target_sums()
         dev = next((t.device for t in tgt if t.device.type == "cuda"), None)
         event = None

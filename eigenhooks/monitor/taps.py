@@ -117,7 +117,6 @@ class Taps:
         self._multi = False  # a second thread ran one: every tap looks its thread up
         self.started = 0  # forwards whose start the taps saw (whole or not)
         self.orphans = 0  # tap calls that came outside any forward of the model
-        self.on_end = None  # set by the Monitor: called after each forward's end (a deferred close)
         self._stack: ExitStack | None = None
         self._handles: list = []  # (module, dict attribute, id) of every hook, to see if it is still there
         self._raw: list = []  # (module, handle) of every hook registered
@@ -312,14 +311,7 @@ class Taps:
         if not here.open:
             return
         here.open = False
-        try:
-            self.listener.forward_end(output is not None)  # None: the forward raised
-        except BaseException:
-            if self.on_end is not None:
-                self.on_end(True)
-            raise
-        if self.on_end is not None:
-            self.on_end(output is None)
+        self.listener.forward_end(output is not None)  # None: the forward raised
 
     def _stack_start(self, name: str, mask_kw: str | None):
         """A stack's root starts: it runs in this forward, with its own mask (or opens a forward of its own,
