@@ -43,6 +43,7 @@ _PUBLIC = {
     "predict_limit": "eigenhooks.dynamics",
     "planted": None,  # eigenhooks.dynamics.planted
     "MeasurementWarning": "eigenhooks.monitor",
+    "Measure": "eigenhooks.monitor",
     "Monitor": "eigenhooks.monitor",
     "SinkError": "eigenhooks.monitor",
     "TargetError": "eigenhooks.monitor",

@@ -44,7 +44,7 @@ class Accumulator:
         self.state: dict[int, dict[str, torch.Tensor]] = {}
         for i, lp in plan.layers.items():
             b = lp.bases
-            self.state[i] = zero_state(b.T, len(b.ks), b.null_draws, max(b.eig_slots, 0), b.fnull_draws)
+            self.state[i] = zero_state(b.T, len(b.ks), b.null_draws, max(b.eig_slots, 0), b.fnull_draws, b.measures)
         self.zero = set(plan.layers)  # layers whose state is still zeros: replaced, not added to, at first
         self.rows: dict[int, torch.Tensor] = {}  # open sequences' counters (b, 5, T)
         self.buf: list[dict[int, Step]] = []  # buffered one-token steps: each forward's, layer -> Step

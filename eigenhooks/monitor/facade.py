@@ -434,13 +434,11 @@ _POSITIONAL = MonitorConfig.names()[:3]  # targets, reading_points, tokens
 def _signature() -> inspect.Signature:
     """``monitor``'s and ``Monitor``'s signature as help() shows it, from ``MonitorConfig``'s fields."""
     P = inspect.Parameter
-    head = [P("model", P.POSITIONAL_OR_KEYWORD)]
-    head += [
-        P(f.name, P.POSITIONAL_OR_KEYWORD, default=f.default) for f in fields(MonitorConfig) if f.name in _POSITIONAL
-    ]
+    fs = fields(MonitorConfig)
+    head = [P(f.name, P.POSITIONAL_OR_KEYWORD, default=f.default) for f in fs[:3]]  # by position too
     tail = [P(n, P.KEYWORD_ONLY, default=None) for n in ("attention_mask", "sink")]
-    tail += [P(f.name, P.KEYWORD_ONLY, default=f.default) for f in fields(MonitorConfig) if f.name not in _POSITIONAL]
-    return inspect.Signature(head + tail, return_annotation="Monitor")
+    tail += [P(f.name, P.KEYWORD_ONLY, default=f.default) for f in fs[3:]]
+    return inspect.Signature([P("model", P.POSITIONAL_OR_KEYWORD), *head, *tail], return_annotation="Monitor")
 
 
 def monitor(model, *args, **kw) -> Monitor:
@@ -480,6 +478,8 @@ def monitor(model, *args, **kw) -> Monitor:
             forward count. On a GPU a log point's values are read at the next one (no sync).
         attach: register hooks on enter (TransformerLens users may set False and pass
             ``mon.fwd_hooks()`` to ``run_with_hooks``).
+        measures: your own measures (``eh.Measure``; docs/api.md, "Your own measure"), measured
+            after the built-in ones; their columns join the summary, their sums the state.
 
     Defaults live in ``MonitorConfig``. Raises:
         ValueError: no targets, a malformed target list, an unknown variant or rank, names not unique.

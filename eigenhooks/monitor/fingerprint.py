@@ -65,8 +65,11 @@ def fingerprint(adapter, config, plan, target_defs) -> dict:
     return {
         "format": FORMAT,
         "settings": {
-            **{k: v for m in MEASURES for k, v in m.fingerprint(config).items()},  # each measure's own keys
+            **{
+                k: v for m in MEASURES + config.measures for k, v in m.fingerprint(config).items()
+            },  # each measure's keys
             "reading_points": list(config.reading_points),
+            **({"measures": [m.name for m in config.measures]} if config.measures else {}),
         },
         "model": {
             "n_layers": ad.n_layers,

@@ -178,10 +178,10 @@ def _layer_bases(adapter, i, chosen, specs, K, Kf, m, null_seed) -> LayerBases:
 class _LayerSums:
     """One layer's running state and its open sequences' counters (b, 5, T)."""
 
-    def __init__(self, bases: LayerBases, K: int):
-        self.bases = bases
+    def __init__(self, bases: LayerBases, K: int, measures: tuple = MEASURES, layer: int | None = None):
+        self.bases, self.measures, self.layer = bases, measures, layer
         T = len(bases.targets)
-        self.state = zero_state(T, len(bases.ks), K, bases.m, bases.Kf)
+        self.state = zero_state(T, len(bases.ks), K, bases.m, bases.Kf, measures)
         self.rows: torch.Tensor | None = None
 
     def close(self) -> None:
@@ -199,7 +199,7 @@ class _LayerSums:
 
 
 def reference_states(
-    forwards: list[Forward], bases: dict[int, LayerBases], null_stride: int | None
+    forwards: list[Forward], bases: dict[int, LayerBases], null_stride: int | None, measures=MEASURES
 ) -> dict[int, dict[str, torch.Tensor]]:
     """The monitor's state of every layer after these forwards, in float64, the plain way.
 
@@ -208,13 +208,14 @@ def reference_states(
         bases: ``build_bases``'s result.
         null_stride: the subsample takes the tokens whose index in their sequence is a multiple
             of it (1 or None: every token).
+        measures: what is measured (a monitor's built-in ones and then its own ``measures=``).
 
     Returns:
         layer -> {name: tensor} in the ``measures.zero_state`` layout, open sequences folded in.
     """
     s = null_stride or 1
     K = next(iter(bases.values())).haar.shape[0] if bases else 0
-    sums = {i: _LayerSums(b, K) for i, b in bases.items()}
+    sums = {i: _LayerSums(b, K, tuple(measures), i) for i, b in bases.items()}
     for fw in forwards:
         if not fw.continues:
             for ls in sums.values():
@@ -249,7 +250,7 @@ def _add_forward(ls: _LayerSums, rd: LayerReading, mask: torch.Tensor, index: to
         sub = sub[finite]
         Y = {p: x[sub] for p, x in X.items() if p != "post"}  # the null's tokens
         Yr = Xb[sub] if Xb is not None else Y["pre"]
-        for m in MEASURES:
+        for m in ls.measures:
             m.reference(ls, X, Xb, Y, Yr, sub, rows[row])
     if ls.rows is not None and ls.rows.shape[0] != b:
         ls.close()

@@ -55,7 +55,7 @@ def summary_table(
                 gap_ratio=s.gap_ratio if s else float("nan"),
             )
             tie = seed(config, layer, 1000)
-            row.update(summarize(st, ti, lp.bases.k_index[ti], t.k, post_norm=post_norm, tie_seed=tie))
+            row.update(summarize(st, ti, lp.bases.k_index[ti], t.k, post_norm, tie, lp.bases.measures))
             row["null_seed"] = config.null_seed
             rows.append(row)
     df = pd.DataFrame(rows)

@@ -12,7 +12,6 @@ from typing import NamedTuple
 
 import torch
 
-from ..measures import MEASURES
 from .bases import LayerBases
 
 
@@ -157,7 +156,7 @@ def group_constants(bases: list[LayerBases], dev: torch.device) -> GroupConstant
         return arena.constants[key]
     own = picks(bases)
     c: dict[str, torch.Tensor] = {}
-    for m in MEASURES:
+    for m in bases[0].measures:
         c.update(m.constants(bases, own, dev))
     out = GroupConstants(c, own)
     if arena is not None and all(r.arena is arena for r in bases):

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from ..measures import EIG, NULL_COLUMNS
+from ..measures import EIG, MEASURES, NULL_COLUMNS
 from ..measures.eig import eig_columns
 from ..stats import TargetSpec
 from .kernels import has_out_dtype, split
@@ -39,7 +39,10 @@ class LayerBases:
         fnull: dict[str, torch.Tensor],
         null_stride: int | None = None,
         eig_slots: int = 0,
+        measures: tuple = MEASURES,
+        layer: int | None = None,
     ):
+        self.measures, self.layer = tuple(measures), layer  # what is measured here (``measures``)
         self.targets = targets
         self.T = len(targets)
         self.null_draws, self.d, self.k_max = haar.shape
@@ -73,7 +76,11 @@ class LayerBases:
         """Bn64 (d, null columns): each null measure's columns in turn (``measures.NULL_COLUMNS``),
         the eigen-columns zero-padded to ``width``; ``cols``: each measure's (start, stop) there."""
         blocks, self.cols, at = [], {}, 0
-        for m in NULL_COLUMNS:
+        order = [m.name for m in NULL_COLUMNS]  # the built-in ones in their order, then a user's
+        nulls = sorted(
+            (m for m in self.measures if m.null), key=lambda m: order.index(m.name) if m.name in order else 9
+        )
+        for m in nulls:
             mine = m.columns(self, width)
             w = sum(c.shape[1] for c in mine)
             self.cols[m.name] = (at, at + w)
@@ -123,6 +130,7 @@ class LayerBases:
             tuple(self.fkeys),
             self.eig_slots,
             tuple((ti, f) for ti, f, _ in self.fnull_targets),
+            tuple(m.name for m in self.measures),
         )
 
     @property

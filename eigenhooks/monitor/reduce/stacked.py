@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import torch
 
-from ..measures import MEASURES, ROW
 from ..stats import GROWTH_EPS
 from .arena import group_constants
 from .bases import LayerBases
@@ -84,8 +83,8 @@ class Stacked:
         gc = group_constants(self.reds, self.dev)
         self.consts, self.picks = gc.tensors, gc.picks
         # (L, eig columns, T*eig_slots): which eigen-columns make each (target, j); (L, T, eig_slots) valid
-        self.measures = MEASURES
-        self.row_fields = ROW
+        self.measures = self.red.measures
+        self.row_fields = tuple(f for m in self.measures for f in m.row_fields)
         self.per_k = {f for m in self.measures for f in m.per_k}
 
     def _whole(self, prs: list[Projection]) -> dict | None:
