@@ -160,7 +160,7 @@ def _log_point(mon) -> tuple[float, float]:
     the forward's own sums every forward instead."""
     sink = mon._logs.sinks[0]
     if sink.per_forward:
-        from eigenhooks.monitor.stats import TGT_FIELDS
+        from eigenhooks.monitor.measures import TGT_FIELDS
 
         stats = [{"layer": i, "target": "ov/modulus", **dict.fromkeys(TGT_FIELDS, 1.0)} for i in range(24)]
         line = statistics.median(timed(lambda: sink.forward(0, stats)) for _ in range(20))

@@ -19,14 +19,14 @@ import pandas as pd
 import torch
 
 import eigenhooks as eh
-from eigenhooks.monitor import stats
+from eigenhooks.monitor import measures
 from eigenhooks.run.texts import make_batches, sample_text
 
 
 def null_draws(mon, layer: int) -> np.ndarray:
     mon._acc.flush()
     st = mon._acc.current(layer)
-    ns = float(st["tgt"][0][stats.TGT_FIELDS.index("n_sub")])
+    ns = float(st["tgt"][0][measures.TGT_FIELDS.index("n_sub")])
     return st["null_up"][0].numpy() / ns
 
 

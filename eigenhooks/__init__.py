@@ -43,6 +43,7 @@ _PUBLIC = {
     "predict_limit": "eigenhooks.dynamics",
     "planted": None,  # eigenhooks.dynamics.planted
     "MeasurementWarning": "eigenhooks.monitor",
+    "Measure": "eigenhooks.monitor",
     "Monitor": "eigenhooks.monitor",
     "SinkError": "eigenhooks.monitor",
     "TargetError": "eigenhooks.monitor",
@@ -69,7 +70,7 @@ _MOVED = {
     "io": "eigenhooks.linalg.cache",
     "metrics": "eigenhooks.monitor.stats",
     "monitor_state": "eigenhooks.monitor.accumulate",
-    "monitor_lens": "eigenhooks.monitor.lens",
+    "monitor_lens": "eigenhooks.models.calls",
     "reducer": "eigenhooks.monitor.reduce",
     "distributed": "eigenhooks.run.distributed",
     "steering": "eigenhooks.steer.edit",

@@ -16,6 +16,7 @@ import torch
 from torch import nn
 
 from ..linalg.eig import Factors
+from .calls import Calls
 
 NormPosition = Literal["pre", "post"]
 
@@ -215,6 +216,7 @@ class Adapter:
     # stack name -> (its root module, the kwarg of that module carrying the stack's padding mask, or None).
     # A stack's layers count only in forwards where its root ran, with that mask (encoder-decoders).
     stacks: dict = field(default_factory=dict)
+    calls: Calls = field(default_factory=Calls)  # what a call of the model is: its mask, rows, KV cache
 
     @property
     def n_layers(self) -> int:

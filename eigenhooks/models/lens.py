@@ -12,6 +12,7 @@ import torch
 
 from ..linalg.eig import Factors
 from .base import Adapter, Layer, ReadingPoints, StopForward, Tap
+from .calls import LensCalls
 
 _POST_NORM_ARCHS = ("Bert", "Albert", "Roberta", "DistilBert")
 
@@ -106,6 +107,7 @@ def lens_adapter(model) -> Adapter:
         notes=notes,
         probe_runner=lens_runner,
         reading_points_fn=reading_points,
+        calls=LensCalls(),
     )
     ad.compatibility_mode = compat  # type: ignore[attr-defined]
     ad.unembed_module = unembed  # type: ignore[attr-defined]

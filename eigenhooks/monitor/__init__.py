@@ -6,12 +6,15 @@ facts, built once at entry), ``taps`` (the hooks on the model, HF or Transformer
 nothing of sums), ``forward`` (one forward's scratch), ``accumulate`` (the running sums, open
 sequences, the decoding-step buffer), ``logs`` and ``sinks`` (where the numbers go), ``summary``
 (the table). ``reduce`` is the two-stage reduction on the device, ``reference`` its plain float64
-twin, ``stats`` the statistics with their nulls, ``fingerprint`` what a state's sums mean. It may
+twin, ``measures`` what is measured (one file a measure: target projection, the Haar null, eig rank,
+the F-null; ``Measure`` for a researcher's own), ``stats`` the shared statistics, ``fingerprint`` what a
+state's sums mean. It may
 import ``spectra``, ``zoo``, ``models`` and ``linalg``. docs/api.md, "A forward's life", walks it.
 """
 
 from .config import DEFAULTS, MonitorConfig, check_nulls
 from .facade import Monitor, monitor
+from .measures import Measure
 from .sinks import SinkError
 from .stats import TargetError
 from .taps import MeasurementWarning
@@ -19,6 +22,7 @@ from .taps import MeasurementWarning
 __all__ = [
     "DEFAULTS",
     "MeasurementWarning",
+    "Measure",
     "Monitor",
     "MonitorConfig",
     "SinkError",

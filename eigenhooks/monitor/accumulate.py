@@ -5,7 +5,7 @@ whole (a sink that fails after it, docs/api.md "A forward's life"). One-token de
 buffered and reduced together, every layer in one stacked flush once every layer's step is in. A
 sequence stays one cluster across the forwards of a KV cache: its per-row counters stay open
 until it ends (``end_sequences``). Every state is a dict of float64-able sums in
-``stats.zero_state``'s layout, so states merge by addition and all_reduce sums them.
+``measures.zero_state``'s layout, so states merge by addition and all_reduce sums them.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ import torch
 
 from . import stats as M
 from .forward import ForwardSums, LayerSums, Step, fold_copies
+from .measures import close_rows, zero_state
 from .plan import Plan
 from .reduce import Grid, project, reduce_many
 
@@ -43,7 +44,7 @@ class Accumulator:
         self.state: dict[int, dict[str, torch.Tensor]] = {}
         for i, lp in plan.layers.items():
             b = lp.bases
-            self.state[i] = M.zero_state(b.T, len(b.ks), b.null_draws, max(b.eig_slots, 0), b.fnull_draws)
+            self.state[i] = zero_state(b.T, len(b.ks), b.null_draws, max(b.eig_slots, 0), b.fnull_draws, b.measures)
         self.zero = set(plan.layers)  # layers whose state is still zeros: replaced, not added to, at first
         self.rows: dict[int, torch.Tensor] = {}  # open sequences' counters (b, 5, T)
         self.buf: list[dict[int, Step]] = []  # buffered one-token steps: each forward's, layer -> Step
@@ -160,7 +161,7 @@ class Accumulator:
         rows = self.rows.pop(layer, None)
         if rows is not None:
             st = self.state[layer]
-            self.state[layer] = {**st, "tgt": M.close_rows(st["tgt"].to(rows.device), rows)}
+            self.state[layer] = {**st, "tgt": close_rows(st["tgt"].to(rows.device), rows)}
 
     def end_sequences(self) -> None:
         """The open sequences ended: fold their per-row counters into the cluster sums.
@@ -174,20 +175,24 @@ class Accumulator:
         for layers in groups.values():
             rows = torch.stack([self.rows.pop(i) for i in layers])
             tgt = torch.stack([self.state[i]["tgt"].to(rows.device) for i in layers])
-            for i, t in zip(layers, M.close_rows(tgt, rows)):
+            for i, t in zip(layers, close_rows(tgt, rows)):
                 self.state[i] = {**self.state[i], "tgt": t}
 
     # ---- reading the state ----
     def current(self, layer: int) -> dict[str, torch.Tensor]:
-        """This layer's state with the still-open sequences folded in, float64 on the CPU (flush first)."""
+        """This layer's state with the still-open sequences folded in, float64 on the CPU; buffered steps
+        are reduced first (``flush``), so a reader and a forward's end reach the state by one door."""
+        self.flush()
         st = dict(self.state[layer])
         rows = self.rows.get(layer)
         if rows is not None:
-            st["tgt"] = M.close_rows(st["tgt"].to(rows.device), rows)
+            st["tgt"] = close_rows(st["tgt"].to(rows.device), rows)
         return {k: v.detach().to("cpu", torch.float64) for k, v in st.items()}
 
     def target_sums(self) -> list[torch.Tensor]:
-        """Each layer's running per-target sums (T, len(TGT_FIELDS)), in layer order, on their devices."""
+        """Each layer's running per-target sums (T, len(TGT_FIELDS)), in layer order, on their devices
+        (buffered steps reduced first, as ``current``)."""
+        self.flush()
         return [self.state[i]["tgt"].detach() for i in sorted(self.plan.layers)]
 
     def replace(self, states: dict[int, dict[str, torch.Tensor]]) -> None:

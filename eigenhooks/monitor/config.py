@@ -29,6 +29,8 @@ class MonitorConfig:
             index there; odd, so not in step with power-of-two lengths); None or 1: every token.
         log_every: forwards between the sinks' log points (0 or None: only on exit and ``mon.log()``).
         attach: register the hooks on enter (False: TransformerLens ``fwd_hooks()``).
+        measures: a researcher's own measures (``eh.Measure`` instances, docs/api.md "Your own
+            measure"), measured after the built-in ones; each name unique.
     """
 
     targets: tuple = DEFAULT_TARGETS
@@ -41,6 +43,7 @@ class MonitorConfig:
     null_stride: int | None = 5
     log_every: int | None = 1
     attach: bool = True
+    measures: tuple = ()
 
     def __post_init__(self) -> None:
         set_ = lambda k, v: object.__setattr__(self, k, v)  # noqa: E731  (frozen: normalised once, here)
@@ -51,6 +54,10 @@ class MonitorConfig:
         set_("reading_points", tuple(p for p in POINTS if p in self.reading_points))
         check_nulls(self.null_draws, self.fnull_draws, self.eig_top, self.null_stride)
         set_("null_seed", int(self.null_seed))
+        set_("measures", tuple(self.measures))
+        names = [getattr(m, "name", None) for m in self.measures]
+        if any(not isinstance(n, str) or not n for n in names) or len(set(names)) != len(names):
+            raise ValueError(f"measures must be Measure instances with unique names, got names {names}")
         le = self.log_every
         if le is not None and (isinstance(le, bool) or not isinstance(le, int) or le < 0):
             raise ValueError(
@@ -65,9 +72,6 @@ class MonitorConfig:
     @classmethod
     def names(cls) -> tuple[str, ...]:
         return tuple(f.name for f in fields(cls))
-
-
-NULL_SETTINGS = ("null_draws", "null_seed", "null_stride", "fnull_draws", "eig_top")
 
 
 def check_nulls(null_draws, fnull_draws, eig_top, null_stride) -> None:

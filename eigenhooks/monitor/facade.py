@@ -16,8 +16,10 @@ Where hooks vanish or are bypassed, ``MeasurementWarning`` says so and the stati
 from __future__ import annotations
 
 import contextlib
+import inspect
 import threading
 import warnings
+from dataclasses import fields
 from pathlib import Path
 
 import torch
@@ -25,9 +27,8 @@ import torch
 from ..models import Adapter, get_adapter
 from . import fingerprint as FP
 from .accumulate import Accumulator
-from .config import DEFAULTS, MonitorConfig
-from .forward import Call, Forward, Generation, continues
-from .lens import lens_call_mask, lens_string_mask
+from .config import MonitorConfig
+from .forward import Call, Forward, Generation
 from .logs import LogPoints, scalar_labels
 from .notebook import NotebookViews
 from .plan import Plan, build_plan, parse_targets
@@ -46,27 +47,8 @@ class Monitor(NotebookViews):
     ``load_state_dict()`` / ``merge_state_dict()``, ``all_reduce()``; with a sink, ``log()``, ``log_summary()``, ``step``.
     """
 
-    def __init__(
-        self,
-        model,
-        targets=DEFAULTS.targets,
-        reading_points=DEFAULTS.reading_points,
-        tokens=DEFAULTS.tokens,
-        attention_mask=None,
-        null_seed: int = DEFAULTS.null_seed,
-        sink=None,
-        attach: bool = DEFAULTS.attach,
-        null_draws: int = DEFAULTS.null_draws,
-        fnull_draws: int = DEFAULTS.fnull_draws,
-        eig_top: int = DEFAULTS.eig_top,
-        null_stride: int | None = DEFAULTS.null_stride,
-        log_every: int | None = DEFAULTS.log_every,
-    ):
-        self.config = MonitorConfig(
-            targets=targets, reading_points=reading_points, tokens=tokens, null_seed=null_seed,
-            null_draws=null_draws, fnull_draws=fnull_draws, eig_top=eig_top, null_stride=null_stride,
-            log_every=log_every, attach=attach,
-        )  # fmt: skip
+    def __init__(self, model, *args, attention_mask=None, sink=None, **settings):
+        self.config = make_config(args, settings)
         self.adapter: Adapter = get_adapter(model)
         self.model = self.adapter.model
         self.target_defs, self._vectors = parse_targets(self.adapter, self.config.targets)
@@ -87,15 +69,10 @@ class Monitor(NotebookViews):
         self._closing = False  # closed while a forward was running: detach when it returns
         self._entered_at = 0  # forwards counted before the with-block
 
-    # ---- settings, read-only ----
+    # ---- settings, read-only: ``config``'s (``mon.null_draws`` is ``mon.config.null_draws``) ----
     points = property(lambda self: self.config.reading_points)
-    null_seed = property(lambda self: self.config.null_seed)
     null_stride = property(lambda self: self.config.stride)
-    null_draws = property(lambda self: self.config.null_draws)
-    fnull_draws = property(lambda self: self.config.fnull_draws)
-    eig_top = property(lambda self: self.config.eig_top)
     keep_tokens = property(lambda self: self.config.tokens)
-    attach = property(lambda self: self.config.attach)
     sink_path = property(lambda self: self._logs.sink_path)
     log_every = property(lambda self: self._logs.log_every)
 
@@ -104,7 +81,9 @@ class Monitor(NotebookViews):
             warnings.warn(
                 f"Monitor.{name} is deprecated: use Monitor.{_ALIASES[name]}", DeprecationWarning, stacklevel=2
             )
-            return getattr(self.config, _ALIASES[name])
+            name = _ALIASES[name]
+        if name in MonitorConfig.names() and "config" in self.__dict__:
+            return getattr(self.__dict__["config"], name)
         raise AttributeError(f"'Monitor' object has no attribute {name!r}")
 
     @property
@@ -139,7 +118,6 @@ class Monitor(NotebookViews):
         if self.config.attach:
             layout = self._taps.layout if self._taps is not None else None  # the model walked once
             self._taps = Taps(self.adapter, self._plan, self.points, self, self._warn, layout)
-            self._taps.on_end = self._after_end
             self._taps.attach()
         self._entered_at = self.n_forwards
         self._active = True
@@ -188,7 +166,7 @@ class Monitor(NotebookViews):
         if not self._closing:
             return
         self._closing = False
-        if not raised or self.adapter.backend == "lens":
+        if not raised or not self.adapter.calls.module_hooks:  # a wrapped forward has returned
             self.close()
             return
         self._taps.remove_in_raising_forward()
@@ -204,13 +182,12 @@ class Monitor(NotebookViews):
         old = self._fwds.pop(tid, None)
         if old is not None:  # its end never came (interrupted): nothing of it counts
             old.drop()
-        call = self._call(args, kwargs, fresh or not continues(args, kwargs))
-        if fresh:  # TransformerLens run_with_hooks: the mask comes from the running forward's frame
-            mask = self.explicit_mask if self.explicit_mask is not None else mask
-        else:
-            mask = self.explicit_mask if self.explicit_mask is not None else kwargs.get("attention_mask")
-            if mask is None and self.adapter.backend == "lens":
-                mask = lens_string_mask(self.model, args, kwargs)
+        calls = self.adapter.calls
+        call = self._call(args, kwargs, fresh or not calls.continues(args, kwargs))
+        if self.explicit_mask is not None:
+            mask = self.explicit_mask
+        elif not fresh:  # fresh: hook lists, whose mask the adapter read from the running forward
+            mask = calls.mask(self.model, args, kwargs)
         mask = mask if isinstance(mask, torch.Tensor) and mask.dim() == 2 else None
         buffer = self._logs.sink_path is None and not self.config.tokens
         acc, keep = self._acc, self.config.tokens
@@ -226,10 +203,10 @@ class Monitor(NotebookViews):
     def _call(self, args, kwargs, fresh: bool) -> Call:
         """What this forward is (``forward.Generation`` when it is a step of a ``generate``)."""
         gen = self._gens.get(thread_key())
-        x = kwargs.get("input_ids", kwargs.get("inputs_embeds", args[0] if args else None))
-        if gen is None or not isinstance(x, torch.Tensor) or x.dim() < 2:
+        rows = self.adapter.calls.rows(args, kwargs) if gen is not None else None
+        if rows is None:
             return Call(fresh)
-        call = gen.next_call(x.shape[0], x.shape[1], fresh)
+        call = gen.next_call(rows[0], rows[1], fresh)
         if call.copies > 1 and call.first_copy_only:
             self._warn(
                 "copies",
@@ -251,7 +228,16 @@ class Monitor(NotebookViews):
             fwd.stack_started(name, mask)
 
     def forward_end(self, ok: bool) -> None:
-        """The forward ended: dropped if it raised; else reduced, counted, and logged, or taken back whole."""
+        """The forward ended: dropped if it raised; else reduced, counted, and logged, or taken back whole;
+        then a close that waited for it detaches (``_after_end``). The taps hear nothing back."""
+        try:
+            self._count(ok)
+        except BaseException:
+            self._after_end(True)
+            raise
+        self._after_end(not ok)
+
+    def _count(self, ok: bool) -> None:
         fwd = self._fwds.pop(thread_key(), None)
         if fwd is None:
             return
@@ -299,7 +285,7 @@ class Monitor(NotebookViews):
         first hook reads them from the bridge's running forward; ``eh.monitor(..., attention_mask=)``
         overrides that.
         """
-        if self.adapter.backend != "lens":
+        if not self.adapter.calls.hook_lists:
             raise TypeError("fwd_hooks() is for TransformerLens models; HF models are hooked by the with-block")
         if self._taps is not None and self._taps.attached:
             raise RuntimeError(
@@ -307,19 +293,17 @@ class Monitor(NotebookViews):
             )
         self._prepare()
         self._taps = Taps(self.adapter, self._plan, self.points, self, self._warn)
-        return self._taps.fwd_hooks(self._plan, lambda: lens_call_mask(self.model))
+        return self._taps.fwd_hooks(self._plan, lambda: self.adapter.calls.running_mask(self.model))
 
     # ---- results ----
     @property
     def stats(self) -> dict[tuple[int, str], dict[str, float]]:
-        """(layer, target) -> the raw per-target sums and counts (``stats.TGT_FIELDS``)."""
-        self._prepare().flush()
-        return target_stats(self._plan, self._acc.current)
+        """(layer, target) -> the raw per-target sums and counts (``measures.TGT_FIELDS``)."""
+        return target_stats(self._plan, self._prepare().current)
 
     def summary(self):
         """pandas DataFrame, one row per (layer, target); see docs/concepts.md, 'Statistics'."""
-        self._prepare().flush()
-        return summary_table(self._plan, self._acc.current, self.config, self.adapter.norm_position == "post")
+        return summary_table(self._plan, self._prepare().current, self.config, self.adapter.norm_position == "post")
 
     def save(self, path) -> Path:
         """Write the summary as Parquet, CSV or JSON (by the file's suffix)."""
@@ -341,8 +325,8 @@ class Monitor(NotebookViews):
             {"fingerprint": what the sums mean (weights, targets, reading points, null settings),
             "layers": {"i": {name: nested lists}}}.
         """
-        self._prepare().flush()
-        layers = {str(i): {k: v.tolist() for k, v in self._acc.current(i).items()} for i in self._plan.layers}
+        acc = self._prepare()
+        layers = {str(i): {k: v.tolist() for k, v in acc.current(i).items()} for i in self._plan.layers}
         return {"fingerprint": self._layout(), "layers": layers}
 
     def load_state_dict(self, state: dict) -> None:
@@ -395,7 +379,6 @@ class Monitor(NotebookViews):
         """The running values now, ``{tag: value}``: gamma_pre/mid/post, rho and n_tokens per
         (layer, target), tagged ``eigenhooks/rho/L07/ov-modulus``. Reads the device (a sync)."""
         acc = self._prepare()
-        acc.flush()
         rows = torch.cat([t.to("cpu", torch.float64) for t in acc.target_sums()])
         return self._labels()(rows.tolist())
 
@@ -427,22 +410,38 @@ class Monitor(NotebookViews):
         self._logs.end(raised, self._acc, self._labels(), self.log_summary)
 
 
-def monitor(
-    model,
-    targets=DEFAULTS.targets,
-    reading_points=DEFAULTS.reading_points,
-    tokens=DEFAULTS.tokens,
-    *,
-    attention_mask=None,
-    null_seed: int = DEFAULTS.null_seed,
-    null_draws: int = DEFAULTS.null_draws,
-    fnull_draws: int = DEFAULTS.fnull_draws,
-    eig_top: int = DEFAULTS.eig_top,
-    null_stride: int | None = DEFAULTS.null_stride,
-    sink=None,
-    log_every: int | None = DEFAULTS.log_every,
-    attach: bool = DEFAULTS.attach,
-) -> Monitor:
+def make_config(args: tuple, settings: dict) -> MonitorConfig:
+    """The ``MonitorConfig`` of ``monitor()``'s arguments: its first fields (targets, reading_points,
+    tokens) by position, any by keyword; ``K``, ``Kf``, ``m`` (the names before 0.2, one release more)
+    with a DeprecationWarning."""
+    names = MonitorConfig.names()
+    if len(args) > len(_POSITIONAL):
+        raise TypeError(f"monitor() takes the model and at most {len(_POSITIONAL)} settings by position {_POSITIONAL}")
+    for old, new in _ALIASES.items():
+        if old in settings:
+            warnings.warn(f"{old}= is deprecated: use {new}=", DeprecationWarning, stacklevel=4)
+            settings[new] = settings.pop(old)
+    given = dict(zip(names, args))
+    unknown = sorted(set(settings) - set(names)) + sorted(set(settings) & set(given))
+    if unknown:
+        raise TypeError(f"monitor() got unexpected or repeated settings {unknown}; its settings: {', '.join(names)}")
+    return MonitorConfig(**given, **settings)
+
+
+_POSITIONAL = MonitorConfig.names()[:3]  # targets, reading_points, tokens
+
+
+def _signature() -> inspect.Signature:
+    """``monitor``'s and ``Monitor``'s signature as help() shows it, from ``MonitorConfig``'s fields."""
+    P = inspect.Parameter
+    fs = fields(MonitorConfig)
+    head = [P(f.name, P.POSITIONAL_OR_KEYWORD, default=f.default) for f in fs[:3]]  # by position too
+    tail = [P(n, P.KEYWORD_ONLY, default=None) for n in ("attention_mask", "sink")]
+    tail += [P(f.name, P.KEYWORD_ONLY, default=f.default) for f in fs[3:]]
+    return inspect.Signature([P("model", P.POSITIONAL_OR_KEYWORD), *head, *tail], return_annotation="Monitor")
+
+
+def monitor(model, *args, **kw) -> Monitor:
     """Measure alignment with each layer's principal subspace while the model runs.
 
     Args:
@@ -479,6 +478,8 @@ def monitor(
             forward count. On a GPU a log point's values are read at the next one (no sync).
         attach: register hooks on enter (TransformerLens users may set False and pass
             ``mon.fwd_hooks()`` to ``run_with_hooks``).
+        measures: your own measures (``eh.Measure``; docs/api.md, "Your own measure"), measured
+            after the built-in ones; their columns join the summary, their sums the state.
 
     Defaults live in ``MonitorConfig``. Raises:
         ValueError: no targets, a malformed target list, an unknown variant or rank, names not unique.
@@ -490,11 +491,10 @@ def monitor(
         ...     model(**tok(["def f(x):"], return_tensors="pt"))
         >>> mon.summary()[["layer", "target", "rho", "null_rho_lo", "null_rho_hi", "verdict"]]  # doctest: +SKIP
     """
-    return Monitor(
-        model, targets=targets, reading_points=reading_points, tokens=tokens, attention_mask=attention_mask,
-        null_seed=null_seed, sink=sink, attach=attach, null_draws=null_draws, fnull_draws=fnull_draws,
-        eig_top=eig_top, null_stride=null_stride, log_every=log_every,
-    )  # fmt: skip
+    return Monitor(model, *args, **kw)
+
+
+monitor.__signature__ = Monitor.__signature__ = _signature()
 
 
 __all__ = ["MeasurementWarning", "Monitor", "monitor"]

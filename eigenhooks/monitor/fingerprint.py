@@ -21,7 +21,7 @@ import torch
 
 from ..linalg.cache import tensors_digest
 from ..spectra.compute import weights_digest
-from .stats import TGT_FIELDS
+from .measures import MEASURES, TGT_FIELDS
 
 FORMAT = 1  # the fingerprint's own version: a state of another format is refused, never guessed
 SHOWN = 3  # differences named in one message
@@ -65,12 +65,11 @@ def fingerprint(adapter, config, plan, target_defs) -> dict:
     return {
         "format": FORMAT,
         "settings": {
-            "null_seed": config.null_seed,
-            "null_draws": config.null_draws,
-            "fnull_draws": config.fnull_draws,
-            "eig_top": config.eig_top,
-            "null_stride": config.stride,
+            **{
+                k: v for m in MEASURES + config.measures for k, v in m.fingerprint(config).items()
+            },  # each measure's keys
             "reading_points": list(config.reading_points),
+            **({"measures": [m.name for m in config.measures]} if config.measures else {}),
         },
         "model": {
             "n_layers": ad.n_layers,

@@ -16,12 +16,13 @@ import torch
 
 from ..models.base import as_tokens
 from . import stats as M
+from .config import POINTS
 from .plan import LayerPlan, Plan
 from .reduce import Grid, Projection, project, reduce_many
 
 
 class LayerSums(NamedTuple):
-    """One layer's sums of one forward (``stats.zero_state``'s layout) and its per-row counters (b, 5, T)."""
+    """One layer's sums of one forward (``measures.zero_state``'s layout) and its per-row counters (b, 5, T)."""
 
     sums: dict[str, torch.Tensor]
     rows: torch.Tensor | None
@@ -239,7 +240,7 @@ class Forward:
         t, meta = lp.targets[0], lp.meta[0]
         U = t.U.to(points["pre"].device, torch.float32)
         rec = {"layer": lp.index, "target": meta.name, "forward": self.index, "mask": mask.cpu()}
-        for p in M.POINTS:
+        for p in POINTS:
             if points.get(p) is not None:
                 rec[f"a_{p}"] = M.alignment(points[p].float(), U).cpu()
         return rec
@@ -280,32 +281,3 @@ def fold_copies(rows: torch.Tensor | None, copies: int) -> torch.Tensor | None:
     if rows is None or copies == 1:
         return rows
     return rows.view(rows.shape[0] // copies, copies, *rows.shape[1:]).sum(1)
-
-
-def continues(args, kwargs) -> bool:
-    """True when this forward extends the previous one's sequences (a KV-cache step).
-
-    Read without waiting for the device where possible: a mask wider than the positions computed,
-    a cache whose length is a host int, a ``cache_position`` on the CPU. Only a cache that keeps its
-    length on the device, with no such mask, costs one read.
-    """
-    past = kwargs.get("past_key_values", kwargs.get("cache"))  # transformers 5 passes `cache`
-    cp = kwargs.get("cache_position")
-    if past is None and not isinstance(cp, torch.Tensor):
-        return False
-    mask = kwargs.get("attention_mask")
-    x = kwargs.get("input_ids", kwargs.get("inputs_embeds", args[0] if args else None))
-    if isinstance(mask, torch.Tensor) and mask.dim() == 2 and isinstance(x, torch.Tensor) and x.dim() >= 2:
-        return mask.shape[1] > x.shape[1]
-    if isinstance(cp, torch.Tensor) and cp.numel() and cp.device.type == "cpu":
-        return bool(cp.reshape(-1)[0] > 0)
-    if past is not None:
-        try:
-            length = past.get_seq_length()
-        except (AttributeError, TypeError):
-            return bool(past)
-        if isinstance(length, int):
-            return length > 0
-        if not isinstance(cp, torch.Tensor):
-            return int(length) > 0
-    return bool(cp.numel() and cp.reshape(-1)[0] > 0)

@@ -74,7 +74,7 @@ def build_slots(adapter: Adapter, plan: Plan, points: tuple[str, ...], untapped:
     ``untapped`` get no attention tap (``attn_paths``).
     """
     ad = adapter
-    lens = ad.backend == "lens"
+    own_points = not ad.calls.by_module  # the model's own hook points, one per layer (TransformerLens)
     mods = [
         {id(m) for m in (ly.block, ly.attn_in, ly.attn_out, ly.norm, ly.mid_in, ly.pre_in, ly.mid_out) if m is not None}
         for ly in ad.layers
@@ -85,7 +85,7 @@ def build_slots(adapter: Adapter, plan: Plan, points: tuple[str, ...], untapped:
         module, where = _tap_module(ad, tap)
         key = (id(module), where)
         if key not in slots:
-            uses = [i for i, s in enumerate(mods) if id(module) in s] if not lens else []
+            uses = [i for i, s in enumerate(mods) if id(module) in s] if not own_points else []
             if len({ad.layers[j].group for j in uses}) > 1:
                 # layers with different attention weights meet at this module (a decoder layer's block, or
                 # the norm between its self- and cross-attention): it runs once for all of them
@@ -104,7 +104,7 @@ def build_slots(adapter: Adapter, plan: Plan, points: tuple[str, ...], untapped:
             add(rp.mid, i, (i, "mid"))
         if "post" in points:
             module, _ = _tap_module(ad, rp.post)
-            nxt = i + 1 < ad.n_layers and not lens and id(module) in mods[i + 1]
-            owner = i + 1 if nxt else (i if not lens and id(module) in mods[i] else None)
+            nxt = i + 1 < ad.n_layers and not own_points and id(module) in mods[i + 1]
+            owner = i + 1 if nxt else (i if not own_points and id(module) in mods[i] else None)
             add(rp.post, owner, (i, "post"))
     return slots

@@ -19,9 +19,9 @@ from dataclasses import dataclass
 
 import torch
 
-from . import stats as M
 from .accumulate import Accumulator
 from .forward import ForwardSums
+from .measures import TGT_FIELDS
 from .plan import Plan
 from .sinks import METRICS, SinkError, make_sinks, scalar_values
 
@@ -89,7 +89,6 @@ class LogPoints:
     # ---- log points ----
     def enqueue(self, acc: Accumulator, step: int) -> None:
         """Start copying the running sums to the host; ``emit_pending`` reads them later."""
-        acc.flush()
         tgt = acc.target_sums()
         dev = next((t.device for t in tgt if t.device.type == "cuda"), None)
         event = None
@@ -167,7 +166,7 @@ def forward_stats(plan: Plan, fs: ForwardSums) -> list[dict]:
     out = []
     for layer, ls in sorted(fs.layers.items()):
         for ti, meta in enumerate(plan.layers[layer].meta):
-            row = dict(zip(M.TGT_FIELDS, ls.sums["tgt"][ti].tolist()))
+            row = dict(zip(TGT_FIELDS, ls.sums["tgt"][ti].tolist()))
             out.append({"layer": layer, "target": meta.name, **row})
     return out
 

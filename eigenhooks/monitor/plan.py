@@ -15,10 +15,12 @@ import torch
 
 from ..linalg.eig import RANKS
 from ..models import Adapter, layer_index
-from ..spectra.compute import VARIANTS, layer_stacked, parallel_map, spectra_by_rank
+from ..spectra import parallel_map
+from ..spectra.compute import VARIANTS, layer_stacked, spectra_by_rank
 from . import fingerprint as FP
 from . import stats as M
 from .config import MonitorConfig
+from .measures import MEASURES
 from .reduce import Arena, LayerBases, pad_to_stack, warm
 from .sinks import check_tags
 
@@ -182,7 +184,9 @@ def _layer(ad: Adapter, config: MonitorConfig, defs: list[TargetDef], specs: dic
         fnull[fkey] = M.power_step_frames(
             lambda G, O=O, V=V: O @ (V @ G), ad.width(i), k_max, config.fnull_draws, seed(config, i, 1 + len(fnull))
         )
-    bases = LayerBases(tgts, haar, fnull, config.stride, eig_slots=config.eig_top)
+    bases = LayerBases(
+        tgts, haar, fnull, config.stride, eig_slots=config.eig_top, measures=MEASURES + config.measures, layer=i
+    )
     rp, ly = ad.reading_points(i), ad.layers[i]
     points = config.reading_points
     need_mid = "mid" in points and rp.mid is not None

@@ -15,7 +15,7 @@ Two steps, both from public pieces only:
 2. ``reference_states`` runs over the forwards' readings (``Forward``: each layer's pre,
    mid, post and, post-norm, base = LN_t(pre); the valid-token mask; each token's index among
    its sequence's valid tokens; whether the forward continues the previous one's sequences)
-   and returns one state per layer in the ``stats.zero_state`` layout (float64).
+   and returns one state per layer in the ``measures.zero_state`` layout (float64).
 
 Definitions (DESIGN.md §1, stats.py):
 
@@ -29,7 +29,7 @@ Definitions (DESIGN.md §1, stats.py):
 - consensus, per forward and sequence with >= 2 valid tokens, none non-finite at any of the
   layer's points: (||sum_i x_i/||x_i|| ||^2 - n) / (n (n - 1)) at each of pre, mid, post;
 - per sequence (spanning a KV cache's forwards) the counters n, u, n_sub, u_sub, ubar_sub
-  (the order of ``stats._ROW``) are kept open and folded into the cluster sums (``n_clu``,
+  (the order of ``measures.ROW``) are kept open and folded into the cluster sums (``n_clu``,
   ``clu_*``) when it ends; the states returned have the still-open sequences folded in.
 
 Not modelled: a token whose reading is exactly zero (the fast path counts a(0) = 0; here it is
@@ -50,9 +50,11 @@ import torch
 
 from ..spectra.compute import layer_stacked, spectra_by_rank
 from . import stats as M
+from .measures import MEASURES, ROW, TARGET, TGT_FIELDS, zero_state
+from .measures.plain import align, align_frames, up  # noqa: F401  (the plain helpers, re-exported)
+from .measures.target import reference_close
 
-_F = {name: i for i, name in enumerate(M.TGT_FIELDS)}
-_ROW = ("n", "u", "n_sub", "u_sub", "ubar_sub")  # a sequence's open counters, per target
+_F = {name: i for i, name in enumerate(TGT_FIELDS)}
 
 
 @dataclass
@@ -173,66 +175,31 @@ def _layer_bases(adapter, i, chosen, specs, K, Kf, m, null_seed) -> LayerBases:
     return LayerBases(tgts, haar, sorted({t.k for t in tgts}), width, Kf if frames else 0)
 
 
-def align(X: torch.Tensor, U: torch.Tensor) -> torch.Tensor:
-    """a(x) = ||U^T x|| / ||x|| for each row of X (n, d), U (d, k); (n,), float64."""
-    return torch.linalg.vector_norm(X @ U, dim=-1) / torch.linalg.vector_norm(X, dim=-1)
-
-
-def align_frames(X: torch.Tensor, frames: torch.Tensor, k: int) -> torch.Tensor:
-    """a(x) against each frame's first k columns: X (n, d), frames (K, d, k_max); (n, K)."""
-    P = torch.einsum("nd,jdk->njk", X, frames[:, :, :k])
-    return torch.linalg.vector_norm(P, dim=-1) / torch.linalg.vector_norm(X, dim=-1)[:, None]
-
-
-def up(a_to: torch.Tensor, a_from: torch.Tensor) -> torch.Tensor:
-    """Which tokens grew: a_to - a_from > GROWTH_EPS."""
-    return (a_to - a_from) > M.GROWTH_EPS
-
-
 class _LayerSums:
     """One layer's running state and its open sequences' counters (b, 5, T)."""
 
-    def __init__(self, bases: LayerBases, K: int):
-        self.bases = bases
+    def __init__(self, bases: LayerBases, K: int, measures: tuple = MEASURES, layer: int | None = None):
+        self.bases, self.measures, self.layer = bases, measures, layer
         T = len(bases.targets)
-        self.state = M.zero_state(T, len(bases.ks), K, bases.m, bases.Kf)
+        self.state = zero_state(T, len(bases.ks), K, bases.m, bases.Kf, measures)
         self.rows: torch.Tensor | None = None
 
     def close(self) -> None:
         """Fold the open sequences' counters into the cluster sums (they ended)."""
         if self.rows is not None:
-            _fold_rows(self.state["tgt"], self.rows)
+            reference_close(self.state["tgt"], self.rows)
             self.rows = None
 
     def folded(self) -> dict[str, torch.Tensor]:
         """The state with the open sequences folded in, the sequences left open."""
         st = {k: v.clone() for k, v in self.state.items()}
         if self.rows is not None:
-            _fold_rows(st["tgt"], self.rows)
+            reference_close(st["tgt"], self.rows)
         return st
 
 
-def _fold_rows(tgt: torch.Tensor, rows: torch.Tensor) -> None:
-    """Add ended sequences' counters rows (b, 5, T) to the cluster sums of tgt (T, F), in place.
-
-    Per sequence s and target: n_s its counted tokens, u_s those up, ns_s and us_s the same on
-    the null subsample, w_s = us_s - ubar_s (ubar_s: its up-counts there averaged over the draws).
-    """
-    for r in rows:
-        for ti in range(tgt.shape[0]):
-            n, u, ns, us, ubar = (float(v) for v in r[:, ti])
-            w, c = us - ubar, tgt[ti]
-            c[_F["n_clu"]] += float(n > 0)
-            c[_F["clu_u2"]] += u * u
-            c[_F["clu_un"]] += u * n
-            c[_F["clu_n2"]] += n * n
-            c[_F["clu_w2"]] += w * w
-            c[_F["clu_wn"]] += w * ns
-            c[_F["clu_ns2"]] += ns * ns
-
-
 def reference_states(
-    forwards: list[Forward], bases: dict[int, LayerBases], null_stride: int | None
+    forwards: list[Forward], bases: dict[int, LayerBases], null_stride: int | None, measures=MEASURES
 ) -> dict[int, dict[str, torch.Tensor]]:
     """The monitor's state of every layer after these forwards, in float64, the plain way.
 
@@ -241,13 +208,14 @@ def reference_states(
         bases: ``build_bases``'s result.
         null_stride: the subsample takes the tokens whose index in their sequence is a multiple
             of it (1 or None: every token).
+        measures: what is measured (a monitor's built-in ones and then its own ``measures=``).
 
     Returns:
-        layer -> {name: tensor} in the ``stats.zero_state`` layout, open sequences folded in.
+        layer -> {name: tensor} in the ``measures.zero_state`` layout, open sequences folded in.
     """
     s = null_stride or 1
     K = next(iter(bases.values())).haar.shape[0] if bases else 0
-    sums = {i: _LayerSums(b, K) for i, b in bases.items()}
+    sums = {i: _LayerSums(b, K, tuple(measures), i) for i, b in bases.items()}
     for fw in forwards:
         if not fw.continues:
             for ls in sums.values():
@@ -262,7 +230,7 @@ def _add_forward(ls: _LayerSums, rd: LayerReading, mask: torch.Tensor, index: to
     """Add one forward's readings of one layer to its sums, one sequence at a time."""
     b = mask.shape[0]
     T = len(ls.bases.targets)
-    rows = torch.zeros(b, len(_ROW), T, dtype=torch.float64)
+    rows = torch.zeros(b, len(ROW), T, dtype=torch.float64)
     for row in range(b):
         valid = mask[row]
         pts = {
@@ -278,82 +246,15 @@ def _add_forward(ls: _LayerSums, rd: LayerReading, mask: torch.Tensor, index: to
         tgt = ls.state["tgt"]
         tgt[:, _F["n_nonfinite"]] += float((~finite).sum())
         if finite.all() and finite.numel() >= 2:
-            _consensus(tgt, pts)
-        _add_targets(ls, X, Xb, sub[finite], rows[row])
-        _add_nulls(ls, X, Xb, sub[finite], rows[row])
+            TARGET.reference_consensus(tgt, pts)
+        sub = sub[finite]
+        Y = {p: x[sub] for p, x in X.items() if p != "post"}  # the null's tokens
+        Yr = Xb[sub] if Xb is not None else Y["pre"]
+        for m in ls.measures:
+            m.reference(ls, X, Xb, Y, Yr, sub, rows[row])
     if ls.rows is not None and ls.rows.shape[0] != b:
         ls.close()
     ls.rows = rows if ls.rows is None else ls.rows + rows
-
-
-def _consensus(tgt: torch.Tensor, pts: dict[str, torch.Tensor]) -> None:
-    """Mean pairwise cosine of one sequence's valid tokens at each point, (||sum x_hat||^2 - n) / (n (n - 1))."""
-    for p, X in pts.items():
-        n = X.shape[0]
-        sv = (X / torch.linalg.vector_norm(X, dim=-1, keepdim=True)).sum(0)
-        tgt[:, _F[f"cons_sum_{p}"]] += (float(sv @ sv) - n) / (n * (n - 1))
-    tgt[:, _F["n_seq"]] += 1
-
-
-def _add_targets(ls: _LayerSums, X: dict, Xb, sub: torch.Tensor, row: torch.Tensor) -> None:
-    """The per-target sums of one sequence's counted tokens X[p] (n, d); its counters into row (5, T)."""
-    tgt = ls.state["tgt"]
-    n = X["pre"].shape[0]
-    for ti, t in enumerate(ls.bases.targets):
-        c = tgt[ti]
-        a = {p: align(x, t.U) for p, x in X.items()}
-        c[_F["n"]] += n
-        c[_F["n_pre_sub"]] += float(sub.sum())
-        c[_F["sum_pre_sub"]] += float(a["pre"][sub].sum())
-        for p, x in X.items():
-            c[_F[f"sum_{p}"]] += float(a[p].sum())
-            if p != "pre":
-                c[_F[f"n_{p}"]] += n
-            if t.k == 1:  # the signed cosine with v_1, the one column of U
-                c[_F[f"cos_sum_{p}"]] += float((x @ t.U[:, 0] / torch.linalg.vector_norm(x, dim=-1)).sum())
-        if "mid" not in X:
-            continue
-        ref = align(Xb, t.U) if Xb is not None else a["pre"]
-        u = up(a["mid"], ref)
-        c[_F["n_up"]] += float(u.sum())
-        c[_F["sum_delta"]] += float((a["mid"] - ref).sum())
-        if Xb is not None:
-            c[_F["n_norm_up"]] += float(up(ref, a["pre"]).sum())
-        c[_F["n_sub"]] += float(sub.sum())
-        c[_F["n_up_sub"]] += float(u[sub].sum())
-        c[_F["sum_mid_sub"]] += float(a["mid"][sub].sum())
-        row[0, ti], row[1, ti] = n, float(u.sum())
-        row[2, ti], row[3, ti] = float(sub.sum()), float(u[sub].sum())
-
-
-def _add_nulls(ls: _LayerSums, X: dict, Xb, sub: torch.Tensor, row: torch.Tensor) -> None:
-    """Haar, eigen-subspace and F-null sums on the subsample of one sequence's counted tokens."""
-    st, lb = ls.state, ls.bases
-    Y = {p: x[sub] for p, x in X.items() if p != "post"}
-    Yr = Xb[sub] if Xb is not None else Y["pre"]
-    K = lb.haar.shape[0]
-    ubar = {}  # k -> this sequence's up-counts on the subsample, averaged over the K draws
-    for ki, k in enumerate(lb.ks):
-        st["null_pre"][ki] += align_frames(Y["pre"], lb.haar, k).sum(0)
-        if "mid" in Y:
-            a_mid = align_frames(Y["mid"], lb.haar, k)
-            st["null_mid"][ki] += a_mid.sum(0)
-            ups = up(a_mid, align_frames(Yr, lb.haar, k))  # (n_sub, K)
-            st["null_up"][ki] += ups.sum(0)
-            ubar[k] = float(ups.sum()) / K
-    if "mid" not in Y:
-        return
-    for ti, t in enumerate(lb.targets):
-        row[4, ti] = ubar[t.k]
-        for j in range(lb.m):
-            if j >= len(t.eig):  # F has no j-th subspace within the spectrum kept: NaN, as the fast path
-                st["eig_up"][ti, j] = float("nan")
-                continue
-            E = t.eig[j]
-            st["eig_up"][ti, j] += float(up(align(Y["mid"], E), align(Yr, E)).sum())
-        if t.fnull is not None:
-            ups = up(align_frames(Y["mid"], t.fnull, t.k), align_frames(Yr, t.fnull, t.k))
-            st["fnull_up"][ti] += ups.sum(0)
 
 
 def to_state_dict_layers(states: dict[int, dict[str, torch.Tensor]]) -> dict[str, dict[str, list]]:

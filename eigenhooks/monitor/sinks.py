@@ -26,7 +26,7 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from .stats import TGT_FIELDS
+from .measures import TGT_FIELDS
 
 log = logging.getLogger(__name__)
 METRICS = ("gamma_pre", "gamma_mid", "gamma_post", "rho", "n_tokens")
@@ -284,7 +284,7 @@ def _require(module: str, extra: str, what: str):
 
 def running(row: Sequence[float]) -> dict[str, float]:
     """The running statistics of one (layer, target) from its sums (a row of ``TGT_FIELDS``),
-    defined as in ``stats.summarize``: means over the tokens measured at each point."""
+    defined as in ``measures.summarize``: means over the tokens measured at each point."""
     div = lambda a, b: a / b if b > 0 else math.nan
     n, n_mid = row[_F["n"]], row[_F["n_mid"]]
     return {

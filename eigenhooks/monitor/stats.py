@@ -23,7 +23,6 @@ from dataclasses import dataclass, field
 
 import torch
 
-POINTS = ("pre", "mid", "post")
 # A token "grows" when delta exceeds this: alignments are computed in float32, so smaller
 # differences are rounding (an ablated attention step would otherwise show spurious growth).
 GROWTH_EPS = 1e-6
@@ -33,41 +32,6 @@ Z95 = 1.959963984540054
 MIN_NULL_TOKENS = 64
 TOO_FEW = "too few tokens"
 SAME_SUBSPACE_TOL = 1e-12  # equal subspaces: same k, every principal cosine >= 1 - this
-# Per-target sums; the cluster sums use u_s (tokens up in sequence s), n_s (tokens with a
-# delta in s) and w_s = u_s - mean over Haar draws of their u_s (for the lift's interval).
-TGT_FIELDS = (
-    "n",  # valid, finite tokens
-    "n_nonfinite",  # valid tokens skipped for non-finite activations
-    "n_mid",  # tokens with a mid reading (and an attention step that ran)
-    "n_post",
-    "sum_pre",
-    "sum_mid",
-    "sum_post",
-    "sum_delta",
-    "n_up",
-    "n_norm_up",  # post-norm: a(LN_t(pre)) > a(pre)  (rho_norm_only)
-    "cos_sum_pre",  # signed cosine with v_1 (k = 1 only)
-    "cos_sum_mid",
-    "cos_sum_post",
-    "cons_sum_pre",
-    "cons_sum_mid",
-    "cons_sum_post",
-    "n_seq",  # sequences with >= 2 valid tokens, none non-finite, in one forward (consensus)
-    "n_clu",  # clusters (sequences) with at least one delta
-    "clu_u2",
-    "clu_un",
-    "clu_n2",
-    "clu_w2",  # w_s = u_s - ubar_s on the null's tokens, n_s there: the lift's interval
-    "clu_wn",
-    "clu_ns2",
-    "n_sub",  # tokens in the null subsample with a delta (p_null and its kin compare these)
-    "n_up_sub",
-    "n_pre_sub",
-    "sum_pre_sub",
-    "sum_mid_sub",
-)
-_T = {name: i for i, name in enumerate(TGT_FIELDS)}
-_ROW = ("n", "u", "n_sub", "u_sub", "ubar_sub")  # per-row open counters, per target
 
 
 class TargetError(ValueError):
@@ -227,42 +191,11 @@ class TargetSpec:
         return self.U.shape[1]
 
 
-def zero_state(T: int, n_k: int, K: int, m: int, Kf: int) -> dict[str, torch.Tensor]:
-    """The empty state of one layer: T targets, n_k distinct k, K Haar draws, m eig, Kf F-null."""
-    z = lambda *s: torch.zeros(*s, dtype=torch.float64)
-    return {
-        "tgt": z(T, len(TGT_FIELDS)),
-        "null_up": z(n_k, K),
-        "null_pre": z(n_k, K),
-        "null_mid": z(n_k, K),
-        "eig_up": z(T, m),
-        "fnull_up": z(T, Kf),
-    }
-
-
 def merge_states(a: dict, b: dict) -> dict:
     """Sum two states of the same layout (batches, processes, runs)."""
     if a.keys() != b.keys() or any(a[k].shape != b[k].shape for k in a):
         raise ValueError("cannot merge statistics of different layouts (other targets, null draws or eig_top)")
     return {k: a[k] + b[k].to(a[k]) for k in a}
-
-
-_CLU = ("n_clu", "clu_u2", "clu_un", "clu_n2", "clu_w2", "clu_wn", "clu_ns2")
-_CLU_SLICE = slice(_T[_CLU[0]], _T[_CLU[-1]] + 1)
-assert [_T[f] for f in _CLU] == list(range(_CLU_SLICE.start, _CLU_SLICE.stop)), "the cluster fields must be adjacent"
-
-
-def close_rows(tgt: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
-    """Add finished sequences' counters (..., b, 5, T) to the cluster sums of ``tgt`` (..., T, F); new tgt.
-
-    Leading dimensions are layers closed together (one op each for all of them).
-    """
-    n, u, ns, us, ubar = rows.unbind(-2)  # (..., b, T) each
-    w = us - ubar
-    add = torch.stack([(n > 0).double(), u * u, u * n, n * n, w * w, w * ns, ns * ns], -1).sum(-3)  # (..., T, 7)
-    tgt = tgt.clone()
-    tgt[..., _CLU_SLICE] += add  # a slice, not a list: no index tensor made on the host each time
-    return tgt
 
 
 # ---- summaries: from sums to the numbers a user reads ----
@@ -346,73 +279,6 @@ def cluster_ci(t: dict, rho: float, lift: float, null_var: float, K: int) -> dic
         var_l = f * max(t["clu_w2"] - 2 * lift * t["clu_wn"] + lift * lift * t["clu_ns2"], 0.0) / (Ns * Ns)
         se_l = math.sqrt(var_l + (null_var / K if K else 0.0))
         out["lift_ci_lo"], out["lift_ci_hi"] = lift - Z95 * se_l, lift + Z95 * se_l
-    return out
-
-
-def summarize(
-    state: dict[str, torch.Tensor], ti: int, k_index: int, k: int, post_norm: bool = False, tie_seed: int | None = None
-) -> dict:
-    """All statistics of one (layer, target) from its state (q_null and verdict come later).
-
-    ``tie_seed`` breaks p_null's ties with the draws at random (see ``mc_p_value``).
-    """
-    import numpy as np
-    from scipy.stats import binomtest
-
-    t = dict(zip(TGT_FIELDS, state["tgt"][ti].tolist()))
-    nan = float("nan")
-    div = lambda a, b: a / b if b > 0 else nan
-    n, n_mid = t["n"], t["n_mid"]
-    out = {
-        "n_tokens": int(n),
-        "n_nonfinite": int(t["n_nonfinite"]),
-        "n_sequences": int(t["n_clu"]),
-        "gamma_pre": div(t["sum_pre"], n),
-        "gamma_mid": div(t["sum_mid"], n_mid),
-        "gamma_post": div(t["sum_post"], t["n_post"]),
-        "delta_mean": div(t["sum_delta"], n_mid),
-        "rho": div(t["n_up"], n_mid),
-    }
-    rho = out["rho"]
-    K = state["null_up"].shape[1]
-    # The nulls are measured on a subsample of tokens; the target is compared on the same ones.
-    ns, nps = t["n_sub"], t["n_pre_sub"]
-    rho_s = div(t["n_up_sub"], ns)
-    null = state["null_up"][k_index].numpy() / ns if ns > 0 else np.array([])
-    nmid = state["null_mid"][k_index].numpy() / ns if ns > 0 else np.array([])
-    npre = state["null_pre"][k_index].numpy() / nps if nps > 0 else np.array([])
-    q = lambda x, a: float(np.quantile(x, a)) if x.size else nan
-    out.update(
-        null_tokens=int(ns),
-        rho_null_tokens=rho_s,
-        null_rho_mean=float(null.mean()) if null.size else nan,
-        null_rho_lo=q(null, 0.025),
-        null_rho_hi=q(null, 0.975),
-        rho_percentile=percentile(rho_s, null),
-        p_null=mc_p_value(rho_s, null, tie_seed) if ns >= MIN_NULL_TOKENS else nan,
-        null_gamma_pre_mean=float(npre.mean()) if npre.size else nan,
-        null_gamma_pre_lo=q(npre, 0.025),
-        null_gamma_pre_hi=q(npre, 0.975),
-        gamma_pre_percentile=percentile(div(t["sum_pre_sub"], nps), npre),
-        null_gamma_mid_mean=float(nmid.mean()) if nmid.size else nan,
-        gamma_mid_percentile=percentile(div(t["sum_mid_sub"], ns), nmid),
-    )
-    out["lift"] = rho_s - out["null_rho_mean"]
-    out.update(cluster_ci(t, rho, out["lift"], float(null.var(ddof=1)) if null.size > 1 else 0.0, K))
-    eig = state["eig_up"][ti].numpy() / ns if ns > 0 else np.array([])
-    eig = eig[np.isfinite(eig)]
-    out["eig_rank"] = int(1 + np.sum(eig > rho_s)) if eig.size and math.isfinite(rho_s) else nan
-    out["eig_rho_median"] = float(np.median(eig)) if eig.size else nan
-    fn = state["fnull_up"][ti].numpy() / ns if ns > 0 and state["fnull_up"].shape[1] else np.array([])
-    out["fnull_rho_mean"] = float(fn.mean()) if fn.size else nan
-    out["fnull_percentile"] = percentile(rho_s, fn)
-    out["p_binom"] = binomtest(int(t["n_up"]), int(n_mid), 0.5).pvalue if n_mid > 0 else nan
-    out["rho_norm_only"] = div(t["n_norm_up"], n_mid) if post_norm else nan
-    for p in POINTS:
-        cnt = n if p == "pre" else t[f"n_{p}"]
-        out[f"cos_{p}"] = div(t[f"cos_sum_{p}"], cnt) if k == 1 else nan
-        out[f"consensus_{p}"] = div(t[f"cons_sum_{p}"], t["n_seq"])
-    out["null_draws"] = K
     return out
 
 

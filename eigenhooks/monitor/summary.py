@@ -14,16 +14,17 @@ import torch
 
 from . import stats as M
 from .config import MonitorConfig
+from .measures import TGT_FIELDS, summarize
 from .plan import Plan, seed
 
 
 def target_stats(plan: Plan, current: Callable[[int], dict]) -> dict[tuple[int, str], dict[str, float]]:
-    """(layer, target) -> the raw per-target sums and counts (``stats.TGT_FIELDS``)."""
+    """(layer, target) -> the raw per-target sums and counts (``measures.TGT_FIELDS``)."""
     out = {}
     for layer, lp in sorted(plan.layers.items()):
         tg = current(layer)["tgt"]
         for ti, meta in enumerate(lp.meta):
-            out[(layer, meta.name)] = dict(zip(M.TGT_FIELDS, tg[ti].tolist()))
+            out[(layer, meta.name)] = dict(zip(TGT_FIELDS, tg[ti].tolist()))
     return out
 
 
@@ -54,7 +55,7 @@ def summary_table(
                 gap_ratio=s.gap_ratio if s else float("nan"),
             )
             tie = seed(config, layer, 1000)
-            row.update(M.summarize(st, ti, lp.bases.k_index[ti], t.k, post_norm=post_norm, tie_seed=tie))
+            row.update(summarize(st, ti, lp.bases.k_index[ti], t.k, post_norm, tie, lp.bases.measures))
             row["null_seed"] = config.null_seed
             rows.append(row)
     df = pd.DataFrame(rows)

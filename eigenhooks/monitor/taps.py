@@ -117,7 +117,6 @@ class Taps:
         self._multi = False  # a second thread ran one: every tap looks its thread up
         self.started = 0  # forwards whose start the taps saw (whole or not)
         self.orphans = 0  # tap calls that came outside any forward of the model
-        self.on_end = None  # set by the Monitor: called after each forward's end (a deferred close)
         self._stack: ExitStack | None = None
         self._handles: list = []  # (module, dict attribute, id) of every hook, to see if it is still there
         self._raw: list = []  # (module, handle) of every hook registered
@@ -173,8 +172,8 @@ class Taps:
 
     def _register(self) -> None:
         ad = self.adapter
-        if ad.backend == "lens":
-            self._wrap_lens_forward()
+        if not ad.calls.module_hooks:  # the adapter says its model's forward is called directly
+            self._wrap_forward()
         else:
             self._hook(self.model, self._start, "pre", with_kwargs=True)
             self._hook(self.model, self._end, "fwd", always_call=True)
@@ -188,7 +187,7 @@ class Taps:
             else:
                 self._hook(module, self._output_tap(key), "fwd")
 
-    def _wrap_lens_forward(self) -> None:
+    def _wrap_forward(self) -> None:
         """TransformerLens calls ``self.forward`` directly from run_with_hooks, bypassing module
         hooks, so the forward's start and end (and its input, for the mask) are caught here."""
         model, inner = self.model, self.model.forward
@@ -312,14 +311,7 @@ class Taps:
         if not here.open:
             return
         here.open = False
-        try:
-            self.listener.forward_end(output is not None)  # None: the forward raised
-        except BaseException:
-            if self.on_end is not None:
-                self.on_end(True)
-            raise
-        if self.on_end is not None:
-            self.on_end(output is None)
+        self.listener.forward_end(output is not None)  # None: the forward raised
 
     def _stack_start(self, name: str, mask_kw: str | None):
         """A stack's root starts: it runs in this forward, with its own mask (or opens a forward of its own,

@@ -13,8 +13,9 @@ import torch
 def check_nulls(nulls: dict | None) -> dict:
     """The monitor's null settings: its defaults (``MonitorConfig``), with those given;
     unknown names and bad values refused before any work."""
-    from ..monitor.config import DEFAULTS, NULL_SETTINGS
+    from ..monitor.config import DEFAULTS
     from ..monitor.config import check_nulls as check_settings
+    from ..monitor.measures import NULL_SETTINGS
 
     full = {k: getattr(DEFAULTS, k) for k in NULL_SETTINGS}
     unknown = sorted(set(nulls or {}) - set(full))

@@ -10,6 +10,7 @@ ranked against the principal subspaces (``directions``). It may import ``zoo``, 
 
 from .compute import clear_memo, layer_factors, layer_stacked, spectra, weights_digest
 from .directions import rank_directions
+from .pool import parallel_map
 from .readout import TokenReadout, read_tokens
 from .verify import Verification, verify
 
@@ -19,6 +20,7 @@ __all__ = [
     "clear_memo",
     "layer_factors",
     "layer_stacked",
+    "parallel_map",
     "rank_directions",
     "read_tokens",
     "spectra",

@@ -52,7 +52,7 @@ def test_null_subsample_compares_target_and_draws_on_the_same_tokens(gpt2):
     assert abs(row["rho"] - float(up[batch["attention_mask"].bool()].double().mean())) < 1e-9
     # the draws, from the reducer's own frames, on the same tokens: the same quantiles and p
     red = mon._plan.layers[layer].bases
-    H = red.Bn64[:, red.haar_start : red.haar_start + red.null_draws * red.frame_width].float()
+    H = red.Bn64[:, slice(*red.cols["haar"])].float()
     draws = []
     for j in range(red.null_draws):
         Q = H[:, j * red.frame_width : j * red.frame_width + int(row["k"])]

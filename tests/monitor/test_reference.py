@@ -34,6 +34,8 @@ import eigenhooks as eh
 from eigenhooks.dynamics.planted import planted_gpt2, planted_matrix
 from eigenhooks.models import get_adapter
 from eigenhooks.monitor import stats as M
+from eigenhooks.monitor.config import POINTS
+from eigenhooks.monitor.measures import TGT_FIELDS
 from eigenhooks.monitor.reference import (
     Forward,
     LayerBases,
@@ -52,7 +54,7 @@ SETTINGS = dict(null_draws=16, fnull_draws=8, eig_top=4, null_stride=3, null_see
 DEFAULT = [("ov", "modulus"), ("ov", "residual")]
 MAX_PARAMS = 2_000_000  # the zoo's tiny models have ~1M; a misspelt config key must not build a big one
 
-COUNTS = {f for f in M.TGT_FIELDS if f.startswith("n") or f in ("clu_u2", "clu_un", "clu_n2", "clu_ns2")}
+COUNTS = {f for f in TGT_FIELDS if f.startswith("n") or f in ("clu_u2", "clu_un", "clu_n2", "clu_ns2")}
 RATIONAL = {"clu_w2", "clu_wn"}  # made from u_s - (up-counts summed over draws) / K
 # summary columns made from counts alone: equal counts give equal numbers
 EXACT_COLUMNS = [
@@ -86,7 +88,7 @@ def tiny(model):
     return model.eval()
 
 
-def run(model, feed, targets=DEFAULT, settings=SETTINGS, points=M.POINTS):
+def run(model, feed, targets=DEFAULT, settings=SETTINGS, points=POINTS):
     """Run ``feed(model)`` under the monitor and the recorder; (monitor, reference states, recorder)."""
     mon = eh.monitor(model, targets=targets, reading_points=points, **settings)
     with torch.no_grad(), mon, Recorder(model, points) as rec:
@@ -114,9 +116,9 @@ def compare_states(fast_layers: dict, ref: dict) -> None:
             if key in ("null_up", "eig_up", "fnull_up"):
                 assert torch.equal(g.nan_to_num(-1.0), w.nan_to_num(-1.0)), f"layer {i} {key}:\n{g}\nvs\n{w}"
             elif key in ("null_pre", "null_mid"):
-                terms = want["tgt"][0, M.TGT_FIELDS.index("n_pre_sub")]
+                terms = want["tgt"][0, TGT_FIELDS.index("n_pre_sub")]
                 torch.testing.assert_close(g, w, rtol=RTOL, atol=ATOL_PER_TERM * max(1.0, float(terms)))
-        for j, name in enumerate(M.TGT_FIELDS):
+        for j, name in enumerate(TGT_FIELDS):
             g, w = got["tgt"][:, j], want["tgt"][:, j]
             msg = f"layer {i}, field {name}: fast {g.tolist()} vs reference {w.tolist()}"
             if name in COUNTS:
@@ -124,11 +126,11 @@ def compare_states(fast_layers: dict, ref: dict) -> None:
             elif name in RATIONAL:
                 torch.testing.assert_close(g, w, rtol=1e-12, atol=1e-9, msg=msg)
             else:
-                terms = float(want["tgt"][:, M.TGT_FIELDS.index("n")].max())
+                terms = float(want["tgt"][:, TGT_FIELDS.index("n")].max())
                 torch.testing.assert_close(g, w, rtol=RTOL, atol=ATOL_PER_TERM * max(1.0, terms), msg=msg)
 
 
-def compare_summaries(model, mon, ref, targets=DEFAULT, settings=SETTINGS, points=M.POINTS) -> pd.DataFrame:
+def compare_summaries(model, mon, ref, targets=DEFAULT, settings=SETTINGS, points=POINTS) -> pd.DataFrame:
     """(b): every column of summary(), the reference's state loaded into a fresh monitor."""
     fresh = eh.monitor(model, targets=targets, reading_points=points, **settings)
     fresh.load_state_dict({"fingerprint": mon.state_dict()["fingerprint"], "layers": to_state_dict_layers(ref)})
@@ -151,7 +153,7 @@ def compare_summaries(model, mon, ref, targets=DEFAULT, settings=SETTINGS, point
     return got
 
 
-def check(model, mon, ref, targets=DEFAULT, settings=SETTINGS, points=M.POINTS) -> pd.DataFrame:
+def check(model, mon, ref, targets=DEFAULT, settings=SETTINGS, points=POINTS) -> pd.DataFrame:
     compare_states(mon.state_dict()["layers"], ref)
     return compare_summaries(model, mon, ref, targets, settings, points)
 
@@ -365,7 +367,7 @@ def test_reference_against_the_definitions():
     mask = torch.tensor([[True] * 5, [False, True, True, True, False]])
     index = torch.tensor([[3, 4, 5, 6, 7], [0, 0, 1, 2, 3]])  # row 0 continues a sequence 3 tokens in
     st = reference_states([Forward({0: LayerReading(pre, mid)}, mask, index)], bases, s)[0]
-    t = dict(zip(M.TGT_FIELDS, st["tgt"][0].tolist()))
+    t = dict(zip(TGT_FIELDS, st["tgt"][0].tolist()))
     a = lambda x, V: float(torch.linalg.vector_norm(x.double() @ V) / x.double().norm())  # noqa: E731
     cons = n_up = n_sub = 0.0
     null_pre, ns2 = torch.zeros(K, dtype=torch.float64), 0.0

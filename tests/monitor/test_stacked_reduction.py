@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import eigenhooks as eh
-from eigenhooks.monitor import stats
+from eigenhooks.monitor import measures
 from eigenhooks.monitor.reduce import LayerBases, pad_to_stack, project, reduce_many, reduce_one
 
 from .summaries import assert_same_summary, padded_gpt2_summary
@@ -69,7 +69,7 @@ def test_padding_the_eigen_columns_changes_nothing(reducers):
     r = reducers[2]
     wide = copy.deepcopy(r)
     widths = [g.stop - g.start for g in r.g_slices]  # its group's layout, with 5 more eigen-columns
-    wide.pad_group(widths, r._haar.shape[2], r.haar_start + 5, r.g_ks, r.g_fks)
+    wide.pad_group(widths, r._haar.shape[2], r.eig_width + 5, r.g_ks, r.g_fks)
     assert wide.Bn64.shape[1] == r.Bn64.shape[1] + 5
     P, mask = points(r, 3, 20, seed=4)
     same(reduce_one(r, P, mask), reduce_one(wide, P, mask))
@@ -86,7 +86,7 @@ def close(a, b):
         assert torch.equal(torch.isnan(sa[k]), torch.isnan(sb[k])), k
         torch.testing.assert_close(sa[k].nan_to_num(-7.0), sb[k].nan_to_num(-7.0), rtol=1e-6, atol=2e-6, msg=k)
     assert torch.equal(ra, rb)
-    counts = [stats.TGT_FIELDS.index(f) for f in ("n", "n_up", "n_sub", "n_up_sub", "n_seq", "n_nonfinite")]
+    counts = [measures.TGT_FIELDS.index(f) for f in ("n", "n_up", "n_sub", "n_up_sub", "n_seq", "n_nonfinite")]
     assert torch.equal(sa["tgt"][:, counts], sb["tgt"][:, counts])
     for k in ("null_up", "eig_up", "fnull_up"):
         assert torch.equal(sa[k].nan_to_num(-7.0), sb[k].nan_to_num(-7.0)), k
@@ -135,7 +135,7 @@ def test_non_finite_tokens_are_counted_and_left_out(reducers):
     r = reducers[0]
     P, mask = points(r, 3, 20, seed=5)
     st, rows = reduce_one(r, P, mask)
-    tg = dict(zip(stats.TGT_FIELDS, st["tgt"][0].tolist()))
+    tg = dict(zip(measures.TGT_FIELDS, st["tgt"][0].tolist()))
     assert tg["n_nonfinite"] == 2 and tg["n"] == mask.sum() - 2
     for k in ("null_pre", "null_mid", "null_up", "fnull_up"):
         assert torch.isfinite(st[k]).all(), k
@@ -149,7 +149,7 @@ def test_a_sequence_with_a_non_finite_token_is_left_out_of_consensus_at_every_po
     P, mask = points(r, 3, 20, seed=11, bad=False)
     P["mid"][1, 4, 7] = float("nan")
     st, _ = reduce_one(r, P, mask)
-    tg = dict(zip(stats.TGT_FIELDS, st["tgt"][0].tolist()))
+    tg = dict(zip(measures.TGT_FIELDS, st["tgt"][0].tolist()))
     assert tg["n_seq"] == 2
     for p in ("pre", "mid", "post"):
         want = 0.0
@@ -208,13 +208,13 @@ def test_a_forward_that_raises_gives_its_rows_back():
 
 def test_closing_rows_of_many_layers_at_once_equals_each_alone():
     g = torch.Generator().manual_seed(8)
-    F = len(stats.TGT_FIELDS)
+    F = len(measures.TGT_FIELDS)
     rows = torch.randint(0, 9, (3, 4, 5, 2), generator=g).double()
     rows[1, 2, 0] = 0  # a row with no valid token: not a cluster
     tgt = torch.rand(3, 2, F, generator=g, dtype=torch.float64)
-    together = stats.close_rows(tgt, rows)
+    together = measures.close_rows(tgt, rows)
     for i in range(3):
-        assert torch.equal(together[i], stats.close_rows(tgt[i], rows[i]))
+        assert torch.equal(together[i], measures.close_rows(tgt[i], rows[i]))
     assert not torch.equal(together, tgt)
 
 

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import eigenhooks as eh
-from eigenhooks.monitor.stats import TGT_FIELDS
+from eigenhooks.monitor.measures import TGT_FIELDS
 
 TEXTS = ["def f(x):\n    return x + 1", "class A:\n    pass"]
 N = TGT_FIELDS.index("n")

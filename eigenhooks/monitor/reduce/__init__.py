@@ -22,7 +22,7 @@ LayerReducer = LayerBases  # the name before 0.2's rebuild (eigenhooks.reducer.L
 
 
 def reduce_one(bases: LayerBases, points: dict, mask, base=None, consensus: bool = True):
-    """Both stages for one layer alone: (state sums like ``stats.zero_state``, rows (b, 5, T))."""
+    """Both stages for one layer alone: (state sums like ``measures.zero_state``, rows (b, 5, T))."""
     return reduce_many([(bases, project(bases, points, mask, base, consensus))])[0]
 
 

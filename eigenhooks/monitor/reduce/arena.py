@@ -107,7 +107,7 @@ def pad_to_stack(bases: list[LayerBases], widen_frames: bool = False) -> list[Ar
         k_max = max(r.k_max for r in rs)
         ks = sorted({k for r in rs for k in r.ks})
         fks = sorted({k for r in rs for k in r.g_fks})
-        eig_width = max(r.haar_start for r in rs)
+        eig_width = max(r.eig_width for r in rs)
         for r in rs:
             if len(rs) > 1:
                 r.pad_group(widths, k_max, eig_width, ks, fks)
@@ -145,26 +145,19 @@ def picks(bases: list[LayerBases]) -> dict[str, list]:
 
 
 def group_constants(bases: list[LayerBases], dev: torch.device) -> GroupConstants:
-    """The device constants of a stacked group on dev, made once and kept by its arena: 'S' (L, eig
-    columns, T*eig_slots) float32 and 'valid' (L, T, eig_slots) when there are eigen-slots; and, where
-    the layers' own k differ, one-hot pickers 'k_hot' (L, n_k, T) float64 and 'f_hot' (L, n_fk, F-null
-    targets) float32, and 'cos' (L, 1, T), 1 where a target has a cosine with v_1."""
+    """The device constants of a stacked group on dev, made once and kept by its arena: each
+    measure's (``Measure.constants``), e.g. 'S' (L, eig columns, T*eig_slots) float32 and 'valid'
+    (L, T, eig_slots) when there are eigen-slots; and, where the layers' own k differ, one-hot
+    pickers 'k_hot' (L, n_k, T) float64 and 'f_hot' (L, n_fk, F-null targets) float32, and 'cos'
+    (L, 1, T), 1 where a target has a cosine with v_1."""
     arena = bases[0].arena
     key = (tuple(r.row for r in bases), dev)
     if arena is not None and all(r.arena is arena for r in bases) and key in arena.constants:
         return arena.constants[key]
-    c: dict[str, torch.Tensor] = {}
-    if bases[0].eig_slots:
-        c["S"] = torch.stack([r.S_eig for r in bases]).to(dev, torch.float32)
-        c["valid"] = torch.stack([r.eig_valid for r in bases]).to(dev)
     own = picks(bases)
-    hot = lambda idx, n, dt: torch.nn.functional.one_hot(torch.tensor(idx), n).transpose(1, 2).to(dev, dt)  # noqa: E731
-    if len({tuple(k) for k in own["k"]}) > 1:  # picks the float64 per-row means
-        c["k_hot"] = hot(own["k"], len(bases[0].g_ks), torch.float64)
-    if own["f"][0] and len({tuple(f) for f in own["f"]}) > 1:  # picks float32 counts
-        c["f_hot"] = hot(own["f"], len(bases[0].g_fks), torch.float32)
-    if len({tuple(x) for x in own["cos"]}) > 1:
-        c["cos"] = torch.tensor(own["cos"], dtype=torch.float32)[:, None].to(dev)
+    c: dict[str, torch.Tensor] = {}
+    for m in bases[0].measures:
+        c.update(m.constants(bases, own, dev))
     out = GroupConstants(c, own)
     if arena is not None and all(r.arena is arena for r in bases):
         arena.constants[key] = out

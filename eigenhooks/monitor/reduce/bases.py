@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import torch
 
+from ..measures import EIG, MEASURES, NULL_COLUMNS
+from ..measures.eig import eig_columns
 from ..stats import TargetSpec
 from .kernels import has_out_dtype, split
 
@@ -37,7 +39,10 @@ class LayerBases:
         fnull: dict[str, torch.Tensor],
         null_stride: int | None = None,
         eig_slots: int = 0,
+        measures: tuple = MEASURES,
+        layer: int | None = None,
     ):
+        self.measures, self.layer = tuple(measures), layer  # what is measured here (``measures``)
         self.targets = targets
         self.T = len(targets)
         self.null_draws, self.d, self.k_max = haar.shape
@@ -55,9 +60,9 @@ class LayerBases:
         # the layout of the group this layer is reduced with (``pad_group``); its own until then
         self.g_slices, self.g_ks = list(self.t_slices), list(self.ks)
         self.g_fks = sorted({t.k for t in targets if t.fnull is not None})
-        eig_cols, seg = self._eig_columns(targets)
         self._haar, self._fnull = haar, fnull
-        self._build_null(eig_cols, seg, sum(E.shape[1] for E in eig_cols))
+        self._eig_cols, self._seg = eig_columns(self)
+        self._build_null(sum(E.shape[1] for E in self._eig_cols))
         self.eig_valid = torch.zeros(self.T, max(self.eig_slots, 1), dtype=torch.bool)
         for ti, t in enumerate(targets):
             self.eig_valid[ti, : len(t.eig)] = True
@@ -67,38 +72,21 @@ class LayerBases:
         self.row = 0
         self._group_consts: dict = {}  # arena.group_constants' cache, when this layer is its group's first
 
-    def _eig_columns(self, targets) -> tuple[list[torch.Tensor], list[list[int]]]:
-        """F's eigen-subspaces over all targets, each projected once; seg: the (target, j) slots it fills."""
-        cols: list[torch.Tensor] = []
-        seg: list[list[int]] = []
-        for ti, t in enumerate(targets):
-            for j, E in enumerate(t.eig):
-                hit = next((c for c, C in enumerate(cols) if C.shape == E.shape and torch.equal(C, E)), None)
-                if hit is None:
-                    cols.append(E)
-                    seg.append([])
-                    hit = len(cols) - 1
-                seg[hit].append(ti * self.eig_slots + j)
-        return cols, seg
-
-    def _build_null(self, eig_cols, seg, width: int) -> None:
-        """Bn64 (d, null columns) = [eig columns, zero padding to ``width`` | Haar | F-null]; S_eig."""
-        S = torch.zeros(width, max(self.T * self.eig_slots, 1), dtype=torch.float64)
-        at = 0
-        for E, owners in zip(eig_cols, seg):
-            S[at : at + E.shape[1], owners] = 1.0
-            at += E.shape[1]
-        self.S_eig = S  # (eig columns, T * eig_slots): which columns make each (target, j) subspace
-        cols = list(eig_cols) + [torch.zeros(self.d, width - at, dtype=torch.float64)]
-        self.haar_start = width
-        kw = self.frame_width
-        cols.append(self._haar.permute(1, 0, 2).reshape(self.d, self.null_draws * kw))  # column j*kw + i
-        self.f_start = {}
-        for key in self.fkeys:
-            self.f_start[key] = sum(c.shape[1] for c in cols)
-            cols.append(self._fnull[key].permute(1, 0, 2).reshape(self.d, self.fnull_draws * kw))
-        self.Bn64 = torch.cat(cols, 1)
-        self._eig_cols, self._seg = eig_cols, seg
+    def _build_null(self, width: int) -> None:
+        """Bn64 (d, null columns): each null measure's columns in turn (``measures.NULL_COLUMNS``),
+        the eigen-columns zero-padded to ``width``; ``cols``: each measure's (start, stop) there."""
+        blocks, self.cols, at = [], {}, 0
+        order = [m.name for m in NULL_COLUMNS]  # the built-in ones in their order, then a user's
+        nulls = sorted(
+            (m for m in self.measures if m.null), key=lambda m: order.index(m.name) if m.name in order else 9
+        )
+        for m in nulls:
+            mine = m.columns(self, width)
+            w = sum(c.shape[1] for c in mine)
+            self.cols[m.name] = (at, at + w)
+            blocks += mine
+            at += w
+        self.Bn64 = torch.cat(blocks, 1)
         self._dev: dict = {}
 
     def pad_group(self, widths: list[int], k_max: int, eig_width: int, ks: list[int], fks: list[int]) -> None:
@@ -116,8 +104,8 @@ class LayerBases:
         self.g_ks, self.g_fks = list(ks), list(fks)
         self._haar = pad(self._haar, k_max)
         self._fnull = {key: pad(f, k_max) for key, f in self._fnull.items()}
-        width = max(eig_width, self.haar_start) if self.eig_slots else self.haar_start
-        self._build_null(self._eig_cols, self._seg, width)
+        width = max(eig_width, self.eig_width) if self.eig_slots else self.eig_width
+        self._build_null(width)
         if self.arena is not None:  # its group's device constants were made for the old layout
             self.arena.constants.clear()
 
@@ -125,6 +113,11 @@ class LayerBases:
     def frame_width(self) -> int:
         """Columns per Haar and F-null frame in ``Bn64``: k_max, or its group's when padded (``pad_group``)."""
         return self._haar.shape[2]
+
+    @property
+    def eig_width(self) -> int:
+        """Columns of the eigen-subspaces (zero-padded) in ``Bn64``: where the other nulls start."""
+        return self.cols[EIG.name][1]
 
     @property
     def kind(self) -> tuple:
@@ -137,6 +130,7 @@ class LayerBases:
             tuple(self.fkeys),
             self.eig_slots,
             tuple((ti, f) for ti, f, _ in self.fnull_targets),
+            tuple(m.name for m in self.measures),
         )
 
     @property
@@ -144,7 +138,7 @@ class LayerBases:
         """Everything the stacked reduction needs to be the same across layers."""
         return (
             self.kind, tuple((g.start, g.stop) for g in self.g_slices), self.frame_width, tuple(self.g_ks),
-            tuple(self.g_fks), self.haar_start, self.Bn64.shape[1],
+            tuple(self.g_fks), tuple(self.cols.items()), self.Bn64.shape[1],
         )  # fmt: skip
 
     def on(self, device: torch.device, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:

@@ -1,0 +1,59 @@
+"""What the monitor measures, one file a measure (docs/design.md, "Mathematics").
+
+- ``target``: target projection, a(x) = ||U^T x|| / ||x|| of every token, its deltas and up-counts;
+- ``haar``: the Haar null, K random k-subspaces per layer;
+- ``eig``: eig rank, each target among F's own top eigen-subspaces;
+- ``fnull``: the F-null, directions orth(F g).
+
+Each holds its state fields, its columns and slice of the fast reduction (``base.Measure``); the
+reduction engine (``reduce/``) hands each its columns and knows none by name.
+"""
+
+from .base import Measure, Row
+from .eig import EIG
+from .fnull import FNULL
+from .haar import HAAR
+from .target import TARGET, TGT_FIELDS, close_rows
+
+MEASURES: tuple[Measure, ...] = (TARGET, HAAR, EIG, FNULL)  # the state's fields and the rows' order
+NULL_COLUMNS: tuple[Measure, ...] = (EIG, HAAR, FNULL)  # the order of their columns in ``Bn64``
+NULL_SETTINGS = tuple(k for m in MEASURES for k in m.settings)  # the settings the numbers depend on
+ROW = tuple(f for m in MEASURES for f in m.row_fields)  # a sequence's open counters, per target
+
+
+def zero_state(T: int, n_k: int, K: int, m: int, Kf: int, measures=MEASURES) -> dict:
+    """The empty state of one layer: T targets, n_k distinct k, K Haar draws, m eig, Kf F-null."""
+    out: dict = {}
+    for ms in measures:
+        out.update(ms.zero(T, n_k, K, m, Kf))
+    return out
+
+
+def summarize(
+    state: dict, ti: int, k_index: int, k: int, post_norm: bool = False, tie_seed: int | None = None,
+    measures=MEASURES,
+) -> dict:  # fmt: skip
+    """Every measure's summary columns of one (layer, target) from its state (q_null and the verdict
+    come later, over the table). ``tie_seed`` breaks p_null's ties with the draws at random."""
+    row = Row(state, ti, k_index, k, dict(zip(TGT_FIELDS, state["tgt"][ti].tolist())), post_norm, tie_seed)
+    out: dict = {}
+    for m in measures:
+        out.update(m.summary(row, out))
+    return out
+
+
+__all__ = [
+    "EIG",
+    "FNULL",
+    "HAAR",
+    "MEASURES",
+    "Measure",
+    "NULL_COLUMNS",
+    "ROW",
+    "Row",
+    "TARGET",
+    "TGT_FIELDS",
+    "close_rows",
+    "summarize",
+    "zero_state",
+]

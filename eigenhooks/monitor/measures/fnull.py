@@ -1,0 +1,88 @@
+"""The F-null: directions orth(F g), one power step from a Gaussian start (``stats.power_step_frames``).
+
+Columns: per F-null variant (``LayerBases.fkeys``), ``fnull_draws * frame_width`` columns of
+``Bn64``. State: ``fnull_up`` (T, fnull_draws), each target's up-counts of the F-null directions of
+its own k.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .base import Measure
+from .haar import prefix_norms
+
+
+class FNull(Measure):
+    name = "fnull"
+    settings = ("fnull_draws",)
+    null = True
+
+    def zero(self, T, n_k, K, m, Kf):
+        return {"fnull_up": torch.zeros(T, Kf, dtype=torch.float64)}
+
+    def columns(self, lb, width):
+        kw = lb.frame_width
+        return [lb._fnull[key].permute(1, 0, 2).reshape(lb.d, lb.fnull_draws * kw) for key in lb.fkeys]
+
+    def constants(self, bases, picks, dev):
+        if picks["f"][0] and len({tuple(f) for f in picks["f"]}) > 1:  # picks float32 counts
+            hot = torch.nn.functional.one_hot(torch.tensor(picks["f"]), len(bases[0].g_fks)).transpose(1, 2)
+            return {"f_hot": hot.to(dev, torch.float32)}
+        return {}
+
+    def align(self, stk, P, inv):
+        red = stk.red
+        L, N = P.shape[:2]
+        w = red.fnull_draws * red.frame_width
+        out = {}
+        for i, key in enumerate(red.fkeys):
+            Fp = P[..., i * w : (i + 1) * w].reshape(L, N, red.fnull_draws, red.frame_width)
+            out["f:" + key] = prefix_norms(Fp, red.g_fks) * inv[..., None, None]  # (L, N, Kf, len(fks))
+        return out
+
+    def up(self, stk, A, Z, cols, st, scratch):
+        """(L, T, fnull_draws): up-counts of the F-null directions, each layer at its own target's k."""
+        red, L = stk.red, stk.L
+        zmid, zref, up = Z["mid"], scratch["zref"], stk.grew
+        out = torch.zeros(L, red.T, red.fnull_draws, device=stk.dev)
+        f_hot, f0 = stk.consts.get("f_hot"), stk.picks["f"][0]
+        for i, (ti, fkey, _) in enumerate(red.fnull_targets):
+            key = "f:" + fkey
+            if f_hot is None:  # every layer reads the same k: that column alone
+                j = f0[i]
+                out[:, ti] = up(zmid[key][..., j], zref[key][..., j]).sum(1, dtype=torch.float32)
+            else:  # each layer its own k: up-counts at every k, each layer's picked by its one-hot
+                ups = up(zmid[key], zref[key]).sum(1, dtype=torch.float32)  # (L, Kf, n_fk)
+                out[:, ti] = (ups * f_hot[:, None, :, i]).sum(-1)
+        st["fnull_up"] = out
+
+    def no_mid(self, stk, st):
+        st["fnull_up"] = torch.zeros(stk.L, stk.red.T, stk.red.fnull_draws, device=stk.dev)
+
+    def summary(self, row, out: dict) -> dict:
+        """The F-null's mean up-rate, and the target's percentile among its directions."""
+        import numpy as np
+
+        from ..stats import percentile
+
+        ns, fu = row.t["n_sub"], row.state["fnull_up"]
+        fn = fu[row.ti].numpy() / ns if ns > 0 and fu.shape[1] else np.array([])
+        return {
+            "fnull_rho_mean": float(fn.mean()) if fn.size else float("nan"),
+            "fnull_percentile": percentile(out["rho_null_tokens"], fn),
+        }
+
+    def reference(self, ls, X: dict, Xb, Y: dict, Yr, sub, row) -> None:
+        """Plain float64: each target's F-null up-counts on one sequence's subsample."""
+        from .plain import align_frames, up
+
+        if "mid" not in Y:
+            return
+        for ti, t in enumerate(ls.bases.targets):
+            if t.fnull is not None:
+                ups = up(align_frames(Y["mid"], t.fnull, t.k), align_frames(Yr, t.fnull, t.k))
+                ls.state["fnull_up"][ti] += ups.sum(0)
+
+
+FNULL = FNull()

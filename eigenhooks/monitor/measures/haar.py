@@ -1,0 +1,145 @@
+"""The Haar null: K Haar-random k-subspaces per layer, nested over k (``stats.haar_frames``).
+
+Columns: each draw's k_max-wide frame, ``null_draws * frame_width`` columns of ``Bn64``. State:
+``null_up`` (up-counts per k and draw), ``null_pre`` and ``null_mid`` (alignment sums), and the
+per-sequence mean up-count over draws (``ubar_sub``, for the lift's interval).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .base import Measure
+
+
+def prefix_norms(H: torch.Tensor, ks: list[int]) -> torch.Tensor:
+    """(..., len(ks)): the norm of each frame's first k columns for k in ks, H (..., k_max).
+
+    Running sums of squares, one add per column: a cumsum over a last axis this short ran at a few
+    GB/s on CUDA (docs/scale.md)."""
+    if ks == [1]:
+        return H[..., :1].abs()
+    sq = H * H
+    acc, outs = sq[..., 0], []
+    for j in range(max(ks)):
+        if j:
+            acc = acc + sq[..., j]
+        if j + 1 in ks:
+            outs.append(acc)
+    return torch.stack(outs, -1).sqrt()
+
+
+class Haar(Measure):
+    name = "haar"
+    settings = ("null_seed", "null_draws", "null_stride")
+    null = True
+    row_fields = ("ubar_sub",)
+    per_k = ("null_up", "null_pre", "null_mid")
+
+    def fingerprint(self, config) -> dict:
+        return {"null_seed": config.null_seed, "null_draws": config.null_draws, "null_stride": config.stride}
+
+    def zero(self, T, n_k, K, m, Kf):
+        z = lambda *s: torch.zeros(*s, dtype=torch.float64)  # noqa: E731
+        return {"null_up": z(n_k, K), "null_pre": z(n_k, K), "null_mid": z(n_k, K)}
+
+    def columns(self, lb, width):
+        return [lb._haar.permute(1, 0, 2).reshape(lb.d, lb.null_draws * lb.frame_width)]  # column j*kw + i
+
+    def constants(self, bases, picks, dev):
+        hot = lambda idx, n, dt: torch.nn.functional.one_hot(torch.tensor(idx), n).transpose(1, 2).to(dev, dt)  # noqa: E731
+        if len({tuple(k) for k in picks["k"]}) > 1:  # picks the float64 per-row means
+            return {"k_hot": hot(picks["k"], len(bases[0].g_ks), torch.float64)}
+        return {}
+
+    def align(self, stk, P, inv):
+        red = stk.red
+        L, N = P.shape[:2]
+        H = P.reshape(L, N, red.null_draws, red.frame_width)
+        cum = prefix_norms(H, red.g_ks).transpose(2, 3)  # (L, N, n_k, K) at the group's ks
+        return {"haar": cum * inv[..., None, None]}  # (L, N, n_k, K)
+
+    def point_sums(self, stk, Zall, n_points, N):
+        h = Zall["haar"]
+        return {"haar_sum": h.reshape(stk.L, n_points, N, *h.shape[2:]).nansum(2)}  # (L, P_null, n_k, K)
+
+    def sums(self, stk, A, Z, cols, st):
+        st["null_pre"] = Z["pre"]["haar_sum"]
+
+    def up(self, stk, A, Z, cols, st, scratch):
+        zmid, zref = Z["mid"], scratch["zref"]
+        u_h = stk.grew(zmid["haar"], zref["haar"])  # (L, N, n_k, K)
+        st["null_up"] = u_h.sum(1, dtype=torch.float32)
+        st["null_mid"] = zmid["haar_sum"]
+        scratch["u_h"] = u_h
+
+    def no_mid(self, stk, st):
+        red = stk.red
+        st["null_up"] = st["null_mid"] = torch.zeros(stk.L, len(red.g_ks), red.null_draws, device=stk.dev)
+
+    def rows(self, stk, scratch):
+        red = stk.red
+        ubar = stk.per_row(scratch["u_h"].sum(-1)) / red.null_draws  # (L, b, n_k): mean over draws, per k
+        k0 = stk.picks["k"][0]
+        if "k_hot" in stk.consts:  # each layer its targets' own k
+            return [torch.bmm(ubar, stk.consts["k_hot"])]
+        whole = k0 == list(range(ubar.shape[-1]))  # target ti reads the ti-th k, and there are T of them
+        return [ubar if whole else torch.stack([ubar[..., j] for j in k0], -1)]
+
+    def summary(self, row, out: dict) -> dict:
+        """The Haar null's band, p_null (too few null tokens: NaN), percentiles, the lift and its interval."""
+        import numpy as np
+
+        from .. import stats as M
+
+        t, state, ki, nan = row.t, row.state, row.k_index, float("nan")
+        div = lambda a, b: a / b if b > 0 else nan  # noqa: E731
+        K = state["null_up"].shape[1]
+        # The nulls are measured on a subsample of tokens; the target is compared on the same ones.
+        ns, nps = t["n_sub"], t["n_pre_sub"]
+        rho_s = div(t["n_up_sub"], ns)
+        null = state["null_up"][ki].numpy() / ns if ns > 0 else np.array([])
+        nmid = state["null_mid"][ki].numpy() / ns if ns > 0 else np.array([])
+        npre = state["null_pre"][ki].numpy() / nps if nps > 0 else np.array([])
+        q = lambda x, a: float(np.quantile(x, a)) if x.size else nan  # noqa: E731
+        col = dict(
+            null_tokens=int(ns),
+            rho_null_tokens=rho_s,
+            null_rho_mean=float(null.mean()) if null.size else nan,
+            null_rho_lo=q(null, 0.025),
+            null_rho_hi=q(null, 0.975),
+            rho_percentile=M.percentile(rho_s, null),
+            p_null=M.mc_p_value(rho_s, null, row.tie_seed) if ns >= M.MIN_NULL_TOKENS else nan,
+            null_gamma_pre_mean=float(npre.mean()) if npre.size else nan,
+            null_gamma_pre_lo=q(npre, 0.025),
+            null_gamma_pre_hi=q(npre, 0.975),
+            gamma_pre_percentile=M.percentile(div(t["sum_pre_sub"], nps), npre),
+            null_gamma_mid_mean=float(nmid.mean()) if nmid.size else nan,
+            gamma_mid_percentile=M.percentile(div(t["sum_mid_sub"], ns), nmid),
+        )
+        col["lift"] = rho_s - col["null_rho_mean"]
+        col.update(M.cluster_ci(t, out["rho"], col["lift"], float(null.var(ddof=1)) if null.size > 1 else 0.0, K))
+        col["null_draws"] = K
+        return col
+
+    def reference(self, ls, X: dict, Xb, Y: dict, Yr, sub, row) -> None:
+        """Plain float64: the Haar sums on one sequence's subsample Y[p] (its reference Yr); ubar into row."""
+        from .plain import align_frames, up
+
+        st, lb = ls.state, ls.bases
+        K = lb.haar.shape[0]
+        ubar = {}  # k -> this sequence's up-counts on the subsample, averaged over the K draws
+        for ki, k in enumerate(lb.ks):
+            st["null_pre"][ki] += align_frames(Y["pre"], lb.haar, k).sum(0)
+            if "mid" in Y:
+                a_mid = align_frames(Y["mid"], lb.haar, k)
+                st["null_mid"][ki] += a_mid.sum(0)
+                ups = up(a_mid, align_frames(Yr, lb.haar, k))  # (n_sub, K)
+                st["null_up"][ki] += ups.sum(0)
+                ubar[k] = float(ups.sum()) / K
+        if "mid" in Y:
+            for ti, t in enumerate(lb.targets):
+                row[4, ti] = ubar[t.k]
+
+
+HAAR = Haar()

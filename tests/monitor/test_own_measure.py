@@ -1,0 +1,114 @@
+"""A researcher's own measure (docs/api.md, "Your own measure"), run as the docs give it.
+
+The example is read out of docs/api.md and executed; its measure then runs in the monitor beside
+the built-in ones. Checked: its summary columns; its state sums against its plain twin and against
+up-counts computed here from readings that hooks of our own recorded (``readings.Recorder``);
+that the built-in numbers do not move when it is added; that its state saves, loads and merges,
+and that a state measured with other directions does not merge.
+"""
+
+from __future__ import annotations
+
+import re
+import warnings
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+import eigenhooks as eh
+from eigenhooks.models import get_adapter
+from eigenhooks.monitor.measures import MEASURES
+from eigenhooks.monitor.reference import build_bases, reference_states
+
+from .readings import Recorder
+
+SETTINGS = dict(null_draws=8, fnull_draws=4, eig_top=2, null_stride=1, null_seed=3)
+TEXTS = ["def f(x):\n    return x + 1", "The for statement iterates over a sequence.", "import os"]
+
+
+def docs_example() -> dict:
+    """The Python block of docs/api.md's "Your own measure", executed; its namespace."""
+    text = (Path(__file__).resolve().parents[2] / "docs" / "api.md").read_text()
+    section = text.split("### Your own measure", 1)[1]
+    code = re.search(r"```python\n(.*?)```", section, re.S).group(1)
+    ns: dict = {"__name__": "docs_example"}
+    exec(compile(code, "docs/api.md", "exec"), ns)  # noqa: S102  (our own documentation)
+    return ns
+
+
+@pytest.fixture(scope="module")
+def ex():
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return docs_example()
+
+
+def test_the_docs_example_runs_and_adds_its_columns(ex):
+    df = ex["mon"].summary()
+    assert {"sae_rho_max", "sae_beats"} <= set(df.columns)
+    assert df["sae_rho_max"].between(0, 1).all() and (df["sae_beats"] >= 0).all()
+    assert "sae_up" in ex["mon"].state_dict()["layers"]["0"]
+
+
+def run(ex, D, measures=True):
+    model, tok = ex["model"], ex["tok"]
+    tok.pad_token = tok.pad_token or tok.eos_token
+    batch = tok(TEXTS, return_tensors="pt", padding=True)
+    own = [ex["Directions"]("sae", D)] if measures else []
+    mon = eh.monitor(model, targets=[("ov", "modulus")], measures=own, **SETTINGS)
+    with torch.no_grad(), mon, Recorder(model) as rec:
+        model(**batch)
+    return mon, rec, own
+
+
+def test_the_fast_sums_are_the_plain_twins_and_the_raw_readings(ex):
+    D = torch.randn(6, 128, generator=torch.Generator().manual_seed(1))
+    mon, rec, own = run(ex, D)
+    fast = {int(i): torch.tensor(st["sae_up"]) for i, st in mon.state_dict()["layers"].items()}
+    s = SETTINGS
+    bases = build_bases(get_adapter(ex["model"]), [("ov", "modulus")], s["null_draws"], s["fnull_draws"],
+                        s["eig_top"], s["null_seed"])  # fmt: skip
+    plain = reference_states(rec.forwards, bases, s["null_stride"], measures=MEASURES + tuple(own))
+    Du = (D.double() / D.double().norm(dim=1, keepdim=True)).numpy()
+    for i, want in plain.items():
+        assert torch.equal(fast[i], want["sae_up"]), f"layer {i}: fast {fast[i]} vs plain {want['sae_up']}"
+        # from the recorded readings, with numpy: mid against pre (gpt2 is pre-norm), every valid token
+        up = np.zeros(len(Du))
+        for fw in rec.forwards:
+            rd, m = fw.layers[i], fw.mask.bool().numpy()
+            pre, mid = rd.pre.double().numpy()[m], rd.mid.double().numpy()[m]
+            a = lambda X: np.abs(X @ Du.T) / np.linalg.norm(X, axis=1, keepdims=True)  # noqa: E731
+            up += ((a(mid) - a(pre)) > 1e-6).sum(0)
+        assert fast[i].tolist() == up.tolist(), f"layer {i}: {fast[i].tolist()} vs raw readings {up.tolist()}"
+        assert up.sum() > 0
+
+
+def test_adding_a_measure_moves_no_built_in_number(ex):
+    D = torch.randn(6, 128, generator=torch.Generator().manual_seed(2))
+    with_it, _, _ = run(ex, D)
+    without, _, _ = run(ex, D, measures=False)
+    a, b = with_it.summary(), without.summary()
+    assert list(b.columns) == [c for c in a.columns if not c.startswith("sae_")]
+    for c in b.columns:
+        assert a[c].equals(b[c]), c
+    sa, sb = with_it.state_dict()["layers"], without.state_dict()["layers"]
+    for i in sb:
+        assert sorted(sa[i]) == sorted([*sb[i], "sae_up"])
+        for k, v in sb[i].items():  # bit for bit (NaN where F has no j-th eigen-subspace)
+            assert torch.equal(torch.tensor(sa[i][k]).nan_to_num(-1.0), torch.tensor(v).nan_to_num(-1.0)), (i, k)
+
+
+def test_its_state_saves_loads_and_merges_and_other_directions_do_not_merge(ex):
+    D = torch.randn(6, 128, generator=torch.Generator().manual_seed(4))
+    mon, _, own = run(ex, D)
+    twice = eh.monitor(ex["model"], targets=[("ov", "modulus")], measures=own, **SETTINGS)
+    twice.load_state_dict(mon.state_dict())
+    twice.merge_state_dict(mon.state_dict())
+    for i, st in twice.state_dict()["layers"].items():
+        assert st["sae_up"] == [2 * v for v in mon.state_dict()["layers"][i]["sae_up"]]
+    other = eh.monitor(ex["model"], targets=[("ov", "modulus")], measures=[ex["Directions"]("sae", D.flip(1))],
+                       **SETTINGS)  # fmt: skip
+    with pytest.raises(ValueError, match="sae"):
+        other.merge_state_dict(mon.state_dict())
