@@ -2,8 +2,8 @@
 
 Owns ``iterate`` (the real block, or the paper's idealised step on its weights),
 ``predict_limit``, ``classify_limit`` and ``agree`` (``trajectory``), and layers with planted spectra whose
-limit is known in advance (``planted``). It may import ``monitor`` (for the alignment
-measure), ``spectra``, ``zoo``, ``models`` and ``linalg``.
+limit is known in advance (``planted``). It imports ``spectra``, ``zoo``,
+``models`` and ``linalg`` (the alignment measure is ``linalg.subspace``'s), never the monitor.
 """
 
 from . import planted

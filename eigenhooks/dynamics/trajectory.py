@@ -25,10 +25,10 @@ from dataclasses import dataclass, field
 import torch
 
 from ..linalg.eig import LayerSpectrum
+from ..linalg.subspace import alignment
 from ..models import get_adapter, layer_index
 from ..models.base import StopForward, UnsupportedModelError
 from ..models.family import token_inputs
-from ..monitor.stats import alignment
 from ..spectra.compute import spectra
 
 LIMITS = ("consensus", "rotation", "near-degenerate", "bipartite", "consensus-off-subspace", "unconverged")

@@ -23,6 +23,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+from ..linalg.subspace import alignment  # noqa: F401  (a(x), shared with dynamics: stats.alignment)
+
 # A token "grows" when delta exceeds this: alignments are computed in float32, so smaller
 # differences are rounding (an ablated attention step would otherwise show spurious growth).
 GROWTH_EPS = 1e-6
@@ -36,11 +38,6 @@ SAME_SUBSPACE_TOL = 1e-12  # equal subspaces: same k, every principal cosine >= 
 
 class TargetError(ValueError):
     """A custom target has the wrong shape or is not orthonormal; the message says which."""
-
-
-def alignment(X: torch.Tensor, U: torch.Tensor) -> torch.Tensor:
-    """a(x) = ||U^T x|| / ||x|| for each row of X (..., d) with U (d, k) orthonormal; (...,)."""
-    return torch.linalg.vector_norm(X @ U, dim=-1) / torch.linalg.vector_norm(X, dim=-1).clamp_min(1e-30)
 
 
 def null_basis(d: int, k: int, seed: int) -> torch.Tensor:
