@@ -5,6 +5,8 @@ References are numpy on the raw weights (o_proj, v_proj, embed_tokens, the final
 
 from __future__ import annotations
 
+import copy
+
 import numpy as np
 import pytest
 from zoo.test_smollm2_real_tier import _own_F
@@ -68,7 +70,9 @@ def test_bridge_heads_equal_hf(smollm2):
     lens = pytest.importorskip("transformer_lens")
     model, tok = smollm2
     bridge = lens.TransformerBridge.boot_transformers(
-        "HuggingFaceTB/SmolLM2-135M-Instruct", hf_model=model, tokenizer=tok
+        "HuggingFaceTB/SmolLM2-135M-Instruct",
+        hf_model=copy.deepcopy(model),  # the bridge takes over its model's modules in place:
+        tokenizer=tok,  # a private copy keeps the session's shared SmolLM2 a plain HF model
     )
     for a, b in zip(
         eh.spectra(model, layers=[29], heads=True, cache=False),

@@ -7,6 +7,7 @@ Skipped (with the reason) when the weights are absent; `.ci/run` fetches them fi
 
 from __future__ import annotations
 
+import copy
 import math
 
 import numpy as np
@@ -161,7 +162,9 @@ def test_lens_bridge_equals_hf(smollm2):
     model, tok = smollm2
     try:
         bridge = lens.TransformerBridge.boot_transformers(
-            "HuggingFaceTB/SmolLM2-135M-Instruct", hf_model=model, tokenizer=tok
+            "HuggingFaceTB/SmolLM2-135M-Instruct",
+            hf_model=copy.deepcopy(model),  # the bridge takes over its model's modules in place:
+            tokenizer=tok,  # a private copy keeps the session's shared SmolLM2 a plain HF model
         )
     except Exception as e:  # noqa: BLE001 - report why the bridge cannot boot offline, not a pass
         pytest.fail(f"TransformerBridge cannot boot SmolLM2 offline: {type(e).__name__}: {e}")
