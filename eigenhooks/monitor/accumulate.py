@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import torch
 
-from . import stats as M
+from . import stats
 from .forward import ForwardSums, LayerSums, Step, fold_copies
 from .measures import close_rows, zero_state
 from .plan import Plan
@@ -204,7 +204,7 @@ class Accumulator:
     def merge(self, states: dict[int, dict[str, torch.Tensor]]) -> None:
         """Add a state of the same layout (``stats.merge_states``)."""
         self.zero.clear()
-        self.state = {i: M.merge_states(self.state[i], states[i]) for i in self.state}
+        self.state = {i: stats.merge_states(self.state[i], states[i]) for i in self.state}
 
     def all_reduce(self, dist, group) -> None:
         """Sum the whole state across the ranks of ``group`` (open sequences end first)."""

@@ -25,7 +25,7 @@ from pathlib import Path
 import torch
 
 from ..models import Adapter, get_adapter
-from . import fingerprint as FP
+from . import fingerprint
 from .accumulate import Accumulator
 from .config import MonitorConfig
 from .forward import Call, Forward, Generation
@@ -315,7 +315,7 @@ class Monitor(NotebookViews):
         its first call (the bases were fixed then: later edits of the weights do not change it)."""
         self._prepare()
         if self._fingerprint is None:
-            self._fingerprint = FP.fingerprint(self.adapter, self.config, self._plan, self.target_defs)
+            self._fingerprint = fingerprint.fingerprint(self.adapter, self.config, self._plan, self.target_defs)
         return self._fingerprint
 
     def state_dict(self) -> dict:
@@ -337,7 +337,7 @@ class Monitor(NotebookViews):
                 settings, predates the fingerprint, or is malformed; the message names what differs.
         """
         self._prepare()
-        self._acc.replace(FP.check_state(self._layout(), state, self._acc.state))
+        self._acc.replace(fingerprint.check_state(self._layout(), state, self._acc.state))
 
     def merge_state_dict(self, state: dict) -> None:
         """Add a saved state (another batch, process or run of a monitor that means the same) to this one.
@@ -346,7 +346,7 @@ class Monitor(NotebookViews):
             ValueError: as ``load_state_dict``; a refused state adds nothing.
         """
         self._prepare()
-        self._acc.merge(FP.check_state(self._layout(), state, self._acc.state))
+        self._acc.merge(fingerprint.check_state(self._layout(), state, self._acc.state))
 
     def all_reduce(self, group=None) -> None:
         """Sum the whole state across the ranks of ``group`` with torch.distributed (gloo or NCCL).
@@ -365,7 +365,7 @@ class Monitor(NotebookViews):
 
         if not dist.is_available() or not dist.is_initialized():
             raise RuntimeError("all_reduce needs torch.distributed initialised (torchrun, or dist.init_process_group)")
-        FP.check_ranks(self._layout(), dist, group)
+        fingerprint.check_ranks(self._layout(), dist, group)
         self._acc.all_reduce(dist, group)
 
     # ---- sinks ----

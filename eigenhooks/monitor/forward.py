@@ -15,7 +15,7 @@ from typing import NamedTuple
 import torch
 
 from ..models.base import as_tokens
-from . import stats as M
+from . import stats
 from .config import POINTS
 from .plan import LayerPlan, Plan
 from .reduce import Grid, Projection, project, reduce_many
@@ -242,7 +242,7 @@ class Forward:
         rec = {"layer": lp.index, "target": meta.name, "forward": self.index, "mask": mask.cpu()}
         for p in POINTS:
             if points.get(p) is not None:
-                rec[f"a_{p}"] = M.alignment(points[p].float(), U).cpu()
+                rec[f"a_{p}"] = stats.alignment(points[p].float(), U).cpu()
         return rec
 
     # ---- the end ----

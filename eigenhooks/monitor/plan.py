@@ -17,8 +17,7 @@ from ..linalg.eig import RANKS
 from ..models import Adapter, layer_index
 from ..spectra import parallel_map
 from ..spectra.compute import VARIANTS, layer_stacked, spectra_by_rank
-from . import fingerprint as FP
-from . import stats as M
+from . import fingerprint, stats
 from .config import MonitorConfig
 from .measures import MEASURES
 from .reduce import Arena, LayerBases, pad_to_stack, warm
@@ -53,7 +52,7 @@ class LayerPlan:
     """One measured layer: its targets and bases, its reading points, and the facts a forward looks up."""
 
     index: int
-    targets: list[M.TargetSpec]
+    targets: list[stats.TargetSpec]
     meta: list[TargetMeta]
     bases: LayerBases
     reading: object  # models.ReadingPoints: where pre, attn, mid and post are read
@@ -108,22 +107,22 @@ def _parse_target(ad: Adapter, t, vectors: dict) -> TargetDef:
     if not isinstance(name, str) or not name:
         raise ValueError(f"a custom target's name must be a non-empty string, got {name!r}")
     if not isinstance(U, dict):
-        checked = {d: M.check_target(name, U, d) for d in sorted({ad.width(i) for i in range(ad.n_layers)})}
-        vectors[name] = dict.fromkeys(range(ad.n_layers), FP.vector_digest(U))
+        checked = {d: stats.check_target(name, U, d) for d in sorted({ad.width(i) for i in range(ad.n_layers)})}
+        vectors[name] = dict.fromkeys(range(ad.n_layers), fingerprint.vector_digest(U))
         return TargetDef(name, per_layer={i: checked[ad.width(i)] for i in range(ad.n_layers)})
     if not U:
-        raise M.TargetError(f"target {name!r}: an empty dict measures no layer; give {{layer: tensor}}")
+        raise stats.TargetError(f"target {name!r}: an empty dict measures no layer; give {{layer: tensor}}")
     per, given = {}, {}
     for key, u in U.items():
         try:
             layer = layer_index(key, ad.n_layers, f"target {name!r}: layer key")
         except (TypeError, IndexError) as e:
-            raise M.TargetError(str(e)) from None
+            raise stats.TargetError(str(e)) from None
         if layer in per:
-            raise M.TargetError(f"target {name!r}: layer keys {given[layer]!r} and {key!r} are both layer {layer}")
+            raise stats.TargetError(f"target {name!r}: layer keys {given[layer]!r} and {key!r} are both layer {layer}")
         given[layer] = key
-        per[layer] = M.check_target(name, u, ad.width(layer))
-        vectors.setdefault(name, {})[layer] = FP.vector_digest(u)
+        per[layer] = stats.check_target(name, u, ad.width(layer))
+        vectors.setdefault(name, {})[layer] = fingerprint.vector_digest(u)
     return TargetDef(name, per_layer=dict(sorted(per.items())))
 
 
@@ -165,23 +164,23 @@ def _layer(ad: Adapter, config: MonitorConfig, defs: list[TargetDef], specs: dic
         if not d.builtin and i not in d.per_layer:
             continue
         s = specs[(d.variant or "ov", d.rank or "modulus")][i]
-        eig = M.eig_subspaces(s.eigenvalues, s.eigenvectors, config.eig_top + (1 if d.builtin else 0))
+        eig = stats.eig_subspaces(s.eigenvalues, s.eigenvectors, config.eig_top + (1 if d.builtin else 0))
         if d.builtin:
             U, eig = s.basis, eig[1:]  # the target is F's own top subspace: rank it among the others
         else:
             U = d.per_layer[i]
         v1 = U[:, 0] if U.shape[1] == 1 else None
         fkey = d.variant or "ov"
-        tgts.append(M.TargetSpec(d.name, U, v1, eig, fkey if config.fnull_draws else None))
+        tgts.append(stats.TargetSpec(d.name, U, v1, eig, fkey if config.fnull_draws else None))
         meta.append(TargetMeta(d.name, d.variant, d.rank, s if d.builtin else None))
     if not tgts:
         return None
     k_max = max(t.k for t in tgts)
-    haar = M.haar_frames(ad.width(i), k_max, config.null_draws, seed(config, i, 0))
+    haar = stats.haar_frames(ad.width(i), k_max, config.null_draws, seed(config, i, 0))
     fnull = {}
     for fkey in sorted({t.fnull for t in tgts if t.fnull}):
         O, V = layer_stacked(ad, i, fkey)
-        fnull[fkey] = M.power_step_frames(
+        fnull[fkey] = stats.power_step_frames(
             lambda G, O=O, V=V: O @ (V @ G), ad.width(i), k_max, config.fnull_draws, seed(config, i, 1 + len(fnull))
         )
     bases = LayerBases(

@@ -49,7 +49,7 @@ from dataclasses import dataclass, field
 import torch
 
 from ..spectra.compute import layer_stacked, spectra_by_rank
-from . import stats as M
+from . import stats
 from .measures import MEASURES, ROW, TARGET, TGT_FIELDS, zero_state
 from .measures.plain import align, align_frames, up  # noqa: F401  (the plain helpers, re-exported)
 from .measures.target import reference_close
@@ -139,7 +139,7 @@ def build_bases(
             L = adapter.n_layers
             given = {k % L: u for k, u in U.items()} if isinstance(U, dict) else dict.fromkeys(range(L), U)
             defs.append(
-                (name, "ov", "modulus", {i: M.check_target(name, u, adapter.width(i)) for i, u in given.items()})
+                (name, "ov", "modulus", {i: stats.check_target(name, u, adapter.width(i)) for i, u in given.items()})
             )
     specs = {}
     for _, variant, rank, _ in defs:
@@ -159,17 +159,17 @@ def _layer_bases(adapter, i, chosen, specs, K, Kf, m, null_seed) -> LayerBases:
     for name, variant, rank, per in chosen:
         s = specs[(variant, rank)][i]
         if per is None:  # F's own top subspace, ranked among the next m
-            U, eig = s.basis.double(), M.eig_subspaces(s.eigenvalues, s.eigenvectors, m + 1)[1:]
+            U, eig = s.basis.double(), stats.eig_subspaces(s.eigenvalues, s.eigenvectors, m + 1)[1:]
         else:  # a custom target is ranked among F's (ov, modulus) top m
-            U, eig = per[i], M.eig_subspaces(s.eigenvalues, s.eigenvectors, m)
+            U, eig = per[i], stats.eig_subspaces(s.eigenvalues, s.eigenvectors, m)
         rows.append((name, variant, U, eig))
     k_max = max(U.shape[1] for _, _, U, _ in rows)
-    haar = M.haar_frames(d, k_max, K, seed(null_seed, i, 0))
+    haar = stats.haar_frames(d, k_max, K, seed(null_seed, i, 0))
     frames = {}
     if Kf:
         for j, variant in enumerate(sorted({v for _, v, _, _ in rows})):
             O, V = layer_stacked(adapter, i, variant)
-            frames[variant] = M.power_step_frames(lambda G: O @ (V @ G), d, k_max, Kf, seed(null_seed, i, 1 + j))
+            frames[variant] = stats.power_step_frames(lambda G: O @ (V @ G), d, k_max, Kf, seed(null_seed, i, 1 + j))
     tgts = [TargetBases(name, U, eig, frames.get(variant)) for name, variant, U, eig in rows]
     width = max([len(t.eig) for t in tgts] + [m if any(t.eig for t in tgts) else 0])
     return LayerBases(tgts, haar, sorted({t.k for t in tgts}), width, Kf if frames else 0)

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import torch
 
-from . import stats as M
+from . import stats
 from .config import MonitorConfig
 from .measures import TGT_FIELDS, summarize
 from .plan import Plan, seed
@@ -63,7 +63,7 @@ def summary_table(
         fam = [f or family(r) for f, r in zip(families, rows)]
         df["q_null"] = q_values(df["layer"].tolist(), bases, fam, df["p_null"].tolist(), df)
         df["verdict"] = [
-            M.verdict(q, lift, null_tokens=n) for q, lift, n in zip(df["q_null"], df["lift"], df["null_tokens"])
+            stats.verdict(q, lift, null_tokens=n) for q, lift, n in zip(df["q_null"], df["lift"], df["null_tokens"])
         ]
     return df
 
@@ -87,7 +87,7 @@ def hypotheses(layers: list, bases: list[torch.Tensor], families: list[str]) -> 
     seen: dict[tuple, list[int]] = {}
     for i, key in enumerate(zip(families, layers)):
         reps = seen.setdefault(key, [])
-        j = next((r for r in reps if M.same_subspace(bases[r], bases[i])), None)
+        j = next((r for r in reps if stats.same_subspace(bases[r], bases[i])), None)
         if j is None:
             reps.append(i)
         first.append(i if j is None else j)
@@ -105,7 +105,7 @@ def q_values(layers: list, bases: list[torch.Tensor], families: list[str], p: li
     q = [float("nan")] * len(p)
     for fam in dict.fromkeys(families):
         reps = [i for i, (j, f) in enumerate(zip(first, families)) if i == j and f == fam]
-        for i, qi in zip(reps, M.bh([p[i] for i in reps])):
+        for i, qi in zip(reps, stats.bh([p[i] for i in reps])):
             q[i] = qi
     return [q[j] for j in first]
 

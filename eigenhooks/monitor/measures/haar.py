@@ -90,7 +90,7 @@ class Haar(Measure):
         """The Haar null's band, p_null (too few null tokens: NaN), percentiles, the lift and its interval."""
         import numpy as np
 
-        from .. import stats as M
+        from .. import stats
 
         t, state, ki, nan = row.t, row.state, row.k_index, float("nan")
         div = lambda a, b: a / b if b > 0 else nan  # noqa: E731
@@ -108,17 +108,17 @@ class Haar(Measure):
             null_rho_mean=float(null.mean()) if null.size else nan,
             null_rho_lo=q(null, 0.025),
             null_rho_hi=q(null, 0.975),
-            rho_percentile=M.percentile(rho_s, null),
-            p_null=M.mc_p_value(rho_s, null, row.tie_seed) if ns >= M.MIN_NULL_TOKENS else nan,
+            rho_percentile=stats.percentile(rho_s, null),
+            p_null=stats.mc_p_value(rho_s, null, row.tie_seed) if ns >= stats.MIN_NULL_TOKENS else nan,
             null_gamma_pre_mean=float(npre.mean()) if npre.size else nan,
             null_gamma_pre_lo=q(npre, 0.025),
             null_gamma_pre_hi=q(npre, 0.975),
-            gamma_pre_percentile=M.percentile(div(t["sum_pre_sub"], nps), npre),
+            gamma_pre_percentile=stats.percentile(div(t["sum_pre_sub"], nps), npre),
             null_gamma_mid_mean=float(nmid.mean()) if nmid.size else nan,
-            gamma_mid_percentile=M.percentile(div(t["sum_mid_sub"], ns), nmid),
+            gamma_mid_percentile=stats.percentile(div(t["sum_mid_sub"], ns), nmid),
         )
         col["lift"] = rho_s - col["null_rho_mean"]
-        col.update(M.cluster_ci(t, out["rho"], col["lift"], float(null.var(ddof=1)) if null.size > 1 else 0.0, K))
+        col.update(stats.cluster_ci(t, out["rho"], col["lift"], float(null.var(ddof=1)) if null.size > 1 else 0.0, K))
         col["null_draws"] = K
         return col
 
