@@ -97,3 +97,13 @@ def interrupted(e: BaseException | None) -> bool:
     """Whether ``e`` is, or was raised while handling or because of, a KeyboardInterrupt (a library that
     wraps the interrupt in its own error, as transformers' lazy imports do, still means Ctrl-C)."""
     return any(isinstance(x, KeyboardInterrupt) for x in causes(e))
+
+
+def installed_version(pkg: str) -> str:
+    """The installed version of a distribution, or 'not installed' (run folders and ``--version`` say it)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version(pkg)
+    except PackageNotFoundError:
+        return "not installed"

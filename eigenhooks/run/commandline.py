@@ -69,16 +69,10 @@ def print_version(value: bool) -> None:
     """``--version``: eigenhooks' version, then torch's and transformers' (what a bug report needs)."""
     if not value:
         return
-    from importlib.metadata import PackageNotFoundError, version
-
     from ..data import __version__
+    from .checks import installed_version
 
-    found = []
-    for dist in ("torch", "transformers"):
-        try:
-            found.append(f"{dist} {version(dist)}")
-        except PackageNotFoundError:
-            found.append(f"{dist} not installed")
+    found = [f"{dist} {installed_version(dist)}" for dist in ("torch", "transformers")]
     typer.echo(f"eigenhooks {__version__} ({', '.join(found)})")
     raise typer.Exit()
 

@@ -45,7 +45,7 @@ import torch
 
 from . import direction_report
 from . import distributed as D
-from .checks import check_device, check_finite, check_nulls, check_sizes, interrupted
+from .checks import check_device, check_finite, check_nulls, check_sizes, installed_version, interrupted
 from .folder import RunFolder, RunFolderError, RunFolderWarning, deferred_sigint, import_whole
 from .texts import DataLoadError, TokenBatches, iter_texts, load_texts, make_batches, sample_text
 
@@ -360,7 +360,7 @@ def _base_meta(model, backend, seed, max_tokens, batch_size, command, ctx) -> di
         "world_size": ctx.world,
         "eigenhooks": __version__,
         "torch": torch.__version__,
-        "transformers": _version("transformers"),
+        "transformers": installed_version("transformers"),
         "python": platform.python_version(),
         "pid": os.getpid(),
         "host": platform.node(),
@@ -450,12 +450,3 @@ def _dtype(name: str | None):
     if name not in table:
         raise ValueError(f"--dtype must be one of {', '.join(table)}, got {name!r}")
     return table[name]
-
-
-def _version(pkg: str) -> str:
-    from importlib.metadata import PackageNotFoundError, version
-
-    try:
-        return version(pkg)
-    except PackageNotFoundError:
-        return "not installed"
