@@ -16,7 +16,7 @@ import torch
 
 from . import stats
 from .forward import ForwardSums, LayerSums, Step, fold_copies
-from .measures import close_rows, zero_state
+from .measures import Sizes, close_rows, zero_state
 from .plan import Plan
 from .reduce import Grid, project, reduce_many
 
@@ -44,7 +44,7 @@ class Accumulator:
         self.state: dict[int, dict[str, torch.Tensor]] = {}
         for i, lp in plan.layers.items():
             b = lp.bases
-            self.state[i] = zero_state(b.T, len(b.ks), b.null_draws, max(b.eig_slots, 0), b.fnull_draws, b.measures)
+            self.state[i] = zero_state(layer_sizes(i, b), b.measures)
         self.zero = set(plan.layers)  # layers whose state is still zeros: replaced, not added to, at first
         self.rows: dict[int, torch.Tensor] = {}  # open sequences' counters (b, 5, T)
         self.buf: list[dict[int, Step]] = []  # buffered one-token steps: each forward's, layer -> Step
@@ -232,3 +232,8 @@ def foreach_sum(a: list[torch.Tensor], b: list[torch.Tensor]) -> list[torch.Tens
         for i, t in zip(idx, torch._foreach_add([a[i] for i in idx], [b[i] for i in idx])):
             out[i] = t
     return out
+
+
+def layer_sizes(i: int, b) -> Sizes:
+    """Layer i's state sizes from its ``LayerBases``."""
+    return Sizes(i, b.T, len(b.ks), b.null_draws, max(b.eig_slots, 0), b.fnull_draws)

@@ -29,7 +29,7 @@ from . import fingerprint
 from .accumulate import Accumulator
 from .config import MonitorConfig
 from .forward import Call, Forward, Generation
-from .logs import LogPoints, scalar_labels
+from .logs import Labels, LogPoints
 from .notebook import NotebookViews
 from .plan import Plan, build_plan, parse_targets
 from .sinks import SinkError
@@ -56,7 +56,7 @@ class Monitor(NotebookViews):
         self._logs = LogPoints(sink, self.config.log_every)
         self._warn = Warner()
         self._plan: Plan | None = None
-        self._tags = None  # logs.scalar_labels of the plan, once it is built
+        self._tags = None  # logs.Labels of the plan, once it is built
         self._acc: Accumulator | None = None
         self._taps: Taps | None = None
         self._fwds: dict[int, Forward] = {}  # thread -> the forward running there (threads share a model)
@@ -369,18 +369,18 @@ class Monitor(NotebookViews):
         self._acc.all_reduce(dist, group)
 
     # ---- sinks ----
-    def _labels(self):
+    def _labels(self) -> Labels:
         """The sinks' tags of the state's rows, made once per plan (not per forward)."""
         if self._tags is None:
-            self._tags = scalar_labels(self._plan, self.points, self.adapter.n_layers)
+            self._tags = Labels(self._plan, self.points, self.adapter.n_layers)
         return self._tags
 
     def scalars(self) -> dict[str, float]:
-        """The running values now, ``{tag: value}``: gamma_pre/mid/post, rho and n_tokens per
-        (layer, target), tagged ``eigenhooks/rho/L07/ov-modulus``. Reads the device (a sync)."""
+        """The running values now, ``{tag: value}``: gamma_pre/mid/post, rho, n_tokens and each own
+        measure's ``scalars`` per (layer, target), tagged ``eigenhooks/rho/L07/ov-modulus``. A device sync."""
         acc = self._prepare()
-        rows = torch.cat([t.to("cpu", torch.float64) for t in acc.target_sums()])
-        return self._labels()(rows.tolist())
+        labels = self._labels()
+        return labels(torch.cat([t.to("cpu", torch.float64).flatten() for t in labels.tensors(acc)]))
 
     def log(self, step: int | None = None) -> dict[str, float]:
         """Log the running values to the sinks now, at ``step`` (default ``mon.step``, else the

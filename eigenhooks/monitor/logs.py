@@ -19,11 +19,11 @@ from dataclasses import dataclass
 
 import torch
 
-from .accumulate import Accumulator
+from .accumulate import Accumulator, layer_sizes
 from .forward import ForwardSums
-from .measures import TGT_FIELDS
+from .measures import TGT_FIELDS, Measure, Row
 from .plan import Plan
-from .sinks import METRICS, SinkError, make_sinks, scalar_values
+from .sinks import METRICS, SinkError, make_sinks, running, tag
 
 
 @dataclass
@@ -79,7 +79,7 @@ class LogPoints:
                     call(s, "forward", acc.n_forwards, stats)
         if self.log_every and acc.n_forwards % self.log_every == 0 and self.scalar_sinks:
             self.emit_pending(labels)
-            self.enqueue(acc, self.step_now(None, acc.n_forwards))
+            self.enqueue(acc, self.step_now(None, acc.n_forwards), labels)
 
     def undo(self, mark: LogMark) -> None:
         for s in mark.written:
@@ -87,15 +87,15 @@ class LogPoints:
         self.pending, self.logged_at = mark.pending, mark.logged_at
 
     # ---- log points ----
-    def enqueue(self, acc: Accumulator, step: int) -> None:
+    def enqueue(self, acc: Accumulator, step: int, labels: Labels) -> None:
         """Start copying the running sums to the host; ``emit_pending`` reads them later."""
-        tgt = acc.target_sums()
-        dev = next((t.device for t in tgt if t.device.type == "cuda"), None)
+        sums = labels.tensors(acc)
+        dev = next((t.device for t in sums if t.device.type == "cuda"), None)
         event = None
         if dev is None:
-            host = torch.cat([t.to(torch.float64) for t in tgt])  # a new tensor: later forwards do not touch it
+            host = torch.cat([t.to(torch.float64).flatten() for t in sums])  # new: later forwards do not touch it
         else:
-            flat = torch.cat([t.to(dev, torch.float64, non_blocking=True) for t in tgt])  # (rows, len(TGT_FIELDS))
+            flat = torch.cat([t.to(dev, torch.float64, non_blocking=True).flatten() for t in sums])
             if self._host is None or self._host.shape != flat.shape:
                 self._host = torch.empty(flat.shape, dtype=flat.dtype, pin_memory=True)
             self._host.copy_(flat, non_blocking=True)
@@ -112,7 +112,7 @@ class LogPoints:
             return
         if p["event"] is not None and not p["event"].query():
             p["event"].synchronize()
-        values = labels(p["host"].tolist())
+        values = labels(p["host"])
         for i, s in enumerate(self.sinks):
             if s.per_forward or i in p["done"]:
                 continue
@@ -144,7 +144,7 @@ class LogPoints:
             if self.scalar_sinks and acc.n_forwards:
                 if self.logged_at != acc.n_forwards:
                     self.emit_pending(labels)
-                    self.enqueue(acc, self.step_now(None, acc.n_forwards))
+                    self.enqueue(acc, self.step_now(None, acc.n_forwards), labels)
                 self.emit_pending(labels)
                 if self.summary_at != acc.n_forwards:
                     log_summary()
@@ -171,12 +171,57 @@ def forward_stats(plan: Plan, fs: ForwardSums) -> list[dict]:
     return out
 
 
-def scalar_labels(plan: Plan, points: tuple[str, ...], n_layers: int):
-    """rows (list of TGT_FIELDS lists, in layer and target order) -> {tag: value} for the sinks."""
-    labels = [(i, meta.name) for i in sorted(plan.layers) for meta in plan.layers[i].meta]
-    metrics = [m for m in METRICS if m != "gamma_post" or "post" in points]
-    metrics = [m for m in metrics if m not in ("gamma_mid", "rho") or "mid" in points]
-    return lambda rows: scalar_values(rows, labels, metrics, n_layers)
+class Labels:
+    """The sinks' tags of a plan's running values, made once per plan: which sums a log point copies to
+    the host (``tensors``) and what they are called there (``__call__``).
+
+    Every (layer, target) logs the built-in metrics (``sinks.running``) and each measure's own
+    ``scalars``; a measure's fields are copied only if it defines ``scalars``."""
+
+    def __init__(self, plan: Plan, points: tuple[str, ...], n_layers: int):
+        self.rows = [(i, ti, meta.name) for i in sorted(plan.layers) for ti, meta in enumerate(plan.layers[i].meta)]
+        metrics = [m for m in METRICS if m != "gamma_post" or "post" in points]
+        self.metrics = [m for m in metrics if m not in ("gamma_mid", "rho") or "mid" in points]
+        self.width = max(2, len(str(max(n_layers - 1, 0))))
+        self.bases = {i: plan.layers[i].bases for i in sorted(plan.layers)}
+        self.own = {i: [m for m in b.measures if type(m).scalars is not Measure.scalars] for i, b in self.bases.items()}
+        self.shapes: dict[int, list[tuple[str, torch.Size]]] = {}  # layer -> its measures' fields, by tensors()
+
+    def tensors(self, acc: Accumulator) -> list[torch.Tensor]:
+        """The sums a log point reads, on their devices: each layer's ``tgt``, then its logged fields."""
+        out = []
+        for i, tgt in zip(sorted(self.bases), acc.target_sums()):
+            st = acc.state[i]
+            fields = [k for m in self.own[i] for k in m.zero(layer_sizes(i, self.bases[i])) if k in st]
+            self.shapes[i] = [(k, st[k].shape) for k in fields]
+            out += [tgt.detach()] + [st[k].detach() for k in fields]
+        return out
+
+    def __call__(self, host: torch.Tensor) -> dict[str, float]:
+        """``tensors``' values, flattened and concatenated on the host -> {tag: value}."""
+        flat, at, out = host.to(torch.float64).flatten(), 0, {}
+        take = lambda shape: flat[at : at + shape.numel()].reshape(shape)  # noqa: E731
+        tgts, fields = {}, {}
+        for i, b in self.bases.items():
+            tgts[i] = take(torch.Size((b.T, len(TGT_FIELDS))))
+            at += tgts[i].numel()
+            fields[i] = {}
+            for k, shape in self.shapes.get(i, []):
+                fields[i][k] = take(shape)
+                at += shape.numel()
+        for layer, ti, target in self.rows:
+            row = tgts[layer][ti].tolist()
+            vals = running(row)
+            for m in self.metrics:
+                out[tag(m, layer, target, self.width)] = vals[m]
+            if self.own[layer]:
+                b = self.bases[layer]
+                state = {"tgt": tgts[layer], **fields[layer]}
+                r = Row(state, ti, b.k_index[ti], b.targets[ti].k, dict(zip(TGT_FIELDS, row)))
+                for m in self.own[layer]:
+                    for metric, v in m.scalars(r).items():
+                        out[tag(metric, layer, target, self.width)] = float(v)
+        return out
 
 
 def call(sink, method: str, *args) -> None:

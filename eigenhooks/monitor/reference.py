@@ -50,7 +50,7 @@ import torch
 
 from ..spectra.compute import layer_stacked, spectra_by_rank
 from . import stats
-from .measures import MEASURES, ROW, TARGET, TGT_FIELDS, zero_state
+from .measures import MEASURES, ROW, TARGET, TGT_FIELDS, Sizes, zero_state
 from .measures.plain import align, align_frames, up  # noqa: F401  (the plain helpers, re-exported)
 from .measures.target import reference_close
 
@@ -181,7 +181,7 @@ class _LayerSums:
     def __init__(self, bases: LayerBases, K: int, measures: tuple = MEASURES, layer: int | None = None):
         self.bases, self.measures, self.layer = bases, measures, layer
         T = len(bases.targets)
-        self.state = zero_state(T, len(bases.ks), K, bases.m, bases.Kf, measures)
+        self.state = zero_state(Sizes(layer, T, len(bases.ks), K, bases.m, bases.Kf), measures)
         self.rows: torch.Tensor | None = None
 
     def close(self) -> None:

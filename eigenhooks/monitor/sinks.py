@@ -327,17 +327,6 @@ def check_tags(target_names: Sequence[str]) -> None:
         seen[part] = name
 
 
-def scalar_values(rows: Sequence[Sequence[float]], labels: Sequence[tuple[int, str]], metrics, n_layers: int) -> dict:
-    """{tag: value} for every (layer, target) row and metric."""
-    width = max(2, len(str(max(n_layers - 1, 0))))
-    out = {}
-    for (layer, target), row in zip(labels, rows):
-        vals = running(row)
-        for m in metrics:
-            out[tag(m, layer, target, width)] = vals[m]
-    return out
-
-
 def markdown_table(df, columns: Sequence[str] = TEXT_COLUMNS) -> str:
     """The summary as a markdown table (TensorBoard's text plugin renders it)."""
     cols = [c for c in columns if c in df.columns]

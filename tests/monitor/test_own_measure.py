@@ -112,3 +112,54 @@ def test_its_state_saves_loads_and_merges_and_other_directions_do_not_merge(ex):
                        **SETTINGS)  # fmt: skip
     with pytest.raises(ValueError, match="sae"):
         other.merge_state_dict(mon.state_dict())
+
+
+def test_its_running_values_reach_the_sinks_under_its_own_tags(ex):
+    """A measure's ``scalars`` are logged beside the built-in metrics, tagged like them, at every log point;
+    the last equals its summary column (both read the same state)."""
+    D = torch.randn(6, 128, generator=torch.Generator().manual_seed(5))
+    model, tok = ex["model"], ex["tok"]
+    tok.pad_token = tok.pad_token or tok.eos_token
+    logged: list[tuple[int, dict]] = []
+    mon = eh.monitor(model, targets=[("ov", "modulus")], measures=[ex["Directions"]("sae", D)],
+                     sink=lambda step, values: logged.append((step, dict(values))), log_every=1, **SETTINGS)  # fmt: skip
+    with torch.no_grad(), mon:
+        for text in TEXTS:
+            model(**tok([text], return_tensors="pt"))
+    assert len(logged) == len(TEXTS)
+    layers = sorted(mon.state_dict()["layers"], key=int)
+    df = mon.summary().set_index("layer")
+    for i in layers:
+        t = f"eigenhooks/sae_rho_max/L{int(i):02d}/ov-modulus"
+        assert all(t in values for _, values in logged), t
+        assert f"eigenhooks/rho/L{int(i):02d}/ov-modulus" in logged[-1][1]
+        assert logged[-1][1][t] == pytest.approx(float(df.loc[int(i), "sae_rho_max"]), abs=1e-12)
+    first = [v for k, v in logged[0][1].items() if k.startswith("eigenhooks/sae_rho_max/")]
+    last = [v for k, v in logged[-1][1].items() if k.startswith("eigenhooks/sae_rho_max/")]
+    assert first != last  # running values, not the final ones repeated
+    assert mon.scalars() == logged[-1][1]
+
+
+def test_a_measure_without_scalars_copies_nothing_to_the_host_and_zero_knows_its_layer():
+    """Only measures that log running values have their fields read at a log point; ``zero`` gets the layer."""
+    from eigenhooks.monitor.logs import Labels
+
+    seen: list = []
+
+    class PerLayer(eh.Measure):
+        name = "per_layer"
+
+        def zero(self, size):
+            seen.append(size.layer)
+            return {"per_layer": torch.zeros(size.layer + 1, dtype=torch.float64)}
+
+    model, tok = eh.zoo.load("gpt2-tiny")
+    mon = eh.monitor(model, targets=[("ov", "modulus")], measures=[PerLayer()], **SETTINGS)
+    with torch.no_grad(), mon:
+        model(**tok(TEXTS[:1], return_tensors="pt"))
+    st = mon.state_dict()["layers"]
+    assert {int(i): len(v["per_layer"]) for i, v in st.items()} == {int(i): int(i) + 1 for i in st}
+    assert set(seen) >= {int(i) for i in st}
+    labels = Labels(mon._plan, mon.points, mon.adapter.n_layers)
+    tensors = labels.tensors(mon._acc)
+    assert len(tensors) == len(st) and all(v == [] for v in labels.shapes.values())

@@ -9,7 +9,7 @@ Each holds its state fields, its columns and slice of the fast reduction (``base
 reduction engine (``reduce/``) hands each its columns and knows none by name.
 """
 
-from .base import Measure, Row
+from .base import Measure, Row, Sizes
 from .eig import EIG
 from .fnull import FNULL
 from .haar import HAAR
@@ -21,11 +21,11 @@ NULL_SETTINGS = tuple(k for m in MEASURES for k in m.settings)  # the settings t
 ROW = tuple(f for m in MEASURES for f in m.row_fields)  # a sequence's open counters, per target
 
 
-def zero_state(T: int, n_k: int, K: int, m: int, Kf: int, measures=MEASURES) -> dict:
-    """The empty state of one layer: T targets, n_k distinct k, K Haar draws, m eig, Kf F-null."""
+def zero_state(size: Sizes, measures=MEASURES) -> dict:
+    """The empty state of one layer of these sizes (T targets, n_k distinct k, K Haar draws, m eig, Kf F-null)."""
     out: dict = {}
     for ms in measures:
-        out.update(ms.zero(T, n_k, K, m, Kf))
+        out.update(ms.zero(size))
     return out
 
 
@@ -51,6 +51,7 @@ __all__ = [
     "NULL_COLUMNS",
     "ROW",
     "Row",
+    "Sizes",
     "TARGET",
     "TGT_FIELDS",
     "close_rows",

@@ -4,7 +4,8 @@ The engine (``reduce/stacked.py``) knows no measure by name: it lays out each nu
 columns in the layer's null matrix (``columns``), hands each its slice of the projections
 (``align``), and asks each for its sums (``sums``, ``up``, ``no_mid``, ``finish``), its per-sequence
 counters (``rows``) and its group constants (``constants``). A measure's state fields start at
-``zero``; its fingerprint keys are ``settings``.
+``zero`` (one layer's ``Sizes``); its fingerprint keys are ``settings``; its running values at the
+sinks' log points are ``scalars``.
 """
 
 from __future__ import annotations
@@ -12,6 +13,23 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+
+
+@dataclass(frozen=True)
+class Sizes:
+    """The sizes of one layer's state, as ``Measure.zero`` gets them.
+
+    Attributes:
+        layer: the layer's index (None where a state is made for no particular layer).
+        T: its targets. n_k: their distinct dimensions k. K: Haar draws. m: eig slots. Kf: F-null draws.
+    """
+
+    layer: int | None
+    T: int
+    n_k: int
+    K: int
+    m: int
+    Kf: int
 
 
 @dataclass
@@ -55,8 +73,8 @@ class Measure:
         """Its settings as the fingerprint records them."""
         return {k: getattr(config, k) for k in self.settings}
 
-    def zero(self, T: int, n_k: int, K: int, m: int, Kf: int) -> dict[str, torch.Tensor]:
-        """Its fields of an empty layer state (float64)."""
+    def zero(self, size: Sizes) -> dict[str, torch.Tensor]:
+        """Its fields of an empty layer state (float64), for the layer ``size.layer``."""
         return {}
 
     # ---- the layer's bases ----
@@ -98,6 +116,14 @@ class Measure:
 
     def finish(self, stk, cols: dict, st: dict) -> None:
         """Last sums, once every measure has run."""
+
+    # ---- the sinks ----
+    def scalars(self, row: Row) -> dict[str, float]:
+        """Its running values of one (layer, target) at a log point, ``{metric: value}``; each is logged
+        as ``eigenhooks/<metric>/L<layer>/<target>`` beside the built-in ones (docs/api.md, "Sinks").
+        ``row.state`` holds its own fields and ``tgt``, read to the host; ``row.t`` the target's sums.
+        Return nothing (the default) to log nothing: its fields are then never copied."""
+        return {}
 
     # ---- the summary and the plain twin ----
     def summary(self, row: Row, out: dict) -> dict:

@@ -32,8 +32,8 @@ class Eig(Measure):
     settings = ("eig_top",)
     null = True
 
-    def zero(self, T, n_k, K, m, Kf):
-        return {"eig_up": torch.zeros(T, m, dtype=torch.float64)}
+    def zero(self, size):
+        return {"eig_up": torch.zeros(size.T, size.m, dtype=torch.float64)}
 
     def columns(self, lb, width):
         """[eig columns, zero padding to ``width``]; sets ``lb.S_eig``."""

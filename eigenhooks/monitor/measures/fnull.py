@@ -18,8 +18,8 @@ class FNull(Measure):
     settings = ("fnull_draws",)
     null = True
 
-    def zero(self, T, n_k, K, m, Kf):
-        return {"fnull_up": torch.zeros(T, Kf, dtype=torch.float64)}
+    def zero(self, size):
+        return {"fnull_up": torch.zeros(size.T, size.Kf, dtype=torch.float64)}
 
     def columns(self, lb, width):
         kw = lb.frame_width

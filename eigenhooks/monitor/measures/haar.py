@@ -39,9 +39,9 @@ class Haar(Measure):
     def fingerprint(self, config) -> dict:
         return {"null_seed": config.null_seed, "null_draws": config.null_draws, "null_stride": config.stride}
 
-    def zero(self, T, n_k, K, m, Kf):
+    def zero(self, size):
         z = lambda *s: torch.zeros(*s, dtype=torch.float64)  # noqa: E731
-        return {"null_up": z(n_k, K), "null_pre": z(n_k, K), "null_mid": z(n_k, K)}
+        return {"null_up": z(size.n_k, size.K), "null_pre": z(size.n_k, size.K), "null_mid": z(size.n_k, size.K)}
 
     def columns(self, lb, width):
         return [lb._haar.permute(1, 0, 2).reshape(lb.d, lb.null_draws * lb.frame_width)]  # column j*kw + i

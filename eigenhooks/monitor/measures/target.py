@@ -89,8 +89,8 @@ class Target(Measure):
     name = "target"
     row_fields = ("n", "u", "n_sub", "u_sub")
 
-    def zero(self, T, n_k, K, m, Kf):
-        return {"tgt": torch.zeros(T, len(TGT_FIELDS), dtype=torch.float64)}
+    def zero(self, size):
+        return {"tgt": torch.zeros(size.T, len(TGT_FIELDS), dtype=torch.float64)}
 
     def constants(self, bases, picks, dev):
         if len({tuple(x) for x in picks["cos"]}) > 1:
