@@ -43,6 +43,7 @@ from pathlib import Path
 
 import torch
 
+from ..progress import bar
 from . import direction_report
 from . import distributed as D
 from .checks import check_device, check_finite, check_nulls, check_sizes, installed_version, interrupted
@@ -117,7 +118,7 @@ def run(
     backend: str = "hf",
     seed: int = 0,
     nulls: dict | None = None,
-    progress: bool = True,
+    progress: bool | None = None,
     command: list[str] | None = None,
     dist_timeout: float = 300.0,
 ) -> RunResult:
@@ -138,6 +139,8 @@ def run(
             ``null_stride``, ``fnull_draws``, ``eig_top`` (see ``eh.monitor``; default: its
             defaults). Recorded in meta.json. More Haar draws lower p_null's floor 2/(K+1):
             with 30 layers, one layer alone can pass BH at 0.05 from K >= 1200.
+        progress: a bar of the monitored forwards on stderr (``eigenhooks.progress``: None draws it
+            where a person looks, a terminal or a notebook; True, False force it).
         dist_timeout: under torchrun, seconds to wait for the other ranks, at the start and at
             every collective (``--dist-timeout``); a process given WORLD_SIZE > 1 with no peers
             says what it waits for after a second and fails in one line after this long.
@@ -238,7 +241,7 @@ def _study(st: _Study, model, texts, torch_dtype, ctx, backend, max_tokens, batc
         st.mon = monitor(st.model, targets=TARGETS, sink=sink, **nulls)
         t0 = time.perf_counter()
         try:
-            _forwards(st, batches, ctx, backend, progress and ctx.rank == 0)
+            _forwards(st, batches, ctx, backend, progress if ctx.rank == 0 else False)
         finally:
             st.seconds = time.perf_counter() - t0
         if ctx.rank == 0:
@@ -278,7 +281,7 @@ def _reduce(st: _Study, sink: Path | None) -> None:
     D.gather_jsonl(sink, sink if st.folder is not None else None)
 
 
-def _forwards(st: _Study, batches: TokenBatches, ctx, backend: str, progress: bool) -> None:
+def _forwards(st: _Study, batches: TokenBatches, ctx, backend: str, progress: bool | None) -> None:
     import warnings
 
     from ..monitor import MeasurementWarning
@@ -422,17 +425,12 @@ def _plots(out: Path, st: _Study, backend: str) -> None:
     plt.close("all")
 
 
-def _progress(batches: TokenBatches, show: bool, total: int):
-    if not show:
-        yield from batches
-        return
-    from rich.progress import Progress
-
-    with Progress(transient=True) as bar:
-        task = bar.add_task("monitored forward passes (tokens)", total=total)
+def _progress(batches: TokenBatches, show: bool | None, total: int):
+    """The batches, moving the progress wing's bar (stderr, where a person looks) by the tokens fed."""
+    with bar("monitored forward passes (tokens)", total, show) as b:
         for x in batches:
             yield x
-            bar.update(task, completed=batches.n_tokens)
+            b.update(completed=batches.n_tokens)
 
 
 def _dtype(name: str | None):

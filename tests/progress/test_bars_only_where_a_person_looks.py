@@ -76,3 +76,29 @@ def test_verify_steps_through_the_layers_with_the_same_numbers(bars, deep):
     assert [(r.layer, r.max_abs_diff, r.linearity) for r in shown] == [
         (r.layer, r.max_abs_diff, r.linearity) for r in plain
     ]
+
+
+def test_a_run_moves_the_progress_wings_bar_by_tokens_and_none_when_told(monkeypatch, tmp_path):
+    """``eh.run.run``'s forwards use the progress wing's bar (stderr), not a bar of their own on stdout."""
+    from eigenhooks.run import job
+
+    seen = []
+
+    @contextmanager
+    def recording(description, total, progress=None):
+        rec = {"description": description, "total": total, "progress": progress, "completed": []}
+        seen.append(rec)
+
+        class Rec(P.Bar):
+            def update(self, *, completed=None, description=None):
+                rec["completed"].append(completed)
+
+        yield Rec()
+
+    monkeypatch.setattr(job, "bar", recording)
+    job.run("gpt2-tiny", max_tokens=200, batch_size=2, out=tmp_path / "a", progress=True)
+    (rec,) = seen
+    assert rec["description"].startswith("monitored forward") and rec["total"] == 200 and rec["progress"] is True
+    assert rec["completed"] == sorted(rec["completed"]) and rec["completed"][-1] >= 200 and len(rec["completed"]) >= 2
+    job.run("gpt2-tiny", max_tokens=64, out=tmp_path / "b")
+    assert seen[1]["progress"] is None  # the wing decides: silent when stderr is piped
