@@ -21,6 +21,8 @@ import eigenhooks as eh
 from eigenhooks.models import get_adapter
 from eigenhooks.monitor import stats as M
 
+from .summaries import bh_by_hand
+
 COUNTS = ["n_tokens", "n_nonfinite", "n_sequences", "null_tokens", "k"]
 FROM_COUNTS = [  # columns made from counts alone: equal counts give equal numbers
     "rho", "rho_ci_lo", "rho_ci_hi", "design_effect", "rho_null_tokens", "null_rho_mean", "null_rho_lo", "null_rho_hi",
@@ -113,24 +115,12 @@ def test_layer_rows_are_unchanged_by_head_targets(gpt2):
             reps.append(U)
             distinct.append(r["p_null"])
     assert len(distinct) < len(head)
-    want = dict(zip(distinct, _bh_by_hand(distinct)))
+    want = dict(zip(distinct, bh_by_hand(distinct)))
     np.testing.assert_allclose(head["q_null"], [want[p] for p in head["p_null"]], rtol=1e-12)
 
 
 def _basis(model, r):
     return eh.spectra(model, rank=r["rank"], heads=True)[r["layer"]].heads[int(r["head"])].basis
-
-
-def _bh_by_hand(p):
-    """Benjamini-Hochberg written out (step-up), numpy only."""
-    p = np.asarray(p, float)
-    m, order = p.size, np.argsort(p)
-    q, running = np.empty(m), 1.0
-    for rank in range(m, 0, -1):
-        i = order[rank - 1]
-        running = min(running, p[i] * m / rank)
-        q[i] = running
-    return q
 
 
 def test_state_round_trip_merge_and_fingerprint(gpt2):
