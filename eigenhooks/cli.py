@@ -16,7 +16,7 @@ import typer
 
 from .run.checks import interrupted
 from .run.commandline import ReadableTyper, VersionOpt, as_flags, one_line_warnings, quiet_libraries
-from .run.table import emit, fmt_complex, fmt_mb, print_run_table
+from .run.table import emit, fmt_complex, fmt_mb, layer_rows, print_head_table, print_run_table
 
 app = ReadableTyper(add_completion=False, no_args_is_help=True, help="Power-method alignment of transformer tokens.")
 
@@ -193,6 +193,7 @@ def run(
         float, typer.Option(help="under torchrun: seconds to wait for the other ranks (start and each exchange)")
     ] = 300.0,
     wide: Annotated[bool, typer.Option("--wide", help="every column of the table, also on a narrow terminal")] = False,
+    heads: Annotated[bool, typer.Option("--heads", help="also each head's principal subspace as a target")] = False,
     debug: DebugOpt = False,
 ) -> None:
     """The whole study: spectra, a monitored pass, a table, plots and report.html in a run folder.
@@ -221,6 +222,7 @@ def run(
                 "fnull_draws": fnull_draws,
                 "eig_top": eig_top,
             },
+            heads=heads,
             command=["eigenhooks", *sys.argv[1:]],
             dist_timeout=dist_timeout,
         )
@@ -231,8 +233,9 @@ def run(
         return
     if res.interrupted:
         _startup.stop(_interrupted_line(res))
-    df = res.summary
-    print_run_table(f"{model}: alignment per layer ({int(df['n_tokens'].iloc[0])} tokens)", df, wide=wide)
+    df, title = res.summary, f"{model}: alignment per layer ({int(res.summary['n_tokens'].iloc[0])} tokens)"
+    print_run_table(title, layer_rows(df), wide=wide)
+    print_head_table(f"{model}: alignment per head, the whole layer's update in each head's subspace", df)
     if res.tokens_per_s:
         typer.echo(f"throughput: {res.tokens_per_s:,.0f} tokens/s (monitored forwards)")
     if res.report_error:  # the warning above said why and what to run

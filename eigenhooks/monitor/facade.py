@@ -450,7 +450,7 @@ def monitor(model, *args, **kw) -> Monitor:
             and ('ov', 'residual') — and custom (name, tensor): a unit vector (d,), an orthonormal
             basis (d, k), in any float dtype (orthonormal to its precision), or a complex one (the
             real subspace span(Re v, Im v), e.g. ``spec.v_1``), or a dict {layer: tensor} (int keys,
-            negative from the end). Rows are labelled 'ov/modulus', 'ov/residual' or the name.
+            negative from the end); ('ov_head', rank): each head's subspace, rows 'ov_head/modulus/h3'.
         reading_points: which of 'pre', 'mid', 'post' to read ('pre' is required).
         tokens: also keep per-token alignments (``mon.token_records``), for plots.
         attention_mask: (batch, seq) mask overriding the one passed to the model call. Encoder-decoders:

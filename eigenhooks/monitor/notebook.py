@@ -18,7 +18,9 @@ class NotebookViews:
         target, as one matplotlib Figure; a notebook shows it inline as the cell's value.
 
         Args:
-            target: one target ('modulus', 'residual', 'ov/modulus', a custom name); None: every target.
+            target: one target ('modulus', 'residual', 'ov/modulus', a custom name, a head's
+                'ov_head/modulus/h3'); None: every target but the heads'
+                (a column per head is no plot) when there are others.
 
         Example:
             >>> with eh.monitor(model) as mon:
@@ -27,7 +29,10 @@ class NotebookViews:
         """
         from ..plots import by_layer
 
-        return by_layer(self.summary(), target)
+        df = self.summary()
+        if target is None and "head" in df.columns and df["head"].isna().any():
+            df = df[df["head"].isna()]
+        return by_layer(df, target)
 
     def tokens(self):
         """The per-token records of ``eigenhooks.monitor(..., tokens=True)`` as a pandas DataFrame: one

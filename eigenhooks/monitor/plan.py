@@ -18,6 +18,7 @@ from ..models import Adapter, layer_index
 from ..spectra import parallel_map
 from ..spectra.compute import VARIANTS, layer_stacked, spectra_by_rank
 from . import fingerprint, stats
+from . import head_targets as H
 from .config import MonitorConfig
 from .measures import MEASURES
 from .reduce import Arena, LayerBases, pad_to_stack, warm
@@ -25,12 +26,14 @@ from .sinks import check_tags
 
 
 class TargetDef(NamedTuple):
-    """One target as the user gave it: built-in (variant, rank), or custom with a basis per layer."""
+    """One target as the user gave it: built-in (variant, rank), a head target (``head_targets``), or
+    custom with a basis per layer."""
 
     name: str
-    variant: str | None = None  # built-in only
+    variant: str | None = None  # built-in and head targets only
     rank: str | None = None
     per_layer: dict[int, torch.Tensor] | None = None  # custom only: {layer: orthonormal (d, k) float64}
+    heads: bool = False  # one target per query head: its principal subspace
 
     @property
     def builtin(self) -> bool:
@@ -39,12 +42,14 @@ class TargetDef(NamedTuple):
 
 @dataclass(frozen=True)
 class TargetMeta:
-    """What a summary row says of its target: its name, and for a built-in one the layer's spectrum."""
+    """What a summary row says of its target: its name, and for a built-in one the layer's spectrum
+    (a head target's: its head's)."""
 
     name: str
     variant: str | None
     rank: str | None
-    spec: object | None  # LayerSpectrum of a built-in target, None for a custom one
+    spec: object | None  # LayerSpectrum of a built-in target, HeadSpectrum of a head's, None for a custom one
+    head: int | None = None  # a head target's query head
 
 
 @dataclass(eq=False)
@@ -85,7 +90,8 @@ def parse_targets(adapter: Adapter, targets) -> tuple[list[TargetDef], dict[str,
     names = [d.name for d in defs]
     if len(set(names)) != len(names):
         raise ValueError(f"target names must be unique, got {names}")
-    check_tags(names)  # and their sink tags: 'ov-modulus' and 'ov/modulus' would share one
+    heads = [H.row_name(d.name, h) for d in defs if d.heads for h in range(adapter.n_heads)]
+    check_tags(names + heads)  # and their sink tags: 'ov-modulus' and 'ov/modulus' would share one
     return defs, vectors
 
 
@@ -96,10 +102,15 @@ def _parse_target(ad: Adapter, t, vectors: dict) -> TargetDef:
     if not isinstance(t, tuple | list) or len(t) != 2:
         raise ValueError(f"{shape}, got {tuple(t) if isinstance(t, list) else t!r}")
     t = tuple(t)
+    if H.is_head_target(t):
+        if t[1] not in RANKS:
+            raise ValueError(f"rank must be one of {RANKS}, got {t[1]!r} in target {t!r}")
+        return TargetDef(f"{t[0]}/{t[1]}", H.HEAD_KINDS[t[0]], t[1], heads=True)
     if isinstance(t[1], str):
         variant, rank = t
         if variant not in VARIANTS:
-            raise ValueError(f"variant must be one of {VARIANTS}, got {variant!r} in target {t!r}")
+            kinds = VARIANTS + tuple(H.HEAD_KINDS)
+            raise ValueError(f"variant must be one of {kinds}, got {variant!r} in target {t!r}")
         if rank not in RANKS:
             raise ValueError(f"rank must be one of {RANKS}, got {rank!r} in target {t!r}")
         return TargetDef(f"{variant}/{rank}", variant, rank)
@@ -135,15 +146,16 @@ def build_plan(adapter: Adapter, config: MonitorConfig, defs: list[TargetDef], v
     """Spectra (cached), bases, null frames and facts for every layer a target measures."""
     ad = adapter
     top = max(4, 2 * config.eig_top)
-    wanted: dict[str, list[str]] = {}  # variant -> ranking rules: one eigen-decomposition a layer for all
+    wanted: dict[tuple[str, bool], list[str]] = {}  # (variant, heads) -> ranking rules: one decomposition a layer
     for d in defs:
-        ranks = wanted.setdefault(d.variant or "ov", [])
-        if (d.rank or "modulus") not in ranks:
-            ranks.append(d.rank or "modulus")
-    specs = {
-        (variant, rank): layer_specs
-        for variant, ranks in wanted.items()
-        for rank, layer_specs in spectra_by_rank(ad, variant, tuple(ranks), top=top).items()
+        for key in [(d.variant or "ov", False)] + ([(d.variant, True)] if d.heads else []):
+            ranks = wanted.setdefault(key, [])
+            if (d.rank or "modulus") not in ranks:
+                ranks.append(d.rank or "modulus")
+    specs = {  # (variant, rank, heads): the layer's spectra alone are those of a monitor without head targets
+        (variant, rank, heads): layer_specs
+        for (variant, heads), ranks in wanted.items()
+        for rank, layer_specs in spectra_by_rank(ad, variant, tuple(ranks), top=top, heads=heads).items()
     }
     # each layer's bases and null frames, layers side by side (torch releases the GIL); an offloaded
     # model's layers are brought in one at a time, in order
@@ -157,32 +169,51 @@ def build_plan(adapter: Adapter, config: MonitorConfig, defs: list[TargetDef], v
     return Plan(layers, arenas, vectors)
 
 
+def _targets(ad: Adapter, config: MonitorConfig, d: TargetDef, specs: dict, i: int) -> list[tuple]:
+    """Layer i's (TargetSpec, TargetMeta) of one target: none, one, or one per head (head targets)."""
+    if not d.builtin and i not in d.per_layer:
+        return []
+    s = specs[(d.variant or "ov", d.rank or "modulus", False)][i]
+    fkey = (d.variant or "ov") if config.fnull_draws else None
+    if d.heads:  # each head's subspace, checked as a custom target is; ranked among the layer's F
+        eig = stats.eig_subspaces(s.eigenvalues, s.eigenvectors, config.eig_top)
+        out = []
+        for p in H.heads_of(specs[(d.variant, d.rank, True)][i]):
+            name = H.row_name(d.name, p.head)
+            U = stats.check_target(name, p.basis, ad.width(i))
+            t = stats.TargetSpec(name, U, U[:, 0] if U.shape[1] == 1 else None, eig, fkey)
+            out.append((t, TargetMeta(name, d.variant, d.rank, p, p.head)))
+        return out
+    eig = stats.eig_subspaces(s.eigenvalues, s.eigenvectors, config.eig_top + (1 if d.builtin else 0))
+    if d.builtin:
+        U, eig = s.basis, eig[1:]  # the target is F's own top subspace: rank it among the others
+    else:
+        U = d.per_layer[i]
+    v1 = U[:, 0] if U.shape[1] == 1 else None
+    return [
+        (stats.TargetSpec(d.name, U, v1, eig, fkey), TargetMeta(d.name, d.variant, d.rank, s if d.builtin else None))
+    ]
+
+
 def _layer(ad: Adapter, config: MonitorConfig, defs: list[TargetDef], specs: dict, i: int) -> LayerPlan | None:
     """Layer i's plan, or None if no target measures it."""
-    tgts, meta = [], []
-    for d in defs:
-        if not d.builtin and i not in d.per_layer:
-            continue
-        s = specs[(d.variant or "ov", d.rank or "modulus")][i]
-        eig = stats.eig_subspaces(s.eigenvalues, s.eigenvectors, config.eig_top + (1 if d.builtin else 0))
-        if d.builtin:
-            U, eig = s.basis, eig[1:]  # the target is F's own top subspace: rank it among the others
-        else:
-            U = d.per_layer[i]
-        v1 = U[:, 0] if U.shape[1] == 1 else None
-        fkey = d.variant or "ov"
-        tgts.append(stats.TargetSpec(d.name, U, v1, eig, fkey if config.fnull_draws else None))
-        meta.append(TargetMeta(d.name, d.variant, d.rank, s if d.builtin else None))
-    if not tgts:
+    pairs = [(pair, d.heads) for d in defs for pair in _targets(ad, config, d, specs, i)]
+    if not pairs:
         return None
-    k_max = max(t.k for t in tgts)
-    haar = stats.haar_frames(ad.width(i), k_max, config.null_draws, seed(config, i, 0))
+    tgts, meta = [p[0] for p, _ in pairs], [p[1] for p, _ in pairs]
+    k_draw, k_max = H.frame_widths([t.k for t in tgts], [h for _, h in pairs])
+    widen_seed = lambda j: seed(config, i, H.WIDEN_SEED + j)  # noqa: E731
+    haar = stats.haar_frames(ad.width(i), k_draw, config.null_draws, seed(config, i, 0))
+    haar = H.widen(haar, k_max, widen_seed(0))
     fnull = {}
-    for fkey in sorted({t.fnull for t in tgts if t.fnull}):
+    fkeys = sorted({t.fnull for t, (_, h) in zip(tgts, pairs) if t.fnull and not h})  # the layer targets' first
+    for fkey in fkeys + sorted({t.fnull for t in tgts if t.fnull} - set(fkeys)):
         O, V = layer_stacked(ad, i, fkey)
-        fnull[fkey] = stats.power_step_frames(
-            lambda G, O=O, V=V: O @ (V @ G), ad.width(i), k_max, config.fnull_draws, seed(config, i, 1 + len(fnull))
+        apply_F = lambda G, O=O, V=V: O @ (V @ G)  # noqa: E731
+        frames = stats.power_step_frames(
+            apply_F, ad.width(i), k_draw, config.fnull_draws, seed(config, i, 1 + len(fnull))
         )
+        fnull[fkey] = H.widen(frames, k_max, widen_seed(1 + len(fnull)), apply_F)
     bases = LayerBases(
         tgts, haar, fnull, config.stride, eig_slots=config.eig_top, measures=MEASURES + config.measures, layer=i
     )

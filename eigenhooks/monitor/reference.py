@@ -49,6 +49,7 @@ from dataclasses import dataclass, field
 import torch
 
 from ..spectra.compute import layer_stacked, spectra_by_rank
+from . import head_targets as H
 from . import stats
 from .measures import MEASURES, ROW, TARGET, TGT_FIELDS, Sizes, zero_state
 from .measures.plain import align, align_frames, up  # noqa: F401  (the plain helpers, re-exported)
@@ -122,32 +123,35 @@ def build_bases(
 
     Args:
         adapter: ``eigenhooks.models.get_adapter(model)``.
-        targets: as ``eh.monitor`` takes them: (variant, rank) pairs, or (name, tensor) /
-            (name, {layer: tensor}) custom targets (int layer keys, negative from the end).
+        targets: as ``eh.monitor`` takes them: (variant, rank) pairs, ('ov_head', rank) head targets
+            (one per head with a subspace), or (name, tensor) / (name, {layer: tensor}) custom targets
+            (int layer keys, negative from the end).
         null_draws, fnull_draws, eig_top, null_seed: the monitor's null settings.
 
     Returns:
         layer -> LayerBases, for the layers with at least one target.
     """
     top = max(4, 2 * eig_top)
-    defs = []  # (name, variant, rank, {layer: U} or None)
+    defs = []  # (name, variant, rank, {layer: U} or None, heads)
     for t in targets:
-        if isinstance(t[1], str):
-            defs.append((f"{t[0]}/{t[1]}", t[0], t[1], None))
+        if H.is_head_target(t):
+            defs.append((f"{t[0]}/{t[1]}", H.HEAD_KINDS[t[0]], t[1], None, True))
+        elif isinstance(t[1], str):
+            defs.append((f"{t[0]}/{t[1]}", t[0], t[1], None, False))
         else:
             name, U = t
             L = adapter.n_layers
             given = {k % L: u for k, u in U.items()} if isinstance(U, dict) else dict.fromkeys(range(L), U)
-            defs.append(
-                (name, "ov", "modulus", {i: stats.check_target(name, u, adapter.width(i)) for i, u in given.items()})
-            )
+            per = {i: stats.check_target(name, u, adapter.width(i)) for i, u in given.items()}
+            defs.append((name, "ov", "modulus", per, False))
     specs = {}
-    for _, variant, rank, _ in defs:
-        if (variant, rank) not in specs:
-            specs[(variant, rank)] = spectra_by_rank(adapter, variant, (rank,), top=top)[rank]
+    for _, variant, rank, _, heads in defs:
+        for h in {False, heads}:  # a head target's layer F too: its eigen-subspaces rank the heads
+            if (variant, rank, h) not in specs:
+                specs[(variant, rank, h)] = spectra_by_rank(adapter, variant, (rank,), top=top, heads=h)[rank]
     out = {}
     for i in range(adapter.n_layers):
-        chosen = [(name, variant, rank, per) for name, variant, rank, per in defs if per is None or i in per]
+        chosen = [d for d in defs if d[3] is None or i in d[3]]
         if chosen:
             out[i] = _layer_bases(adapter, i, chosen, specs, null_draws, fnull_draws, eig_top, null_seed)
     return out
@@ -155,22 +159,30 @@ def build_bases(
 
 def _layer_bases(adapter, i, chosen, specs, K, Kf, m, null_seed) -> LayerBases:
     d = adapter.width(i)
-    rows = []
-    for name, variant, rank, per in chosen:
-        s = specs[(variant, rank)][i]
-        if per is None:  # F's own top subspace, ranked among the next m
+    rows = []  # (name, variant, U, eig, head target)
+    for name, variant, rank, per, heads in chosen:
+        s = specs[(variant, rank, False)][i]
+        if heads:  # each head's subspace, ranked among the layer's F's top m
+            eig = stats.eig_subspaces(s.eigenvalues, s.eigenvectors, m)
+            for p in H.heads_of(specs[(variant, rank, True)][i]):
+                hname = H.row_name(name, p.head)
+                rows.append((hname, variant, stats.check_target(hname, p.basis, d), eig, True))
+        elif per is None:  # F's own top subspace, ranked among the next m
             U, eig = s.basis.double(), stats.eig_subspaces(s.eigenvalues, s.eigenvectors, m + 1)[1:]
+            rows.append((name, variant, U, eig, False))
         else:  # a custom target is ranked among F's (ov, modulus) top m
-            U, eig = per[i], stats.eig_subspaces(s.eigenvalues, s.eigenvectors, m)
-        rows.append((name, variant, U, eig))
-    k_max = max(U.shape[1] for _, _, U, _ in rows)
-    haar = stats.haar_frames(d, k_max, K, seed(null_seed, i, 0))
+            rows.append((name, variant, per[i], stats.eig_subspaces(s.eigenvalues, s.eigenvectors, m), False))
+    k_draw, k_max = H.frame_widths([r[2].shape[1] for r in rows], [r[4] for r in rows])
+    haar = H.widen(stats.haar_frames(d, k_draw, K, seed(null_seed, i, 0)), k_max, seed(null_seed, i, H.WIDEN_SEED))
     frames = {}
     if Kf:
-        for j, variant in enumerate(sorted({v for _, v, _, _ in rows})):
+        first = sorted({r[1] for r in rows if not r[4]})  # the layer targets' variants draw first
+        for j, variant in enumerate(first + sorted({r[1] for r in rows} - set(first))):
             O, V = layer_stacked(adapter, i, variant)
-            frames[variant] = stats.power_step_frames(lambda G: O @ (V @ G), d, k_max, Kf, seed(null_seed, i, 1 + j))
-    tgts = [TargetBases(name, U, eig, frames.get(variant)) for name, variant, U, eig in rows]
+            F = lambda G, O=O, V=V: O @ (V @ G)  # noqa: E731
+            f = stats.power_step_frames(F, d, k_draw, Kf, seed(null_seed, i, 1 + j))
+            frames[variant] = H.widen(f, k_max, seed(null_seed, i, H.WIDEN_SEED + 1 + j), F)
+    tgts = [TargetBases(name, U, eig, frames.get(variant)) for name, variant, U, eig, _ in rows]
     width = max([len(t.eig) for t in tgts] + [m if any(t.eig for t in tgts) else 0])
     return LayerBases(tgts, haar, sorted({t.k for t in tgts}), width, Kf if frames else 0)
 

@@ -40,13 +40,15 @@ def summary_table(
     import pandas as pd
 
     rows, bases, families = [], [], []
+    heads = any(meta.head is not None for lp in plan.layers.values() for meta in lp.meta)
     for layer, lp in sorted(plan.layers.items()):
         st = current(layer)
         for ti, (t, meta) in enumerate(zip(lp.targets, lp.meta)):
             bases.append(t.U)
             families.append(getattr(meta, "family", None))
             s = meta.spec
-            row = {"layer": layer, "target": meta.name, "variant": meta.variant, "rank": meta.rank, "k": t.k}
+            row = {"layer": layer, "target": meta.name, **({"head": meta.head} if heads else {})}
+            row.update(variant=meta.variant, rank=meta.rank, k=t.k)
             row.update(
                 kind=s.kind if s else "custom",
                 lambda_1_re=s.lambda_1.real if s else float("nan"),
@@ -59,6 +61,8 @@ def summary_table(
             row["null_seed"] = config.null_seed
             rows.append(row)
     df = pd.DataFrame(rows)
+    if heads:  # head targets' query head; <NA> on the layer targets' rows (an empty cell in CSV)
+        df["head"] = df["head"].astype("Int64")
     if len(df):
         fam = [f or family(r) for f, r in zip(families, rows)]
         df["q_null"] = q_values(df["layer"].tolist(), bases, fam, df["p_null"].tolist(), df)

@@ -143,15 +143,35 @@ def _cells(values) -> str:
     return "".join(f"<td>{html.escape(str(v))}</td>" for v in values)
 
 
-def section(run_dir: Path, fold: int = 8) -> str:
-    """The report's "What the direction is" (HTML), or '' when the run wrote no directions.json."""
+def head_verdicts(heads) -> str:
+    """The monitor's head targets (``eigenhooks run --heads``) as one row per layer: each head's ρ and
+    verdict (``table.head_table``), in a folded box; '' without head rows."""
+    from .table import head_table
+
+    cols, rows = head_table(heads)
+    if not rows:
+        return ""
+    th = "".join(f"<th>{html.escape(c)}</th>" for c in cols)
+    body = "".join("<tr>" + _cells(r) + "</tr>" for r in rows)
+    return f"""<details><summary>Per-head verdicts: the layer's update in each head's subspace ({len(heads)} rows)</summary>
+<p>ρ of the whole layer's update measured against each query head's principal subspace (target
+ov_head), + toward and − away where q_null &lt; 0.05; the head rows are a Benjamini–Hochberg family
+of their own (docs/concepts.md, "Head targets"). Every column is in summary.csv.</p>
+<div class="tablebox"><table><tr>{th}</tr>{body}</table></div></details>
+"""
+
+
+def section(run_dir: Path, fold: int = 8, heads=None) -> str:
+    """The report's "What the direction is" (HTML), or '' when the run wrote no directions.json and
+    measured no head targets (``heads``: the summary's head rows)."""
+    verdicts = head_verdicts(heads) if heads is not None else ""
     path = Path(run_dir) / FILE
     if not path.is_file():
-        return ""
+        return f"<h2>What the direction is</h2>{verdicts}" if verdicts else ""
     try:
         doc = json.loads(path.read_text())
     except (OSError, ValueError) as e:
-        return f"<h2>What the direction is</h2><p>directions.json is unreadable: {html.escape(str(e))}</p>"
+        return f"<h2>What the direction is</h2><p>directions.json is unreadable: {html.escape(str(e))}</p>{verdicts}"
     head = ["layer", "kind", "v_1 top tokens", "v_1 bottom tokens", "score", "null band (95%)", "above null"]
     rows = "".join(
         "<tr>"
@@ -182,4 +202,4 @@ Haar-random directions. A score inside the band is no more token-like than chanc
 <div class="tablebox"><table><tr>{th}</tr>{rows}</table></div></details>
 <details><summary>Per head and key/value group ({len(prow)} rows)</summary>
 <div class="tablebox"><table><tr>{pth}</tr>{parts}</table></div></details>
-"""
+{verdicts}"""

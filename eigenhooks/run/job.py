@@ -51,6 +51,7 @@ from .folder import RunFolder, RunFolderError, RunFolderWarning, deferred_sigint
 from .texts import DataLoadError, TokenBatches, iter_texts, load_texts, make_batches, sample_text
 
 TARGETS = (("ov", "modulus"), ("ov", "residual"))
+HEAD_TARGETS = (("ov_head", "modulus"),)  # --heads: each query head's principal subspace (docs/concepts.md)
 __all__ = ["DataLoadError", "RunFolderError", "RunResult", "load_texts", "make_batches", "run", "sample_text"]
 
 
@@ -118,6 +119,7 @@ def run(
     backend: str = "hf",
     seed: int = 0,
     nulls: dict | None = None,
+    heads: bool = False,
     progress: bool | None = None,
     command: list[str] | None = None,
     dist_timeout: float = 300.0,
@@ -139,6 +141,8 @@ def run(
             ``null_stride``, ``fnull_draws``, ``eig_top`` (see ``eh.monitor``; default: its
             defaults). Recorded in meta.json. More Haar draws lower p_null's floor 2/(K+1):
             with 30 layers, one layer alone can pass BH at 0.05 from K >= 1200.
+        heads: also measure each query head's principal subspace (``HEAD_TARGETS``): one summary row
+            per (layer, head), with a ``head`` column, a BH family of their own.
         progress: a bar of the monitored forwards on stderr (``eigenhooks.progress``: None draws it
             where a person looks, a terminal or a notebook; True, False force it).
         dist_timeout: under torchrun, seconds to wait for the other ranks, at the start and at
@@ -172,7 +176,8 @@ def run(
     st = _Study(folder)
     status, error = "complete", None
     try:
-        _study(st, model, texts, torch_dtype, ctx, backend, max_tokens, batch_size, seed, nulls, progress)
+        targets = TARGETS + (HEAD_TARGETS if heads else ())
+        _study(st, model, texts, torch_dtype, ctx, backend, max_tokens, batch_size, seed, nulls, progress, targets)
     except KeyboardInterrupt:
         status = "interrupted"
     except BaseException as e:
@@ -219,7 +224,9 @@ _NO_SPACE = (errno.ENOSPC, errno.EDQUOT)  # a write that failed for room: the ru
 FINISH_IMPORTS = ("pandas", "pandas.io.parquet", "pyarrow.parquet", "scipy.stats")
 
 
-def _study(st: _Study, model, texts, torch_dtype, ctx, backend, max_tokens, batch_size, seed, nulls, progress) -> None:
+def _study(
+    st: _Study, model, texts, torch_dtype, ctx, backend, max_tokens, batch_size, seed, nulls, progress, targets
+) -> None:  # fmt: skip
     from ..monitor import monitor
     from ..spectra.compute import spectra
     from ..zoo.loading import load_model
@@ -238,7 +245,7 @@ def _study(st: _Study, model, texts, torch_dtype, ctx, backend, max_tokens, batc
     batches = TokenBatches(st.tok, texts, max_tokens, _seq_len(st.model), batch_size)
     sink = _sink(st, ctx)
     try:
-        st.mon = monitor(st.model, targets=TARGETS, sink=sink, **nulls)
+        st.mon = monitor(st.model, targets=list(targets), sink=sink, **nulls)
         t0 = time.perf_counter()
         try:
             _forwards(st, batches, ctx, backend, progress if ctx.rank == 0 else False)
@@ -408,8 +415,9 @@ def _plots(out: Path, st: _Study, backend: str) -> None:
         (out / "plots-skipped.txt").write_text("matplotlib not installed: pip install 'eigenhooks[plot]'\n")
         return
     from ..monitor import monitor
+    from .table import layer_rows
 
-    summary, model = st.summary, st.model
+    summary, model = layer_rows(st.summary), st.model
     for rank in ("modulus", "residual"):
         if (summary["rank"] == rank).any():
             plots.alignment_by_layer(summary, rank).savefig(out / f"alignment_{rank}.png", dpi=110)

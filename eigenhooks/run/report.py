@@ -20,6 +20,7 @@ from pathlib import Path
 
 from . import direction_report
 from .integrity import cut_rows, damage
+from .table import head_rows, layer_rows
 
 PLOTS = (
     ("alignment_modulus.png", "ρ per layer with its 95% CI against the Haar null band, then γ (v_1 ranked by |λ|)"),
@@ -335,9 +336,9 @@ def _page(run_dir: Path, meta: dict, df, model: str, status: str, problems: list
 <h2>Plots</h2>
 {"".join(figs)}
 <h2>Per layer</h2>
-{_run_table(df)}
-{_extra_table(df)}
-{direction_report.section(run_dir, FOLD)}
+{_run_table(layer_rows(df))}
+{_extra_table(layer_rows(df))}
+{direction_report.section(run_dir, FOLD, head_rows(df))}
 <h2>Run</h2>
 <table class="meta">{meta_rows}</table>
 <script>

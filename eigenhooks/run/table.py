@@ -97,6 +97,35 @@ def rows(summary, columns=RUN_COLUMNS) -> tuple[list[str], list[list[str]]]:
     return heads, cells
 
 
+def layer_rows(summary):
+    """The layer targets' rows of a summary (all of them when it has no head targets)."""
+    return summary[summary["head"].isna()] if "head" in summary.columns else summary
+
+
+def head_rows(summary):
+    """The head targets' rows of a summary (none when it has no ``head`` column)."""
+    return summary[summary["head"].notna()] if "head" in summary.columns else summary.iloc[:0]
+
+
+def _head_cell(r) -> str:
+    """One head's ρ, marked + (toward) or − (away) when its verdict says so."""
+    mark = {"toward": "+", "away": "−"}.get(str(r["verdict"]), "")
+    return "–" if math.isnan(r["rho"]) else f"{r['rho']:.2f}{mark}"
+
+
+def head_table(summary) -> tuple[list[str], list[list[str]]]:
+    """The head targets compactly: one row per (layer, head target), ρ of each head in turn (+ toward,
+    − away at q_null < 0.05) and the verdicts counted; every column is in summary.csv."""
+    heads = head_rows(summary)
+    cells = []
+    for (layer, name), g in heads.groupby(["layer", heads["target"].str.rsplit("/", n=1).str[0]], sort=True):
+        g = g.sort_values("head")
+        counts = g["verdict"].value_counts()
+        said = ", ".join(f"{int(counts[v])} {v}" for v in counts.index)
+        cells.append([str(int(layer)), str(name), " ".join(_head_cell(r) for r in g.to_dict("records")), said])
+    return ["layer", "target", "ρ of heads 0, 1, ... (+ toward, − away)", "verdicts"], cells
+
+
 def json_safe(x):
     """x with every non-finite float replaced by None, so json.dumps writes valid JSON (null, not NaN)."""
     if isinstance(x, float):
@@ -193,6 +222,21 @@ def print_run_table(title: str, summary, wide: bool = False, console=None) -> No
     if width > console.width:  # --wide or piped: whole rows, never a cut number
         console = Console(width=width, file=console.file, force_terminal=console.is_terminal)
     console.print(table)
+
+
+def print_head_table(title: str, summary, console=None) -> None:
+    """Print ``head_table`` (nothing when the summary has no head targets)."""
+    import sys
+
+    from rich.console import Console
+
+    heads, cells = head_table(summary)
+    if not cells:
+        return
+    n = len(head_rows(summary))
+    caption = f"{n} head rows: every column (p_null, q_null, the null band ...) in summary.csv, column head"
+    console = console or Console(width=None if sys.stdout.isatty() else 200)
+    console.print(_rich_table(title, heads, cells, caption))
 
 
 def fmt_mb(n: int) -> str:

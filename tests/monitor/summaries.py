@@ -1,5 +1,7 @@
-"""What the monitor tests share: a padded gpt2-tiny batch, and two summaries compared column by column."""
+"""What the monitor tests share: a padded gpt2-tiny batch, two summaries compared column by column, and
+Benjamini-Hochberg written out by hand."""
 
+import numpy as np
 import torch
 
 import eigenhooks as eh
@@ -29,3 +31,16 @@ def assert_same_summary(got, want, rel: float) -> None:
             assert (got[c].isna() == want[c].isna()).all(), c
         else:
             assert (got[c] == want[c]).all(), c
+
+
+def bh_by_hand(p):
+    """Benjamini-Hochberg written out (step-up), numpy only."""
+    p = np.asarray(p, float)
+    m, order = p.size, np.argsort(p)
+    q = np.empty(m)
+    running = 1.0
+    for rank in range(m, 0, -1):
+        i = order[rank - 1]
+        running = min(running, p[i] * m / rank)
+        q[i] = running
+    return q

@@ -15,6 +15,8 @@ import eigenhooks as eh
 from eigenhooks.monitor import stats as M
 from eigenhooks.monitor.summary import HEADS, LAYERS, q_values
 
+from .summaries import bh_by_hand
+
 
 @pytest.fixture(scope="module")
 def gpt2():
@@ -23,19 +25,6 @@ def gpt2():
 
 def _ids(n_seq=2, n=100, seed=0):
     return torch.randint(0, 1000, (n_seq, n), generator=torch.Generator().manual_seed(seed))
-
-
-def _bh_by_hand(p):
-    """Benjamini-Hochberg written out (step-up), numpy only."""
-    p = np.asarray(p, float)
-    m, order = p.size, np.argsort(p)
-    q = np.empty(m)
-    running = 1.0
-    for rank in range(m, 0, -1):
-        i = order[rank - 1]
-        running = min(running, p[i] * m / rank)
-        q[i] = running
-    return q
 
 
 def test_equal_subspaces_share_p_and_q(gpt2):
@@ -60,7 +49,7 @@ def test_equal_subspaces_share_p_and_q(gpt2):
             assert res["p_null"] == mod["p_null"] and res["q_null"] == mod["q_null"]
         distinct += [mod["p_null"]] + ([] if same else [res["p_null"]])
     assert len(distinct) < len(df)  # duplicates were counted once
-    want = dict(zip(distinct, _bh_by_hand(distinct)))
+    want = dict(zip(distinct, bh_by_hand(distinct)))
     np.testing.assert_allclose(df["q_null"], [want[p] for p in df["p_null"]], rtol=1e-12)
 
 

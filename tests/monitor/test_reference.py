@@ -136,7 +136,8 @@ def compare_summaries(model, mon, ref, targets=DEFAULT, settings=SETTINGS, point
     fresh.load_state_dict({"fingerprint": mon.state_dict()["fingerprint"], "layers": to_state_dict_layers(ref)})
     got, want = mon.summary(), fresh.summary()
     assert list(got.columns) == list(want.columns) and len(got) == len(want)
-    kinds = [EXACT_COLUMNS, NEAR_EXACT_COLUMNS, TEXT_COLUMNS, FLOAT_COLUMNS]
+    exact = EXACT_COLUMNS + (["head"] if "head" in got.columns else [])  # head targets' query head
+    kinds = [exact, NEAR_EXACT_COLUMNS, TEXT_COLUMNS, FLOAT_COLUMNS]
     assert set(got.columns) == set().union(*kinds), "a summary column this oracle does not classify (add it above)"
     for col in got.columns:
         g, w = got[col].to_numpy(), want[col].to_numpy()
@@ -144,7 +145,7 @@ def compare_summaries(model, mon, ref, targets=DEFAULT, settings=SETTINGS, point
             assert list(g) == list(w), f"column {col}: {list(g)} vs {list(w)}"
             continue
         g, w = torch.tensor(g.astype(float)), torch.tensor(w.astype(float))
-        if col in EXACT_COLUMNS:
+        if col in exact:
             assert torch.equal(g.nan_to_num(-9.0), w.nan_to_num(-9.0)), f"column {col}: {g.tolist()} vs {w.tolist()}"
         elif col in NEAR_EXACT_COLUMNS:
             torch.testing.assert_close(g, w, rtol=1e-9, atol=1e-12, equal_nan=True, msg=f"column {col}")
@@ -274,6 +275,29 @@ def test_custom_targets(planted, per_layer):
     mon, ref, _ = run(planted, lambda m: m(**batch), targets)
     df = check(planted, mon, ref, targets)
     assert df.loc[df["target"] == "plane", "layer"].tolist() == ([1] if per_layer else [0, 1])
+
+
+HEAD_TARGETS = [("ov", "modulus"), ("ov_head", "modulus"), ("ov_head", "residual")]
+
+
+def test_head_targets_gpt2(gpt2):
+    """Head targets beside a layer target: each head's subspace (a plane beside a layer's line somewhere,
+    so the null frames are widened) in the fast path and the reference alike."""
+    model, tok = gpt2
+    batch = tok(TEXTS, return_tensors="pt", padding=True)
+    mon, ref, _ = run(model, lambda m: m(**batch), HEAD_TARGETS)
+    df = check(model, mon, ref, HEAD_TARGETS)
+    assert df["head"].notna().sum() == 2 * 4 * 4 and df.loc[df["head"].isna(), "target"].eq("ov/modulus").all()
+
+
+def test_head_targets_llama_gqa():
+    """Under GQA: query heads reading one key/value group each get their own subspace."""
+    cfg = T.LlamaConfig(**{**DECODER_BASE, "max_position_embeddings": 64})
+    model = seeded(lambda: T.LlamaForCausalLM(cfg))
+    batch = ids_batch(64, [20, 11], seed=2)
+    mon, ref, _ = run(model, lambda m: m(**batch), HEAD_TARGETS)
+    df = check(model, mon, ref, HEAD_TARGETS)
+    assert df["head"].notna().sum() == 2 * 2 * 4
 
 
 @pytest.mark.parametrize("padded", [True, False], ids=["left-padded", "no-mask"])
