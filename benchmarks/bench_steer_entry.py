@@ -12,8 +12,10 @@ entry from an empty calibration memo (a first steer of the model):
 
 Prints each round's seconds, the medians, the median of the paired ratios previous / now, how
 much of "now" is sampling, and the load average before and after (the machine is shared: read the
-ratio, and rerun on a quiet machine for the absolute seconds). Whether the calibration result
-moved is ``benchmarks/steer_calibration_check.py``'s question.
+ratio, and rerun on a quiet machine for the absolute seconds). On a busy machine set
+``OPENBLAS_NUM_THREADS=1`` too: numpy's eig in the spectra otherwise runs 2 threads that wait on
+each other (seconds per entry, not the calibration's). Whether the calibration result moved is
+``benchmarks/steer_calibration_check.py``'s question.
 
 Usage: python benchmarks/bench_steer_entry.py [--threads 2] [--rounds 5] [--plain] [--word " Paris"]
 """
@@ -24,7 +26,6 @@ import argparse
 import os
 import statistics
 import time
-import warnings
 
 PREVIOUS_SHAPE = (4, 32)
 
@@ -42,15 +43,13 @@ def main() -> None:
     p.add_argument("--plain", action="store_true")
     p.add_argument("--word", default=" Paris")
     a = p.parse_args()
-    import torch
+    from steer_calibration_check import load_smollm2, old_sample_tokens
 
     import eigenhooks as eh
     from eigenhooks.steer import calibration as C
 
-    warnings.simplefilter("ignore")
-    torch.set_num_threads(a.threads)
     print(f"load average before: {os.getloadavg()}, {a.threads} threads, {os.cpu_count()} cores", flush=True)
-    model, tok = eh.zoo.load("smollm2-135m")
+    model, tok = load_smollm2(a.threads)
     u = eh.direction.token(model, tok, a.word)
     eh.steer(model, u, calibration=tok(["warm up"], return_tensors="pt")["input_ids"])  # code and allocator warm
 
@@ -68,8 +67,6 @@ def main() -> None:
 
     cases = {"previous": previous, "now": now}
     if a.plain:
-        from steer_calibration_check import old_sample_tokens
-
         cases["plain"] = lambda: eh.steer(model, u, calibration=old_sample_tokens(model, 0))
     times: dict[str, list[float]] = {k: [] for k in [*cases, "sampling"]}
     for r in range(a.rounds):

@@ -131,6 +131,15 @@ def compare(model, u, layer: int = -1, seeds=range(5), ids: dict | None = None) 
     return {k: {**verdict(got["old"], got[k]), **direction_verdict(dirs["old"], dirs[k])} for k in got if k != "old"}
 
 
+def load_smollm2(threads: int):
+    """(model, tokenizer) of SmolLM2-135M on ``threads`` threads, warnings silenced."""
+    import eigenhooks as eh
+
+    warnings.simplefilter("ignore")
+    torch.set_num_threads(threads)
+    return eh.zoo.load("smollm2-135m")
+
+
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--words", nargs="+", default=[" Paris"])
@@ -143,9 +152,7 @@ def main() -> None:
     import eigenhooks as eh
     from eigenhooks.steer import calibration as C
 
-    warnings.simplefilter("ignore")
-    torch.set_num_threads(a.threads)
-    model, tok = eh.zoo.load("smollm2-135m")
+    model, tok = load_smollm2(a.threads)
     t = time.perf_counter()
     ids = samples(model, range(a.seeds), a.control)
     print(f"sampled in {time.perf_counter() - t:.0f} s: old {OLD_SHAPE} full forwards, new {C.N_CALIBRATION} KV-cached")
