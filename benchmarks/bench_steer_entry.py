@@ -1,83 +1,88 @@
-"""What entering ``eh.steer`` costs on a real model, and whether the KV-cached calibration changes it.
+"""What entering ``eh.steer`` costs on SmolLM2, now against the previous code, paired.
 
-On SmolLM2-135M (``eigenhooks fetch smollm2-135m`` first), alternating ``--rounds`` times:
+On SmolLM2-135M (``eigenhooks fetch smollm2-135m`` first), alternating ``--rounds`` times, each
+entry from an empty calibration memo (a first steer of the model):
 
-- old: the plain twin (``calibration.sample_tokens_plain``: 31 full forwards over the growing
-  prefix, the code before the KV cache) then ``eh.steer(model, u, calibration=ids)``;
-- new: ``eh.steer(model, u)`` with the sampler's memo emptied (KV cache: one token per forward).
+- previous: the calibration of main at 1949967 (4 x 32 tokens, KV-cached: 31 decode steps of
+  batch 4), i.e. ``calibration.sample_tokens(model, (4, 32))`` (memo lookup included), then
+  ``eh.steer(model, u, calibration=ids)``;
+- now: ``eh.steer(model, u)`` (``calibration.N_CALIBRATION``: 16 x 8, 7 decode steps of batch 16);
+- with ``--plain``, also the code before 2026-12-06: 4 x 32 with a full forward at every step
+  (``steer_calibration_check.old_sample_tokens``).
 
-Prints each round's seconds and the medians and their ratio. Then, for ``--seeds`` seeds, the
-calibrated strength alpha and lambda from each sampler's text: the same sign, and the new mean
-within 3 standard errors (over the seeds) of the old one, the issue's bar.
+Prints each round's seconds, the medians, the median of the paired ratios previous / now, how
+much of "now" is sampling, and the load average before and after (the machine is shared: read the
+ratio, and rerun on a quiet machine for the absolute seconds). On a busy machine set
+``OPENBLAS_NUM_THREADS=1`` too: numpy's eig in the spectra otherwise runs 2 threads that wait on
+each other (seconds per entry, not the calibration's). Whether the calibration result moved is
+``benchmarks/steer_calibration_check.py``'s question.
 
-Usage: python benchmarks/bench_steer_entry.py [--threads 2] [--rounds 3] [--seeds 5] [--word " Paris"]
+Usage: python benchmarks/bench_steer_entry.py [--threads 2] [--rounds 5] [--plain] [--word " Paris"]
 """
 
 from __future__ import annotations
 
 import argparse
-import math
+import os
 import statistics
 import time
-import warnings
+
+PREVIOUS_SHAPE = (4, 32)
+
+
+def _timed(fn) -> float:
+    t = time.perf_counter()
+    fn()
+    return time.perf_counter() - t
 
 
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--threads", type=int, default=2)
-    p.add_argument("--rounds", type=int, default=3)
-    p.add_argument("--seeds", type=int, default=5)
+    p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--plain", action="store_true")
     p.add_argument("--word", default=" Paris")
     a = p.parse_args()
-    import torch
+    from steer_calibration_check import load_smollm2, old_sample_tokens
 
     import eigenhooks as eh
     from eigenhooks.steer import calibration as C
 
-    warnings.simplefilter("ignore")
-    torch.set_num_threads(a.threads)
-    model, tok = eh.zoo.load("smollm2-135m")
+    print(f"load average before: {os.getloadavg()}, {a.threads} threads, {os.cpu_count()} cores", flush=True)
+    model, tok = load_smollm2(a.threads)
     u = eh.direction.token(model, tok, a.word)
-    eh.steer(model, u, calibration=tok(["warm up"], return_tensors="pt")["input_ids"])  # spectra cached, code warm
+    eh.steer(model, u, calibration=tok(["warm up"], return_tensors="pt")["input_ids"])  # code and allocator warm
 
-    times = {"old": [], "new": []}
-    for r in range(a.rounds):
-        t = time.perf_counter()
-        eh.steer(model, u, calibration=C.sample_tokens_plain(model))
-        times["old"].append(time.perf_counter() - t)
+    def previous():
         C._SAMPLES.clear()
-        t = time.perf_counter()
+        eh.steer(model, u, calibration=C.sample_tokens(model, PREVIOUS_SHAPE, progress=False))
+
+    def now():
+        C._SAMPLES.clear()
         eh.steer(model, u, progress=False)
-        times["new"].append(time.perf_counter() - t)
-        print(f"round {r}: old {times['old'][-1]:.2f} s, new {times['new'][-1]:.2f} s", flush=True)
-    mo, mn = statistics.median(times["old"]), statistics.median(times["new"])
-    print(f"entry, median of {a.rounds} ({a.threads} threads): old {mo:.2f} s, new {mn:.2f} s, old/new {mo / mn:.1f}x")
 
-    old, new = [], []
-    for seed in range(a.seeds):
-        so = eh.steer(model, u, calibration=C.sample_tokens_plain(model, seed=seed))
+    def sampling():
         C._SAMPLES.clear()
-        sn = eh.steer(model, u, calibration=C.sample_tokens(model, seed=seed, progress=False))
-        same = (
-            torch.equal(C.sample_tokens_plain(model, seed=seed), C.sample_tokens(model, seed=seed))
-            if seed == 0
-            else None
-        )
-        old.append((so.alpha, so.change.lam))
-        new.append((sn.alpha, sn.change.lam))
-        print(
-            f"seed {seed}: alpha old {so.alpha:.6g} new {sn.alpha:.6g}; lambda old {so.change.lam:.6g} "
-            f"new {sn.change.lam:.6g}" + ("" if same is None else f"; seed 0's samples equal: {same}"),
-            flush=True,
-        )
-    ao, an = [o[0] for o in old], [n[0] for n in new]
-    se = statistics.stdev(ao) / math.sqrt(len(ao)) if len(ao) > 1 else float("nan")
-    signs = all(math.copysign(1, o[1]) == math.copysign(1, n[1]) for o, n in zip(old, new))
-    diff = abs(statistics.mean(an) - statistics.mean(ao))
+        C.sample_tokens(model, progress=False)
+
+    cases = {"previous": previous, "now": now}
+    if a.plain:
+        cases["plain"] = lambda: eh.steer(model, u, calibration=old_sample_tokens(model, 0))
+    times: dict[str, list[float]] = {k: [] for k in [*cases, "sampling"]}
+    for r in range(a.rounds):
+        order = list(cases) if r % 2 == 0 else list(cases)[::-1]  # alternate who goes first
+        for k in order:
+            times[k].append(_timed(cases[k]))
+        times["sampling"].append(_timed(sampling))
+        print(f"round {r}: " + ", ".join(f"{k} {v[-1]:.2f} s" for k, v in times.items()), flush=True)
+    med = {k: statistics.median(v) for k, v in times.items()}
+    ratio = statistics.median(p / n for p, n in zip(times["previous"], times["now"]))
     print(
-        f"alpha mean old {statistics.mean(ao):.6g} new {statistics.mean(an):.6g}, |diff| {diff:.3g}, "
-        f"3 SE {3 * se:.3g}: {'within' if diff <= 3 * se else 'OUTSIDE'}; same sign of lambda: {signs}"
+        f"entry, median of {a.rounds}: "
+        + ", ".join(f"{k} {med[k]:.2f} s" for k in cases)
+        + f"; paired previous/now {ratio:.2f}x; of now, sampling {med['sampling']:.2f} s"
     )
+    print(f"load average after: {os.getloadavg()}")
 
 
 if __name__ == "__main__":

@@ -2,10 +2,15 @@
 typical inputs, from which the signed read-out b is chosen (``rank1.free_vector``).
 
 Typical inputs are the user's (``calibration=`` token ids or a dict of forward kwargs) or, by
-default, text the model samples itself: 4 sequences of 32 tokens at temperature 1, seeded. The
+default, text the model samples itself: 16 sequences of 8 tokens at temperature 1, seeded. The
 sampler decodes with the model's KV cache (one token per forward after the first) where the model
 returns one, and shows progress (``eigenhooks.progress``); ``sample_tokens_plain`` is its plain twin,
 a full forward over the whole prefix at every step, which the fast one is tested against.
+
+The shape sets the cost: each decode step reads every weight once, whatever the batch, so 16 x 8
+(7 steps) samples the same 128 tokens as the 4 x 32 (31 steps) used before, for much less. Its
+calibrated strength is checked against the old sampler's by ``benchmarks/steer_calibration_check.py``
+(the figures are in docs/steering.md).
 """
 
 from __future__ import annotations
@@ -20,7 +25,7 @@ from ..models.base import StopForward
 from ..models.probe import input_embeddings
 from ..progress import bar
 
-N_CALIBRATION = (4, 32)  # sequences x tokens the model samples for calibration when none are given
+N_CALIBRATION = (16, 8)  # sequences x tokens the model samples for calibration when none are given
 _SAMPLES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 

@@ -430,7 +430,7 @@ def steer(
             'exact'; the paper's construction is symmetric).
         calibration: token ids (batch, seq), or a dict of forward kwargs (a tokenizer batch;
             ``{"pixel_values": images}`` for a vision tower), whose heads' outputs set the signed
-            read-out; default: 4 sequences of 32 tokens sampled from the model (seeded; needs an
+            read-out; default: 16 sequences of 8 tokens sampled from the model (seeded; needs an
             LM head).
         progress: show the calibration's sampling as a bar (default: when stderr is a terminal or
             this is a notebook; see ``eigenhooks.progress``).
