@@ -24,8 +24,8 @@ ROW = tuple(f for m in MEASURES for f in m.row_fields)  # a sequence's open coun
 def zero_state(size: Sizes, measures=MEASURES) -> dict:
     """The empty state of one layer of these sizes (T targets, n_k distinct k, K Haar draws, m eig, Kf F-null)."""
     out: dict = {}
-    for ms in measures:
-        out.update(ms.zero(size))
+    for measure in measures:
+        out.update(measure.zero(size))
     return out
 
 

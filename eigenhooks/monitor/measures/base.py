@@ -87,24 +87,24 @@ class Measure:
         return {}
 
     # ---- the fast reduction (``reduce.stacked.Stacked``: every tensor has a leading L) ----
-    def tokens(self, stk, A: dict) -> None:
-        """Per-token alignments of every reading point into A[point]."""
+    def tokens(self, stk, aligned: dict) -> None:
+        """Per-token alignments of every reading point into aligned[point]."""
 
     def align(self, stk, P: torch.Tensor, inv: torch.Tensor) -> dict[str, torch.Tensor]:
         """Null alignments from its slice P (L, N, c) of the subsample's projections, 1/||x|| (L, N)."""
         return {}
 
-    def point_sums(self, stk, Zall: dict, n_points: int, N: int) -> dict[str, torch.Tensor]:
+    def point_sums(self, stk, null_all: dict, n_points: int, N: int) -> dict[str, torch.Tensor]:
         """Per null point sums (L, n_points, ...) of its alignments."""
         return {}
 
-    def null_tokens(self, stk, Z: dict, nulls: list[int]) -> None:
-        """Its per-token alignments on the null's tokens into Z[point]."""
+    def null_tokens(self, stk, on_null: dict, nulls: list[int]) -> None:
+        """Its per-token alignments on the null's tokens into on_null[point]."""
 
-    def sums(self, stk, A: dict, Z: dict, cols: dict, st: dict) -> None:
+    def sums(self, stk, aligned: dict, on_null: dict, cols: dict, st: dict) -> None:
         """Sums that need no mid reading."""
 
-    def up(self, stk, A: dict, Z: dict, cols: dict, st: dict, scratch: dict) -> None:
+    def up(self, stk, aligned: dict, on_null: dict, cols: dict, st: dict, scratch: dict) -> None:
         """Up-counts of mid against its baseline (there is a mid reading)."""
 
     def no_mid(self, stk, st: dict) -> None:

@@ -54,21 +54,21 @@ class Eig(Measure):
         }
 
     def align(self, stk, P, inv):
-        if not stk.red.eig_slots:
+        if not stk.bases.eig_slots:
             return {}
         return {"eig": torch.sqrt(torch.bmm(P * P, stk.consts["S"])) * inv[..., None]}  # (L, N, T*eig_slots)
 
-    def up(self, stk, A, Z, cols, st, scratch):
-        red, L = stk.red, stk.L
-        zmid, zref = Z["mid"], scratch["zref"]
-        if red.eig_slots:
-            e = stk.grew(zmid["eig"], zref["eig"]).sum(1, dtype=torch.float32).reshape(L, red.T, red.eig_slots)
+    def up(self, stk, aligned, on_null, cols, st, scratch):
+        bases, L = stk.bases, stk.L
+        zmid, zref = on_null["mid"], scratch["zref"]
+        if bases.eig_slots:
+            e = stk.grew(zmid["eig"], zref["eig"]).sum(1, dtype=torch.float32).reshape(L, bases.T, bases.eig_slots)
             st["eig_up"] = torch.where(stk.consts["valid"], e, float("nan"))
         else:
-            st["eig_up"] = torch.zeros(L, red.T, 0, device=stk.dev)
+            st["eig_up"] = torch.zeros(L, bases.T, 0, device=stk.dev)
 
     def no_mid(self, stk, st):
-        st["eig_up"] = torch.zeros(stk.L, stk.red.T, stk.red.eig_slots, device=stk.dev)
+        st["eig_up"] = torch.zeros(stk.L, stk.bases.T, stk.bases.eig_slots, device=stk.dev)
 
     def summary(self, row, out: dict) -> dict:
         """eig_rank: 1 + the eigen-subspaces whose up-rate beats the target's; their median up-rate."""

@@ -32,22 +32,22 @@ class FNull(Measure):
         return {}
 
     def align(self, stk, P, inv):
-        red = stk.red
+        bases = stk.bases
         L, N = P.shape[:2]
-        w = red.fnull_draws * red.frame_width
+        w = bases.fnull_draws * bases.frame_width
         out = {}
-        for i, key in enumerate(red.fkeys):
-            Fp = P[..., i * w : (i + 1) * w].reshape(L, N, red.fnull_draws, red.frame_width)
-            out["f:" + key] = prefix_norms(Fp, red.g_fks) * inv[..., None, None]  # (L, N, Kf, len(fks))
+        for i, key in enumerate(bases.fkeys):
+            Fp = P[..., i * w : (i + 1) * w].reshape(L, N, bases.fnull_draws, bases.frame_width)
+            out["f:" + key] = prefix_norms(Fp, bases.g_fks) * inv[..., None, None]  # (L, N, Kf, len(fks))
         return out
 
-    def up(self, stk, A, Z, cols, st, scratch):
+    def up(self, stk, aligned, on_null, cols, st, scratch):
         """(L, T, fnull_draws): up-counts of the F-null directions, each layer at its own target's k."""
-        red, L = stk.red, stk.L
-        zmid, zref, up = Z["mid"], scratch["zref"], stk.grew
-        out = torch.zeros(L, red.T, red.fnull_draws, device=stk.dev)
+        bases, L = stk.bases, stk.L
+        zmid, zref, up = on_null["mid"], scratch["zref"], stk.grew
+        out = torch.zeros(L, bases.T, bases.fnull_draws, device=stk.dev)
         f_hot, f0 = stk.consts.get("f_hot"), stk.picks["f"][0]
-        for i, (ti, fkey, _) in enumerate(red.fnull_targets):
+        for i, (ti, fkey, _) in enumerate(bases.fnull_targets):
             key = "f:" + fkey
             if f_hot is None:  # every layer reads the same k: that column alone
                 j = f0[i]
@@ -58,7 +58,7 @@ class FNull(Measure):
         st["fnull_up"] = out
 
     def no_mid(self, stk, st):
-        st["fnull_up"] = torch.zeros(stk.L, stk.red.T, stk.red.fnull_draws, device=stk.dev)
+        st["fnull_up"] = torch.zeros(stk.L, stk.bases.T, stk.bases.fnull_draws, device=stk.dev)
 
     def summary(self, row, out: dict) -> dict:
         """The F-null's mean up-rate, and the target's percentile among its directions."""

@@ -53,33 +53,33 @@ class Haar(Measure):
         return {}
 
     def align(self, stk, P, inv):
-        red = stk.red
+        bases = stk.bases
         L, N = P.shape[:2]
-        H = P.reshape(L, N, red.null_draws, red.frame_width)
-        cum = prefix_norms(H, red.g_ks).transpose(2, 3)  # (L, N, n_k, K) at the group's ks
+        H = P.reshape(L, N, bases.null_draws, bases.frame_width)
+        cum = prefix_norms(H, bases.g_ks).transpose(2, 3)  # (L, N, n_k, K) at the group's ks
         return {"haar": cum * inv[..., None, None]}  # (L, N, n_k, K)
 
-    def point_sums(self, stk, Zall, n_points, N):
-        h = Zall["haar"]
+    def point_sums(self, stk, null_all, n_points, N):
+        h = null_all["haar"]
         return {"haar_sum": h.reshape(stk.L, n_points, N, *h.shape[2:]).nansum(2)}  # (L, P_null, n_k, K)
 
-    def sums(self, stk, A, Z, cols, st):
-        st["null_pre"] = Z["pre"]["haar_sum"]
+    def sums(self, stk, aligned, on_null, cols, st):
+        st["null_pre"] = on_null["pre"]["haar_sum"]
 
-    def up(self, stk, A, Z, cols, st, scratch):
-        zmid, zref = Z["mid"], scratch["zref"]
+    def up(self, stk, aligned, on_null, cols, st, scratch):
+        zmid, zref = on_null["mid"], scratch["zref"]
         u_h = stk.grew(zmid["haar"], zref["haar"])  # (L, N, n_k, K)
         st["null_up"] = u_h.sum(1, dtype=torch.float32)
         st["null_mid"] = zmid["haar_sum"]
         scratch["u_h"] = u_h
 
     def no_mid(self, stk, st):
-        red = stk.red
-        st["null_up"] = st["null_mid"] = torch.zeros(stk.L, len(red.g_ks), red.null_draws, device=stk.dev)
+        bases = stk.bases
+        st["null_up"] = st["null_mid"] = torch.zeros(stk.L, len(bases.g_ks), bases.null_draws, device=stk.dev)
 
     def rows(self, stk, scratch):
-        red = stk.red
-        ubar = stk.per_row(scratch["u_h"].sum(-1)) / red.null_draws  # (L, b, n_k): mean over draws, per k
+        bases = stk.bases
+        ubar = stk.per_row(scratch["u_h"].sum(-1)) / bases.null_draws  # (L, b, n_k): mean over draws, per k
         k0 = stk.picks["k"][0]
         if "k_hot" in stk.consts:  # each layer its targets' own k
             return [torch.bmm(ubar, stk.consts["k_hot"])]
@@ -98,18 +98,18 @@ class Haar(Measure):
         # The nulls are measured on a subsample of tokens; the target is compared on the same ones.
         ns, nps = t["n_sub"], t["n_pre_sub"]
         rho_s = div(t["n_up_sub"], ns)
-        null = state["null_up"][ki].numpy() / ns if ns > 0 else np.array([])
+        null_rho = state["null_up"][ki].numpy() / ns if ns > 0 else np.array([])
         nmid = state["null_mid"][ki].numpy() / ns if ns > 0 else np.array([])
         npre = state["null_pre"][ki].numpy() / nps if nps > 0 else np.array([])
         q = lambda x, a: float(np.quantile(x, a)) if x.size else nan  # noqa: E731
         col = dict(
             null_tokens=int(ns),
             rho_null_tokens=rho_s,
-            null_rho_mean=float(null.mean()) if null.size else nan,
-            null_rho_lo=q(null, 0.025),
-            null_rho_hi=q(null, 0.975),
-            rho_percentile=stats.percentile(rho_s, null),
-            p_null=stats.mc_p_value(rho_s, null, row.tie_seed) if ns >= stats.MIN_NULL_TOKENS else nan,
+            null_rho_mean=float(null_rho.mean()) if null_rho.size else nan,
+            null_rho_lo=q(null_rho, 0.025),
+            null_rho_hi=q(null_rho, 0.975),
+            rho_percentile=stats.percentile(rho_s, null_rho),
+            p_null=stats.mc_p_value(rho_s, null_rho, row.tie_seed) if ns >= stats.MIN_NULL_TOKENS else nan,
             null_gamma_pre_mean=float(npre.mean()) if npre.size else nan,
             null_gamma_pre_lo=q(npre, 0.025),
             null_gamma_pre_hi=q(npre, 0.975),
@@ -118,7 +118,9 @@ class Haar(Measure):
             gamma_mid_percentile=stats.percentile(div(t["sum_mid_sub"], ns), nmid),
         )
         col["lift"] = rho_s - col["null_rho_mean"]
-        col.update(stats.cluster_ci(t, out["rho"], col["lift"], float(null.var(ddof=1)) if null.size > 1 else 0.0, K))
+        col.update(
+            stats.cluster_ci(t, out["rho"], col["lift"], float(null_rho.var(ddof=1)) if null_rho.size > 1 else 0.0, K)
+        )
         col["null_draws"] = K
         return col
 

@@ -97,34 +97,34 @@ class Target(Measure):
             return {"cos": torch.tensor(picks["cos"], dtype=torch.float32)[:, None].to(dev)}
         return {}
 
-    def tokens(self, stk, A):
+    def tokens(self, stk, aligned):
         """Targets on every token (L, P, b, n, T)."""
-        red = stk.red
+        bases = stk.bases
         Pt = torch.where(stk.valid[:, None, ..., None], stk.Pt, 0.0)  # (L, P, b, n, C); where() drops NaN rows
-        tgt = torch.stack([torch.linalg.vector_norm(Pt[..., s], dim=-1) for s in red.g_slices], -1)
+        tgt = torch.stack([torch.linalg.vector_norm(Pt[..., s], dim=-1) for s in bases.g_slices], -1)
         tgt = tgt * stk.inv[..., None]  # (L, P, b, n, T)
         stk._tgt, stk._Pt = tgt, Pt
         for j, p in enumerate(stk.pts):
-            A[p]["tgt"], A[p]["P"] = tgt[:, j], Pt[:, j]
+            aligned[p]["tgt"], aligned[p]["P"] = tgt[:, j], Pt[:, j]
 
-    def null_tokens(self, stk, Z, nulls):
+    def null_tokens(self, stk, on_null, nulls):
         tgt_s = stk.sub_points(stk._tgt)  # (L, P, N, T): the targets on the null's tokens
         for j in nulls:
-            Z[stk.pts[j]]["tgt"] = tgt_s[:, j]
+            on_null[stk.pts[j]]["tgt"] = tgt_s[:, j]
 
-    def sums(self, stk, A, Z, cols, st):
-        L, T = stk.L, stk.red.T
+    def sums(self, stk, aligned, on_null, cols, st):
+        L, T = stk.L, stk.bases.T
         f32 = torch.float32  # sums of 0/1 straight in float32: exact below 2**24, as int64 then float was
         cols["n"] = stk.valid.sum((1, 2), dtype=f32)[:, None].expand(L, T)
         cols["n_nonfinite"] = stk.bad.sum((1, 2), dtype=f32)[:, None].expand(L, T)
-        cols["n_pre_sub"] = stk._ms.sum(1, dtype=f32)[:, None].expand(L, T)
-        cols["sum_pre_sub"] = Z["pre"]["tgt"].sum(1)
+        cols["n_pre_sub"] = stk.null_valid.sum(1, dtype=f32)[:, None].expand(L, T)
+        cols["sum_pre_sub"] = on_null["pre"]["tgt"].sum(1)
         # every reading point at once: (L, P, T) sums of alignments and of cosines with v_1
         sums = stk._tgt.sum((2, 3))
         zero = torch.zeros(L, len(stk.pts), device=stk.dev)
         cos = [zero] * T
-        for ti in sorted({ti for r in stk.reds for ti in r.cos_targets}):  # a unit target's cosine: its one
-            cos[ti] = (stk._Pt[..., stk.red.g_slices[ti].start] * stk.inv).sum((2, 3))  # column over ||x||
+        for ti in sorted({ti for r in stk.layer_bases for ti in r.cos_targets}):  # a unit target's cosine: its one
+            cos[ti] = (stk._Pt[..., stk.bases.g_slices[ti].start] * stk.inv).sum((2, 3))  # column over ||x||
         cos = torch.stack(cos, -1)
         if "cos" in stk.consts:  # layers where that target is 2-dimensional have no cosine: 0 there
             cos = cos * stk.consts["cos"]
@@ -136,38 +136,38 @@ class Target(Measure):
                 cols[f"n_{p}"] = cols["n"]
             cols[f"cos_sum_{p}"] = cos[:, j]
 
-    def up(self, stk, A, Z, cols, st, scratch):
+    def up(self, stk, aligned, on_null, cols, st, scratch):
         """Up-counts of mid against its baseline: on every token, and on the null's tokens."""
         L, up = stk.L, stk.grew
         # off the valid tokens both alignments are 0 (inv is 0), or NaN on a non-finite token: never "up"
-        ref = A["base"] if "base" in A else A["pre"]
-        mid, zmid, zref = A["mid"], Z["mid"], scratch["zref"]
+        ref = aligned["base"] if "base" in aligned else aligned["pre"]
+        mid, zmid, zref = aligned["mid"], on_null["mid"], scratch["zref"]
         u_t = up(mid["tgt"], ref["tgt"])  # (L, b, n, T)
         f32 = torch.float32
         cols["n_up"] = u_t.sum((1, 2), dtype=f32)
         cols["sum_delta"] = (mid["tgt"] - ref["tgt"]).sum((1, 2))
-        if "base" in A:
-            cols["n_norm_up"] = up(A["base"]["tgt"], A["pre"]["tgt"]).sum((1, 2), dtype=f32)
-        msf = stk._ms.float()
+        if "base" in aligned:
+            cols["n_norm_up"] = up(aligned["base"]["tgt"], aligned["pre"]["tgt"]).sum((1, 2), dtype=f32)
+        null_count = stk.null_valid.float()
         u_s = up(zmid["tgt"], zref["tgt"])  # (L, N, T): the targets on the null's tokens
-        cols["n_sub"] = msf.sum(1)[:, None].expand(L, stk.red.T)
+        cols["n_sub"] = null_count.sum(1)[:, None].expand(L, stk.bases.T)
         cols["n_up_sub"] = u_s.sum(1, dtype=f32)
         cols["sum_mid_sub"] = zmid["tgt"].sum(1)
-        scratch.update(u_t=u_t, msf=msf, u_s=u_s)
+        scratch.update(u_t=u_t, null_count=null_count, u_s=u_s)
 
     def rows(self, stk, scratch):
         f64 = torch.float64
         return [
             stk.valid.sum(2, dtype=f64)[..., None],
             scratch["u_t"].sum(2, dtype=f64),
-            stk.per_row(scratch["msf"])[..., None],
+            stk.per_row(scratch["null_count"])[..., None],
             stk.per_row(scratch["u_s"]),
         ]
 
     def finish(self, stk, cols, st):
         if stk.consensus:
             self._consensus(stk, cols)
-        zero = torch.zeros(stk.L, stk.red.T, device=stk.dev)
+        zero = torch.zeros(stk.L, stk.bases.T, device=stk.dev)
         st["tgt"] = torch.stack([cols.get(f, zero) for f in TGT_FIELDS], -1)  # (L, T, F)
 
     def summary(self, row, out: dict) -> dict:
@@ -251,7 +251,7 @@ class Target(Measure):
         q = (stk.sv * stk.sv).sum(-1)  # (L, P_c, b): every point at once
         defined = (n_s >= 2) & torch.isfinite(q) & clean
         c = torch.where(defined, (q - n_s) / (n_s * (n_s - 1)).clamp_min(1), 0.0).sum(2)  # (L, P_c)
-        T, L = stk.red.T, stk.L
+        T, L = stk.bases.T, stk.L
         for j, p in enumerate(name for name in stk.pts if name != "base"):
             cols[f"cons_sum_{p}"] = c[:, j, None].expand(L, T)
             if p == "pre":

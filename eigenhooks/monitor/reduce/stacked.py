@@ -23,8 +23,8 @@ def reduce_many(items: list[tuple[LayerBases, Projection]]) -> list[tuple[dict, 
     the rows of an Arena they were projected into are given back.
     """
     groups: dict[tuple, list[int]] = {}
-    for i, (red, pr) in enumerate(items):
-        key = (red.layout, pr.shape, pr.names, pr.consensus, pr.halves, pr.grid.mask.device)
+    for i, (bases, pr) in enumerate(items):
+        key = (bases.layout, pr.shape, pr.names, pr.consensus, pr.halves, pr.grid.mask.device)
         groups.setdefault(key, []).append(i)
     out: list = [None] * len(items)
     for idx in groups.values():
@@ -42,8 +42,8 @@ class Stacked:
     """The stacked reduction of L layers of one layout: every tensor has a leading L."""
 
     def __init__(self, items: list[tuple[LayerBases, Projection]]):
-        self.red = items[0][0]  # the layout's representative (shared fields only)
-        self.reds = [r for r, _ in items]
+        self.bases = items[0][0]  # the layout's representative (shared fields only)
+        self.layer_bases = [r for r, _ in items]
         prs = [p for _, p in items]
         self.L = len(items)
         self.b, self.n, self.s = prs[0].shape
@@ -76,14 +76,14 @@ class Stacked:
         self.Pt = fold(stack("Pt")).view(self.L, len(self.pts), self.b, self.n, -1)  # (L, P, b, n, target columns)
         self.sv = None  # (L, P_c, b, d): the sums of unit vectors at the points other than 'base', in order
         if prs[0].sv_parts is not None:  # half path: (L * P_c) results of (b, 2, d), stacked in one op
-            sv = torch.stack([t for pr in prs for t in pr.sv_parts]).view(self.L, -1, self.b, 2, self.red.d)
+            sv = torch.stack([t for pr in prs for t in pr.sv_parts]).view(self.L, -1, self.b, 2, self.bases.d)
             self.sv = sv.sum(-2)  # hi + lo
         elif prs[0].sv is not None:
             self.sv = stack("sv")[..., 0, :]
-        gc = group_constants(self.reds, self.dev)
+        gc = group_constants(self.layer_bases, self.dev)
         self.consts, self.picks = gc.tensors, gc.picks
         # (L, eig columns, T*eig_slots): which eigen-columns make each (target, j); (L, T, eig_slots) valid
-        self.measures = self.red.measures
+        self.measures = self.bases.measures
         self.row_fields = tuple(f for m in self.measures for f in m.row_fields)
         self.per_k = {f for m in self.measures for f in m.per_k}
 
@@ -125,28 +125,28 @@ class Stacked:
         return v.reshape(self.L, self.b, self.M, *v.shape[2:]).sum(2, dtype=torch.float64)
 
     def run(self) -> list[tuple[dict, torch.Tensor]]:
-        ms = self.measures
-        A, Z = self._align()
-        L, T = self.L, self.red.T
+        measures = self.measures
+        aligned, on_null = self._align()
+        L, T = self.L, self.bases.T
         cols: dict = {}
         st: dict = {}
-        for m in ms:
-            m.sums(self, A, Z, cols, st)
-        if "mid" in A:
-            scratch = {"zref": Z["base"] if "base" in A else Z["pre"]}
-            for m in ms:
-                m.up(self, A, Z, cols, st, scratch)
+        for m in measures:
+            m.sums(self, aligned, on_null, cols, st)
+        if "mid" in aligned:
+            scratch = {"zref": on_null["base"] if "base" in aligned else on_null["pre"]}
+            for m in measures:
+                m.up(self, aligned, on_null, cols, st, scratch)
             rows = torch.zeros(L, self.b, len(self.row_fields), T, dtype=torch.float64, device=self.dev)
             at = 0
-            for m in ms:  # per-row counters for the cluster-robust intervals
+            for m in measures:  # per-row counters for the cluster-robust intervals
                 for v in m.rows(self, scratch):
                     rows[:, :, at, :] = v
                     at += 1
         else:
             rows = torch.zeros(L, self.b, len(self.row_fields), T, dtype=torch.float64, device=self.dev)
-            for m in ms:
+            for m in measures:
                 m.no_mid(self, st)
-        for m in ms:
+        for m in measures:
             m.finish(self, cols, st)
         per = {k: v.double().unbind(0) for k, v in st.items()}  # one op per field, not one per layer
         return [({k: self._own(k, i, v[i]) for k, v in per.items()}, r) for i, r in enumerate(rows.unbind(0))]
@@ -163,29 +163,29 @@ class Stacked:
     def _align(self):
         """Per-token alignments of every point (``Measure.tokens``); the null measures' on the subsample."""
         L = self.L
-        ms = self._ms = self.sub(self.valid)  # (L, N): the null's tokens
-        A = {p: {"inv": self.inv[:, j]} for j, p in enumerate(self.pts)}
+        null_valid = self.null_valid = self.sub(self.valid)  # (L, N): the null's tokens
+        aligned = {p: {"inv": self.inv[:, j]} for j, p in enumerate(self.pts)}
         for m in self.measures:
-            m.tokens(self, A)
+            m.tokens(self, aligned)
         nulls = [j for j, p in enumerate(self.pts) if p != "post"]
-        N = ms.shape[1]
+        N = null_valid.shape[1]
         # The null alignments are 0 off the valid tokens (inv is 0) except on non-finite tokens, where they
         # are NaN: no such token is ever "up", and the sums are nansums, so no where() over the big tensor.
         inv_all = self.sub_points(self.inv)  # (L, P, N), 0 in empty slots
         inv_s = inv_all if len(nulls) == len(self.pts) else torch.stack([inv_all[:, j] for j in nulls], 1)
         inv_s = inv_s.reshape(L, -1)
-        Zall: dict = {}
+        null_all: dict = {}
         for m in self.measures:  # every null point at once, each measure its own columns
-            if m.name in self.red.cols:
-                a, b = self.red.cols[m.name]
-                Zall.update(m.align(self, self.Pn[..., a:b], inv_s))
+            if m.name in self.bases.cols:
+                a, b = self.bases.cols[m.name]
+                null_all.update(m.align(self, self.Pn[..., a:b], inv_s))
         per_point: dict = {}
         for m in self.measures:
-            per_point.update(m.point_sums(self, Zall, len(nulls), N))
-        Z = {}
+            per_point.update(m.point_sums(self, null_all, len(nulls), N))
+        on_null = {}
         for i, j in enumerate(nulls):
-            Z[self.pts[j]] = {k: v[:, i * N : (i + 1) * N] for k, v in Zall.items()}
-            Z[self.pts[j]].update({k: v[:, i] for k, v in per_point.items()})
+            on_null[self.pts[j]] = {k: v[:, i * N : (i + 1) * N] for k, v in null_all.items()}
+            on_null[self.pts[j]].update({k: v[:, i] for k, v in per_point.items()})
         for m in self.measures:
-            m.null_tokens(self, Z, nulls)
-        return A, Z
+            m.null_tokens(self, on_null, nulls)
+        return aligned, on_null
