@@ -20,6 +20,7 @@ from . import stats
 from .config import POINTS
 from .plan import LayerPlan, Plan
 from .reduce import Grid, Projection, project, reduce_many
+from .reduce.grid import Count, as_tensor
 
 _shape = attrgetter("shape")
 
@@ -294,7 +295,7 @@ class Forward:
         """``mask``'s Grid: each token's index among its sequence's valid tokens, counting the ones
         each sequence had before this forward (a KV cache's earlier positions). From the call's own
         mask where it covers them (one cumsum over it: 2 ops a decoding step), else from what the
-        accumulator counted over the open sequences' forwards (one op a step where all are valid).
+        accumulator counted over the open sequences' forwards (no op a step where all are valid: a ``Count``).
         Device ops only."""
         b, n = mask.shape
         full = self._call_mask(stack)
@@ -305,8 +306,9 @@ class Forward:
         if seen is None or seen.shape[0] != b or seen.device != mask.device:
             return Grid(mask)
         if n == 1 and self.all_valid and mask is self.all_valid[0]:  # a step with every row valid: its token
-            return Grid(mask, seen, after=seen + 1)  # is each sequence's seen-th (1 op a step, not 4)
-        return Grid(mask, seen + mask.cumsum(1) - 1)
+            c = Count.of(seen)  # is each sequence's seen-th: counted on the host (no op a step, not 4)
+            return Grid(mask, c, after=Count(c.base, c.k + 1))
+        return Grid(mask, as_tensor(seen) + mask.cumsum(1) - 1)
 
     def _valid(self, x: torch.Tensor, stack) -> torch.Tensor:
         b, n = x.shape[:2]
