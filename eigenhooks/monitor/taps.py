@@ -190,9 +190,9 @@ class Taps:
             self._wrap_generate()
         for key, (module, where, _) in self.slots.items():
             if where == "input":
-                self._hook(module, self._input_tap(key), "pre", with_kwargs=True)
+                self._hook(module, self._tap_fn(key, True), "pre", with_kwargs=True)
             else:
-                self._hook(module, self._output_tap(key), "fwd")
+                self._hook(module, self._tap_fn(key, False), "fwd")
 
     def _wrap_forward(self) -> None:
         """TransformerLens calls ``self.forward`` directly from run_with_hooks, bypassing module
@@ -341,32 +341,18 @@ class Taps:
         if self._here.root is module:
             self._end(module, args, output)
 
-    def _input_tap(self, key):
+    def _tap_fn(self, key, input_: bool):
+        """The hook of one tapped module: a pre-hook (module, args, kwargs) reading its input, or a forward
+        hook (module, args, output) reading its output."""
         tap, roles = self.tap, self.once.get(key)
 
-        def fn(module, args, kwargs):
-            x = kwargs.get("hidden_states", args[0] if args else None)
-            if isinstance(x, _SEQ):
-                x = x[0]
-            here = self._solo
-            if roles is None or here is None or not here.open or not isinstance(x, torch.Tensor) or x.requires_grad:
-                tap(key, x)
-                return
-            lean = here.reader.lean  # the one thread's open forward: no thread lookup, no count of calls
-            if lean is not None:  # a one-token step: the reading kept as it came
-                lean[0].append(roles)
-                lean[1].append(x)
+        def fn(module, args, third):
+            if input_:
+                x = third.get("hidden_states", args[0] if args else None)
+                if isinstance(x, _SEQ):
+                    x = x[0]
             else:
-                for layer, point in roles:
-                    here.reader.read(layer, point, x)
-
-        return fn
-
-    def _output_tap(self, key):
-        tap, roles = self.tap, self.once.get(key)
-
-        def fn(module, args, output):
-            x = output[0] if isinstance(output, _SEQ) else output
+                x = third[0] if isinstance(third, _SEQ) else third
             here = self._solo
             if roles is None or here is None or not here.open or not isinstance(x, torch.Tensor) or x.requires_grad:
                 tap(key, x)
@@ -427,6 +413,9 @@ class Taps:
         return hooks
 
 
+LEAN_POINTS = ("pre", "attn", "mid", "post")  # what ``forward.lean_order`` lays out
+
+
 def lean_layout(plan: Plan, layout: TapLayout) -> bool:
     """Whether a one-token step may keep its readings as they come (``Forward.lean_start``): every tapped
     module is called once a forward, every layer is read alike (pre-norm, masked, one stack), and a step
@@ -434,6 +423,8 @@ def lean_layout(plan: Plan, layout: TapLayout) -> bool:
     if len(layout.once) != len(layout.slots) or len({lp.stack for lp in plan.layers.values()}) > 1:
         return False
     read = {role for roles in layout.once.values() for role in roles}
+    if any(point not in LEAN_POINTS for _, point in read):  # a reading the flush would not lay out
+        return False
     return all(
         lp.post_norm is None and lp.masked and (i, "pre") in read and (i, lp.last_point) in read
         and (not lp.need_mid or (i, "mid") in read) and ((i, "attn") in read or i in layout.attn_paths)
