@@ -28,14 +28,14 @@ def _run(model, ids, mask, monkeypatch, lean: bool):
         fast.append(out is not None)
         return out
 
-    monkeypatch.setattr(accumulate.Accumulator, "_lean_items", spy)
-    if not lean:
-        monkeypatch.setattr(taps, "lean_layout", lambda plan, layout: False)
     kw = dict(targets=[("ov", "modulus"), ("ov", "residual")], null_draws=8, fnull_draws=4, eig_top=3, null_stride=3)
-    with eh.monitor(model, **kw) as mon, torch.no_grad():  # 12 rows x 24 steps: past the 256-token buffer
-        model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=25, min_new_tokens=25, do_sample=False,
-                       pad_token_id=0)  # fmt: skip
-    monkeypatch.undo()
+    with monkeypatch.context() as mp:
+        mp.setattr(accumulate.Accumulator, "_lean_items", spy)
+        if not lean:
+            mp.setattr(taps, "lean_layout", lambda plan, layout: False)
+        with eh.monitor(model, **kw) as mon, torch.no_grad():  # 12 rows x 24 steps: past the 256-token buffer
+            model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=25, min_new_tokens=25,
+                           do_sample=False, pad_token_id=0)  # fmt: skip
     return mon.state_dict()["layers"], mon.summary(), fast
 
 
@@ -73,16 +73,16 @@ def test_a_step_that_reads_a_module_twice_takes_the_general_path(tiny, monkeypat
         kept.append(self.lean_step is not None)
 
     def run(lean):
-        monkeypatch.setattr(forward.Forward, "_settle", spy)
-        if not lean:
-            monkeypatch.setattr(taps, "lean_layout", lambda plan, layout: False)
-        with eh.monitor(model, targets=[("ov", "modulus")], null_draws=4) as mon, torch.no_grad():
-            h = model.model.layers[0].input_layernorm.register_forward_hook(again)
-            try:
-                model.generate(input_ids=ids, max_new_tokens=4, min_new_tokens=4, do_sample=False, pad_token_id=0)
-            finally:
-                h.remove()
-        monkeypatch.undo()
+        with monkeypatch.context() as mp:
+            mp.setattr(forward.Forward, "_settle", spy)
+            if not lean:
+                mp.setattr(taps, "lean_layout", lambda plan, layout: False)
+            with eh.monitor(model, targets=[("ov", "modulus")], null_draws=4) as mon, torch.no_grad():
+                h = model.model.layers[0].input_layernorm.register_forward_hook(again)
+                try:
+                    model.generate(input_ids=ids, max_new_tokens=4, min_new_tokens=4, do_sample=False, pad_token_id=0)
+                finally:
+                    h.remove()
         return mon.state_dict()["layers"]
 
     _exactly_equal(run(True), run(False))
