@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import torch
 
 from . import stats
-from .forward import ForwardSums, LayerSums, Step, fold_copies
+from .forward import ForwardSums, LayerSums, LeanStep, Step, fold_copies
 from .measures import Sizes, close_rows, zero_state
 from .plan import Plan
 from .reduce import Grid, project, reduce_many
@@ -31,7 +31,7 @@ class Undo:
     state: dict[int, dict[str, torch.Tensor]]
     zero: set[int]
     rows: dict[int, torch.Tensor]
-    buf: list[dict[int, Step]]
+    buf: list
     seen: dict
     n_token_records: int
 
@@ -47,7 +47,7 @@ class Accumulator:
             self.state[i] = zero_state(layer_sizes(i, b), b.measures)
         self.zero = set(plan.layers)  # layers whose state is still zeros: replaced, not added to, at first
         self.rows: dict[int, torch.Tensor] = {}  # open sequences' counters (b, 5, T)
-        self.buf: list[dict[int, Step]] = []  # buffered one-token steps: each forward's, layer -> Step
+        self.buf: list = []  # buffered one-token steps: each forward's LeanStep, or its {layer: Step}
         self.buf_shapes: tuple = ()  # the buffered steps' grid shapes
         self.buf_rows = 0  # rows of a buffered step
         self.seen: dict = {}  # stack -> (b, 1) valid tokens the open sequences have counted
@@ -70,7 +70,7 @@ class Accumulator:
             self.end_sequences()
         if fs.layers:
             self._add_layers(list(fs.layers.items()))
-        self._buffer(fs.steps, fs.shapes)
+        self._buffer(fs.lean or fs.steps, fs.shapes)
         self.seen.update(fs.seen)
         if fs.tokens:
             self.token_records.extend(fs.tokens)
@@ -82,7 +82,7 @@ class Accumulator:
         self.buf, self.seen = u.buf, u.seen
         del self.token_records[u.n_token_records :]
 
-    def _buffer(self, steps: dict[int, Step], shapes: tuple) -> None:
+    def _buffer(self, steps: LeanStep | dict[int, Step], shapes: tuple) -> None:
         """Keep a forward's one-token steps as they are (one append; no work per layer), and flush every
         layer at once when the buffer is full or the steps' shapes change (a flush taken before every
         layer's step is in would split the stack in two). ``shapes``: the steps' grid shapes."""
@@ -91,7 +91,8 @@ class Accumulator:
         if self.buf and shapes != self.buf_shapes:
             self.flush()
         if not self.buf:
-            self.buf_shapes, self.buf_rows = shapes, next(iter(steps.values())).grid.mask.shape[0]
+            grid = steps.grid if isinstance(steps, LeanStep) else next(iter(steps.values())).grid
+            self.buf_shapes, self.buf_rows = shapes, grid.mask.shape[0]
         self.buf.append(steps)
         if len(self.buf) * self.buf_rows >= BUFFER_TOKENS:
             self.flush()
@@ -101,6 +102,35 @@ class Accumulator:
         if not self.buf:
             return
         buffered, self.buf = self.buf, []
+        items = self._lean_items(buffered)
+        if items is None:
+            items = self._step_items([b.as_steps() if isinstance(b, LeanStep) else b for b in buffered])
+        done = reduce_many([(b, pr) for _, b, pr, _ in items])
+        self._add_layers([(i, LayerSums(d[0], fold_copies(d[1], c))) for (i, _, _, c), d in zip(items, done)])
+
+    def _lean_items(self, buffered: list) -> list | None:
+        """The projections of steps that all kept their readings in one order (``LeanStep``): each reading
+        slot's steps concatenated once, a parallel block's mid summed once over them; None otherwise."""
+        first = buffered[0]
+        if not isinstance(first, LeanStep):
+            return None
+        order, copies = first.order, first.copies
+        if not all([isinstance(b, LeanStep) and b.order is order and b.copies == copies for b in buffered]):
+            return None
+        used = {j for _, pre, mid, post in order for j in (pre, mid and mid[1], post) if j is not None}
+        X = {j: torch.cat(xs, 1) for j, xs in enumerate(zip(*[b.xs for b in buffered])) if j in used}  # rows stay rows
+        grid = Grid.cat([b.grid for b in buffered])
+        items = []
+        for i, pre, mid, post in order:
+            P = X[pre]
+            M = None if mid is None else P + X[mid[1]] if mid[0] else X[mid[1]]  # a sum: elementwise, as per step
+            bases = self.plan.layers[i].bases
+            points = {"pre": P, "mid": M, "post": None if post is None else X[post]}
+            items.append((i, bases, project(bases, points, grid, None, consensus=False), copies))
+        return items
+
+    def _step_items(self, buffered: list[dict[int, Step]]) -> list:
+        """The projections of buffered steps kept layer by layer (``Step``)."""
         cat = lambda xs: None if any([x is None for x in xs]) else torch.cat(xs, 1)  # noqa: E731 (rows stay rows)
         items = []
         grids: dict[tuple, Grid] = {}  # the layers of a step share its Grid: their concatenations are one object,
@@ -120,8 +150,7 @@ class Accumulator:
             bases = self.plan.layers[i].bases
             pr = project(bases, points, grids[key], cat([s.base for s in buf]), consensus=False)
             items.append((i, bases, pr, buf[0].copies))
-        done = reduce_many([(b, pr) for _, b, pr, _ in items])
-        self._add_layers([(i, LayerSums(d[0], fold_copies(d[1], c))) for (i, _, _, c), d in zip(items, done)])
+        return items
 
     def _add_layers(self, results: list[tuple[int, LayerSums]]) -> None:
         """Add layers' sums into the running state: every (layer, field) sum in one ``torch._foreach_add``

@@ -10,6 +10,7 @@ batched flush. ``finish`` reduces every layer at once (``reduce.reduce_many``) a
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from operator import attrgetter
 from typing import NamedTuple
 
 import torch
@@ -19,6 +20,9 @@ from . import stats
 from .config import POINTS
 from .plan import LayerPlan, Plan
 from .reduce import Grid, Projection, project, reduce_many
+from .reduce.grid import Count, as_tensor
+
+_shape = attrgetter("shape")
 
 
 class LayerSums(NamedTuple):
@@ -35,6 +39,55 @@ class Step(NamedTuple):
     grid: Grid
     base: torch.Tensor | None
     copies: int = 1  # rows that are copies of one input row (beams): their counters are summed
+
+
+class LeanStep(NamedTuple):
+    """A one-token decoding step whose readings all came, once each (``Forward.lean_start``): kept as they
+    came, one list, for the accumulator's flush; nothing is done per layer in the step.
+
+    order: ``lean_order``'s (layer, pre, mid, post) indices into xs, shared by the steps read in one order.
+    """
+
+    order: tuple
+    xs: list
+    grid: Grid
+    copies: int = 1
+
+    def as_steps(self) -> dict[int, Step]:
+        """The same readings as ``Forward._project`` keeps them, one ``Step`` a layer."""
+        xs, out = self.xs, {}
+        for i, pre, mid, post in self.order:
+            P = xs[pre]
+            M = None if mid is None else P + xs[mid[1]] if mid[0] else xs[mid[1]]
+            out[i] = Step(
+                {"pre": P, "mid": M, "post": None if post is None else xs[post]}, self.grid, None, self.copies
+            )
+        return out
+
+
+def lean_order(plan: Plan, roles: list, read_mid: bool, ran: frozenset) -> tuple | None:
+    """Per layer, in the order the layers complete, (layer, pre, mid, post): the indices of its readings
+    among a step's readings (mid: (is a sum pre + attn, index), or None), taking each layer's points as
+    ``Forward.read`` would at its last point; None if a layer would be missing or partial there."""
+    idx, out = {}, []
+    for j, rs in enumerate(roles):
+        for layer, point in rs:
+            if (layer, point) in idx:
+                return None
+            idx[layer, point] = j
+            lp = plan.layers[layer]
+            if point != lp.last_point:
+                continue
+            if (layer, "pre") not in idx or ((layer, "attn") not in idx and layer not in ran):
+                return None
+            mid = None
+            if read_mid:
+                key = (layer, "attn") if lp.mid_is_sum else (layer, "mid")
+                if key not in idx:
+                    return None
+                mid = (lp.mid_is_sum, idx[key])
+            out.append((layer, idx[layer, "pre"], mid, idx.get((layer, "post"))))
+    return tuple(out) if len(out) == len(plan.layers) else None
 
 
 class Call(NamedTuple):
@@ -64,6 +117,7 @@ class ForwardSums:
     seen: dict = field(default_factory=dict)  # stack -> (b, 1) valid tokens of each open sequence so far
     tokens: list[dict] = field(default_factory=list)  # per-token records (``tokens=True``)
     shapes: tuple = ()  # (stack, (b, n), device) of each Grid it made: its steps' shapes
+    lean: LeanStep | None = None  # a one-token step kept whole (instead of ``steps``)
 
 
 @dataclass
@@ -133,6 +187,41 @@ class Forward:
         self.projections: dict[int, Projection] = {}
         self.steps: dict[int, Step] = {}
         self.tokens: list[dict] = []
+        self.lean: tuple | None = None  # a one-token step's ([roles], [readings]) as they come (``lean_start``)
+        self.lean_step: LeanStep | None = None
+
+    def lean_start(self, untapped: int, once_ids: frozenset, known: list) -> None:
+        """This forward computes one token a row (the taps saw its input), every tapped module is called
+        once a forward, and layer by layer nothing is computed at the step: its readings are kept as they
+        come, checked and laid out once at its end (``_settle``). untapped: attentions without a tap (all
+        must have been found in place). once_ids: the taps' role lists. known: [roles, order] last seen."""
+        if self.buffer_steps and not self.keep_tokens and not self.call.fresh and not self.call.start:
+            if len(self.attn_ran) == untapped:
+                self.lean, self._lean_of = ([], []), (once_ids, known)
+
+    def _settle(self) -> None:
+        """The step's readings whole and once each, in a known order: one ``LeanStep``; else each read
+        again, in the order they came, as if read one by one (the general path)."""
+        roles, xs = self.lean
+        self.lean = None
+        once_ids, known = self._lean_of
+        if known[0] is not None and roles == known[0]:
+            order = known[1]
+        else:
+            order = None
+            if len(roles) == len(once_ids) and {id(r) for r in roles} == once_ids:
+                order = lean_order(self.plan, roles, self.read_mid, self.attn_ran)
+            if order is not None:
+                known[:] = [roles, order]
+        if order is not None and xs:
+            s = xs[0].shape
+            if len(s) == 3 and s[1] == 1 and len(set(map(_shape, xs))) == 1:  # no Python frame a reading
+                self.lean_step = LeanStep(order, xs, self._grid(xs[0], self.plan.layers[order[0][0]].stack),
+                                          self.call.copies)  # fmt: skip
+                return
+        for rs, x in zip(roles, xs):
+            for layer, point in rs:
+                self.read(layer, point, x)
 
     def stack_started(self, name: str, mask: torch.Tensor | None) -> None:
         self.ran.add(name)
@@ -140,6 +229,10 @@ class Forward:
 
     def read(self, layer: int, point: str, x: torch.Tensor) -> None:
         """A reading of (layer, point). The first one counts; the layer is projected at its last point."""
+        if self.lean is not None:  # a one-token step: kept as it came (``_settle``)
+            self.lean[0].append(((layer, point),))
+            self.lean[1].append(x)
+            return
         if self.call.start and x.dim() == 3:  # a step that recomputed the whole sequence: its new positions
             x = x[:, self.call.start :]
         cap = self.captures.get(layer)
@@ -202,7 +295,7 @@ class Forward:
         """``mask``'s Grid: each token's index among its sequence's valid tokens, counting the ones
         each sequence had before this forward (a KV cache's earlier positions). From the call's own
         mask where it covers them (one cumsum over it: 2 ops a decoding step), else from what the
-        accumulator counted over the open sequences' forwards (one op a step where all are valid).
+        accumulator counted over the open sequences' forwards (no op a step where all are valid: a ``Count``).
         Device ops only."""
         b, n = mask.shape
         full = self._call_mask(stack)
@@ -213,8 +306,9 @@ class Forward:
         if seen is None or seen.shape[0] != b or seen.device != mask.device:
             return Grid(mask)
         if n == 1 and self.all_valid and mask is self.all_valid[0]:  # a step with every row valid: its token
-            return Grid(mask, seen, after=seen + 1)  # is each sequence's seen-th (1 op a step, not 4)
-        return Grid(mask, seen + mask.cumsum(1) - 1)
+            c = Count.of(seen)  # is each sequence's seen-th: counted on the host (no op a step, not 4)
+            return Grid(mask, c, after=Count(c.base, c.k + 1))
+        return Grid(mask, as_tensor(seen) + mask.cumsum(1) - 1)
 
     def _valid(self, x: torch.Tensor, stack) -> torch.Tensor:
         b, n = x.shape[:2]
@@ -249,6 +343,10 @@ class Forward:
     def unmeasured(self, stacks: dict) -> tuple[list[int], list[int]]:
         """(missing, partial): layers expected in this forward that were not measured at all, and
         measured layers that lack their attention output or their mid reading."""
+        if self.lean is not None:
+            self._settle()
+        if self.lean_step is not None:  # every layer's readings came, in a checked order
+            return [], []
         plan, caps, ran, no = self.plan.layers, self.captures, self.attn_ran, {}
         expected = [i for i, lp in plan.items() if lp.stack not in stacks or lp.stack in self.ran]
         measured = self.projections.keys() | self.steps.keys()
@@ -261,13 +359,15 @@ class Forward:
 
     def finish(self) -> ForwardSums:
         """Every projected layer reduced at once (stacked by layout), with this forward's steps and counts."""
+        if self.lean is not None:
+            self._settle()
         sums = {}
         if self.projections:  # a decoding step has none: its steps are kept as they are
             layers = list(self.projections)
             done = reduce_many([(self.plan.layers[i].bases, self.projections[i]) for i in layers])
             sums = {i: LayerSums(d[0], fold_copies(d[1], self.call.copies)) for i, d in zip(layers, done)}
         seen = {stack: grid.after for (stack, _, _), grid in self.grids.items()}
-        return ForwardSums(sums, self.steps, self.call.fresh, seen, self.tokens, tuple(self.grids))
+        return ForwardSums(sums, self.steps, self.call.fresh, seen, self.tokens, tuple(self.grids), self.lean_step)
 
     def drop(self) -> None:
         """The forward raised: give back the arena rows it took; nothing of it counts."""

@@ -63,7 +63,10 @@ class Warner:
 class Reader(Protocol):
     """What takes one forward's readings (a ``forward.Forward``)."""
 
+    lean: tuple | None  # ([role lists], [readings]) of a one-token step kept as it comes, else None
+
     def read(self, layer: int, point: str, x: torch.Tensor) -> None: ...
+    def lean_start(self, untapped: int, once_ids: frozenset, known: list) -> None: ...
 
 
 class Listener(Protocol):
@@ -79,6 +82,7 @@ class Listener(Protocol):
 
 
 _compiling, _ident = torch.compiler.is_compiling, threading.get_ident  # looked up once: every tap calls them
+_SEQ = (tuple, list)  # made once (``tuple | list`` makes a new union at every call)
 
 
 def thread_key() -> int:
@@ -112,6 +116,9 @@ class Taps:
         self.layout = layout if layout is not None else TapLayout.build(adapter, plan, points)
         self.attn_paths, self.slots = self.layout.attn_paths, self.layout.slots
         self.roles, self.once = self.layout.roles, self.layout.once
+        self._lean = lean_layout(plan, self.layout)  # a one-token step may keep its readings as they come
+        self._once_ids = frozenset(map(id, self.once.values()))
+        self._lean_known: list = [None, None]  # the last step's order of readings and its layout (Forward)
         self._threads: dict[int, _PerThread] = {}
         self._solo: _PerThread | None = None  # the bookkeeping of the only thread that ever ran a forward
         self._multi = False  # a second thread ran one: every tap looks its thread up
@@ -183,9 +190,9 @@ class Taps:
             self._wrap_generate()
         for key, (module, where, _) in self.slots.items():
             if where == "input":
-                self._hook(module, self._input_tap(key), "pre", with_kwargs=True)
+                self._hook(module, self._tap_fn(key, True), "pre", with_kwargs=True)
             else:
-                self._hook(module, self._output_tap(key), "fwd")
+                self._hook(module, self._tap_fn(key, False), "fwd")
 
     def _wrap_forward(self) -> None:
         """TransformerLens calls ``self.forward`` directly from run_with_hooks, bypassing module
@@ -299,6 +306,10 @@ class Taps:
         here = self._here
         here.open, here.counts, here.root = True, {}, None
         here.reader = self.listener.forward_start(args, kwargs, fresh, mask)
+        if self._lean and not self._multi:
+            rows = self.adapter.calls.rows(args, kwargs)
+            if rows is not None and rows[1] == 1:
+                here.reader.lean_start(len(self.attn_paths), self._once_ids, self._lean_known)
         if not self._multi:
             # one thread so far: its taps skip the thread lookup. Written before the check, so a second
             # thread that set _multi in between is seen here, or wrote None after this.
@@ -330,30 +341,26 @@ class Taps:
         if self._here.root is module:
             self._end(module, args, output)
 
-    def _input_tap(self, key):
+    def _tap_fn(self, key, input_: bool):
+        """The hook of one tapped module: a pre-hook (module, args, kwargs) reading its input, or a forward
+        hook (module, args, output) reading its output."""
         tap, roles = self.tap, self.once.get(key)
 
-        def fn(module, args, kwargs):
-            x = kwargs.get("hidden_states", args[0] if args else None)
-            if isinstance(x, tuple | list):
-                x = x[0]
+        def fn(module, args, third):
+            if input_:
+                x = third.get("hidden_states", args[0] if args else None)
+                if isinstance(x, _SEQ):
+                    x = x[0]
+            else:
+                x = third[0] if isinstance(third, _SEQ) else third
             here = self._solo
             if roles is None or here is None or not here.open or not isinstance(x, torch.Tensor) or x.requires_grad:
                 tap(key, x)
-            else:  # the one thread's open forward: no thread lookup, no count of calls
-                for layer, point in roles:
-                    here.reader.read(layer, point, x)
-
-        return fn
-
-    def _output_tap(self, key):
-        tap, roles = self.tap, self.once.get(key)
-
-        def fn(module, args, output):
-            x = output[0] if isinstance(output, tuple | list) else output
-            here = self._solo
-            if roles is None or here is None or not here.open or not isinstance(x, torch.Tensor) or x.requires_grad:
-                tap(key, x)
+                return
+            lean = here.reader.lean  # the one thread's open forward: no thread lookup, no count of calls
+            if lean is not None:  # a one-token step: the reading kept as it came
+                lean[0].append(roles)
+                lean[1].append(x)
             else:
                 for layer, point in roles:
                     here.reader.read(layer, point, x)
@@ -404,6 +411,25 @@ class Taps:
 
             hooks.append((name, fn))
         return hooks
+
+
+LEAN_POINTS = ("pre", "attn", "mid", "post")  # what ``forward.lean_order`` lays out
+
+
+def lean_layout(plan: Plan, layout: TapLayout) -> bool:
+    """Whether a one-token step may keep its readings as they come (``Forward.lean_start``): every tapped
+    module is called once a forward, every layer is read alike (pre-norm, masked, one stack), and a step
+    whose taps all fired has each layer's pre, last point, mid if needed and attention (tap or path)."""
+    if len(layout.once) != len(layout.slots) or len({lp.stack for lp in plan.layers.values()}) > 1:
+        return False
+    read = {role for roles in layout.once.values() for role in roles}
+    if any(point not in LEAN_POINTS for _, point in read):  # a reading the flush would not lay out
+        return False
+    return all(
+        lp.post_norm is None and lp.masked and (i, "pre") in read and (i, lp.last_point) in read
+        and (not lp.need_mid or (i, "mid") in read) and ((i, "attn") in read or i in layout.attn_paths)
+        for i, lp in plan.layers.items()
+    )  # fmt: skip
 
 
 def _input_rows(args, kwargs) -> int | None:

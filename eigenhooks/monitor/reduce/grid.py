@@ -8,7 +8,37 @@ sequences give the same numbers however they are batched, padded, sharded or gen
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
+
+
+class Count(NamedTuple):
+    """(b, 1) valid tokens of each open sequence as base + k, k a host int: what one-token steps with every
+    row valid count, kept without an op a step (``Grid.cat`` makes their indices in one)."""
+
+    base: torch.Tensor
+    k: int
+
+    @property
+    def shape(self) -> torch.Size:
+        return self.base.shape
+
+    @property
+    def device(self) -> torch.device:
+        return self.base.device
+
+    def tensor(self) -> torch.Tensor:
+        return self.base + self.k if self.k else self.base
+
+    @staticmethod
+    def of(seen) -> Count:
+        return seen if isinstance(seen, Count) else Count(seen, 0)
+
+
+def as_tensor(seen) -> torch.Tensor:
+    """A count (``Count`` or (b, 1) tensor) as a tensor."""
+    return seen.tensor() if isinstance(seen, Count) else seen
 
 
 class Grid:
@@ -21,15 +51,22 @@ class Grid:
         after: (b, 1) valid tokens of each sequence once this call is counted, when the caller has it.
     """
 
-    def __init__(self, mask: torch.Tensor, vi: torch.Tensor | None = None, after: torch.Tensor | None = None):
+    def __init__(self, mask: torch.Tensor, vi: torch.Tensor | Count | None = None, after=None):
         self.mask = mask
-        self.vi = mask.cumsum(1) - 1 if vi is None else vi
+        self._vi = mask.cumsum(1) - 1 if vi is None else vi  # a Count: a one-token step's, made when needed
         self._after = after
         self._subs: dict[int, tuple[torch.Tensor | None, torch.Tensor]] = {}
 
     @property
-    def after(self) -> torch.Tensor:
-        """(b, 1): the valid tokens each sequence has counted once this call is (the next call's start)."""
+    def vi(self) -> torch.Tensor:
+        if isinstance(self._vi, Count):
+            self._vi = self._vi.tensor()
+        return self._vi
+
+    @property
+    def after(self) -> torch.Tensor | Count:
+        """(b, 1): the valid tokens each sequence has counted once this call is (the next call's start);
+        a ``Count`` after a one-token step that made none."""
         if self._after is None:
             self._after = self.vi[:, -1:] + 1
         return self._after
@@ -59,5 +96,13 @@ class Grid:
 
     @staticmethod
     def cat(grids: list[Grid]) -> Grid:
-        """Calls side by side along the positions (buffered single-position forwards)."""
-        return Grid(torch.cat([g.mask for g in grids], 1), torch.cat([g.vi for g in grids], 1))
+        """Calls side by side along the positions (buffered single-position forwards); steps counted from one
+        base, one after another (``Count``), get their indices in one op: base + (k, k + 1, ...)."""
+        mask = torch.cat([g.mask for g in grids], 1)
+        vis = [g._vi for g in grids]
+        v0 = vis[0]
+        if isinstance(v0, Count) and all(
+            [isinstance(v, Count) and v.base is v0.base and v.k == v0.k + j for j, v in enumerate(vis)]
+        ):
+            return Grid(mask, v0.base + torch.arange(v0.k, v0.k + len(vis), device=v0.base.device))
+        return Grid(mask, torch.cat([g.vi for g in grids], 1))
