@@ -25,3 +25,10 @@ def test_generate_host_quick():
     for line in ("median paired ratio", "launching aten ops: +", "monitor hook calls: ", "Python function calls"):
         assert line in out, out
     assert out.count("goal <=") == 2, out
+
+
+def test_kept_readings_quick():
+    out = _run("kept_readings.py", "--quick")
+    for mode in ("plain", "noop", "keep", "keep8", "copy"):
+        assert f"  {mode} " in out, out
+    assert "keep - noop:" in out, out
