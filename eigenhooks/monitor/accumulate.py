@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import torch
 
 from . import stats
-from .forward import ForwardSums, LayerSums, LeanStep, Step, fold_copies
+from .forward import ForwardSums, LayerSums, LeanStep, Step, fold_copies, lean_points
 from .measures import Sizes, close_rows, zero_state
 from .plan import Plan
 from .reduce import Grid, project, reduce_many
@@ -121,11 +121,9 @@ class Accumulator:
         X = {j: torch.cat(xs, 1) for j, xs in enumerate(zip(*[b.xs for b in buffered])) if j in used}  # rows stay rows
         grid = Grid.cat([b.grid for b in buffered])
         items = []
-        for i, pre, mid, post in order:
-            P = X[pre]
-            M = None if mid is None else P + X[mid[1]] if mid[0] else X[mid[1]]  # a sum: elementwise, as per step
+        for i, pre, mid, post in order:  # a parallel block's mid summed over the steps at once: the same bits
             bases = self.plan.layers[i].bases
-            points = {"pre": P, "mid": M, "post": None if post is None else X[post]}
+            points = lean_points(pre, mid, post, X)
             items.append((i, bases, project(bases, points, grid, None, consensus=False), copies))
         return items
 

@@ -55,14 +55,18 @@ class LeanStep(NamedTuple):
 
     def as_steps(self) -> dict[int, Step]:
         """The same readings as ``Forward._project`` keeps them, one ``Step`` a layer."""
-        xs, out = self.xs, {}
-        for i, pre, mid, post in self.order:
-            P = xs[pre]
-            M = None if mid is None else P + xs[mid[1]] if mid[0] else xs[mid[1]]
-            out[i] = Step(
-                {"pre": P, "mid": M, "post": None if post is None else xs[post]}, self.grid, None, self.copies
-            )
-        return out
+        return {
+            i: Step(lean_points(pre, mid, post, self.xs), self.grid, None, self.copies)
+            for i, pre, mid, post in self.order
+        }
+
+
+def lean_points(pre: int, mid: tuple | None, post: int | None, xs) -> dict:
+    """One layer's readings by ``lean_order``'s indices into ``xs``: a step's readings, or a flush's reading
+    slots (each concatenated over its steps). A parallel block's mid is the sum pre + attn, elementwise."""
+    P = xs[pre]
+    M = None if mid is None else P + xs[mid[1]] if mid[0] else xs[mid[1]]
+    return {"pre": P, "mid": M, "post": None if post is None else xs[post]}
 
 
 def lean_order(plan: Plan, roles: list, read_mid: bool, ran: frozenset) -> tuple | None:
