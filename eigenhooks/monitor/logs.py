@@ -185,39 +185,32 @@ class Labels:
         self.width = max(2, len(str(max(n_layers - 1, 0))))
         self.bases = {i: plan.layers[i].bases for i in sorted(plan.layers)}
         self.own = {i: [m for m in b.measures if type(m).scalars is not Measure.scalars] for i, b in self.bases.items()}
-        self.shapes: dict[int, list[tuple[str, torch.Size]]] = {}  # layer -> its measures' fields, by tensors()
+        self.shapes = {  # layer -> (name, shape) of the fields its own measures log, as ``zero`` makes them
+            i: [(k, v.shape) for m in self.own[i] for k, v in m.zero(layer_sizes(i, b)).items()]
+            for i, b in self.bases.items()
+        }
 
     def tensors(self, acc: Accumulator) -> list[torch.Tensor]:
         """The sums a log point reads, on their devices: each layer's ``tgt``, then its logged fields."""
         out = []
         for i, tgt in zip(sorted(self.bases), acc.target_sums()):
-            st = acc.state[i]
-            fields = [k for m in self.own[i] for k in m.zero(layer_sizes(i, self.bases[i])) if k in st]
-            self.shapes[i] = [(k, st[k].shape) for k in fields]
-            out += [tgt.detach()] + [st[k].detach() for k in fields]
+            out += [tgt.detach()] + [acc.state[i][k].detach() for k, _ in self.shapes[i]]
         return out
 
     def __call__(self, host: torch.Tensor) -> dict[str, float]:
         """``tensors``' values, flattened and concatenated on the host -> {tag: value}."""
-        flat, at, out = host.to(torch.float64).flatten(), 0, {}
-        take = lambda shape: flat[at : at + shape.numel()].reshape(shape)  # noqa: E731
-        tgts, fields = {}, {}
-        for i, b in self.bases.items():
-            tgts[i] = take(torch.Size((b.T, len(TGT_FIELDS))))
-            at += tgts[i].numel()
-            fields[i] = {}
-            for k, shape in self.shapes.get(i, []):
-                fields[i][k] = take(shape)
-                at += shape.numel()
+        fields = {i: [("tgt", torch.Size((b.T, len(TGT_FIELDS)))), *self.shapes[i]] for i, b in self.bases.items()}
+        parts = iter(host.to(torch.float64).flatten().split([s.numel() for f in fields.values() for _, s in f]))
+        read = {i: {k: next(parts).reshape(s) for k, s in f} for i, f in fields.items()}
+        out = {}
         for layer, ti, target in self.rows:
-            row = tgts[layer][ti].tolist()
+            row = read[layer]["tgt"][ti].tolist()
             vals = running(row)
             for m in self.metrics:
                 out[tag(m, layer, target, self.width)] = vals[m]
             if self.own[layer]:
                 b = self.bases[layer]
-                state = {"tgt": tgts[layer], **fields[layer]}
-                r = Row(state, ti, b.k_index[ti], b.targets[ti].k, dict(zip(TGT_FIELDS, row)))
+                r = Row(read[layer], ti, b.k_index[ti], b.targets[ti].k, dict(zip(TGT_FIELDS, row)))
                 for m in self.own[layer]:
                     for metric, v in m.scalars(r).items():
                         out[tag(metric, layer, target, self.width)] = float(v)
