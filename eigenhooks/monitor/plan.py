@@ -102,18 +102,15 @@ def _parse_target(ad: Adapter, t, vectors: dict) -> TargetDef:
     if not isinstance(t, tuple | list) or len(t) != 2:
         raise ValueError(f"{shape}, got {tuple(t) if isinstance(t, list) else t!r}")
     t = tuple(t)
-    if H.is_head_target(t):
-        if t[1] not in RANKS:
-            raise ValueError(f"rank must be one of {RANKS}, got {t[1]!r} in target {t!r}")
-        return TargetDef(f"{t[0]}/{t[1]}", H.HEAD_KINDS[t[0]], t[1], heads=True)
-    if isinstance(t[1], str):
-        variant, rank = t
-        if variant not in VARIANTS:
+    if isinstance(t[1], str):  # built-in (variant, rank), or a head target (kind, rank)
+        kind, rank = t
+        heads = H.is_head_target(t)
+        if not heads and kind not in VARIANTS:
             kinds = VARIANTS + tuple(H.HEAD_KINDS)
-            raise ValueError(f"variant must be one of {kinds}, got {variant!r} in target {t!r}")
+            raise ValueError(f"variant must be one of {kinds}, got {kind!r} in target {t!r}")
         if rank not in RANKS:
             raise ValueError(f"rank must be one of {RANKS}, got {rank!r} in target {t!r}")
-        return TargetDef(f"{variant}/{rank}", variant, rank)
+        return TargetDef(f"{kind}/{rank}", H.HEAD_KINDS[kind] if heads else kind, rank, heads=heads)
     name, U = t
     if not isinstance(name, str) or not name:
         raise ValueError(f"a custom target's name must be a non-empty string, got {name!r}")
