@@ -14,9 +14,10 @@ from typing import Annotated
 
 import typer
 
+from .monitor.summary import layer_rows
 from .run.checks import interrupted
 from .run.commandline import ReadableTyper, VersionOpt, as_flags, one_line_warnings, quiet_libraries
-from .run.table import emit, fmt_complex, fmt_mb, layer_rows, print_head_table, print_run_table
+from .run.table import emit, fmt_complex, fmt_mb, print_head_table, print_run_table
 
 app = ReadableTyper(add_completion=False, no_args_is_help=True, help="Power-method alignment of transformer tokens.")
 

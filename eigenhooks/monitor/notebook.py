@@ -28,10 +28,11 @@ class NotebookViews:
             >>> fig = mon.plot("modulus")          # in Jupyter: the figure, inline
         """
         from ..plots import by_layer
+        from .summary import layer_rows
 
         df = self.summary()
-        if target is None and "head" in df.columns and df["head"].isna().any():
-            df = df[df["head"].isna()]
+        if target is None and len(layer_rows(df)):
+            df = layer_rows(df)
         return by_layer(df, target)
 
     def tokens(self):

@@ -127,3 +127,13 @@ def save_table(summary: Callable, path) -> Path:
     else:
         df.to_json(path, orient="records", indent=2)
     return path
+
+
+def layer_rows(summary):
+    """The layer targets' rows of a summary (all of them when it has no head targets)."""
+    return summary[summary["head"].isna()] if "head" in summary.columns else summary
+
+
+def head_rows(summary):
+    """The head targets' rows of a summary (none when it has no ``head`` column)."""
+    return summary[summary["head"].notna()] if "head" in summary.columns else summary.iloc[:0]

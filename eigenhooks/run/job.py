@@ -415,7 +415,7 @@ def _plots(out: Path, st: _Study, backend: str) -> None:
         (out / "plots-skipped.txt").write_text("matplotlib not installed: pip install 'eigenhooks[plot]'\n")
         return
     from ..monitor import monitor
-    from .table import layer_rows
+    from ..monitor.summary import layer_rows
 
     summary, model = layer_rows(st.summary), st.model
     for rank in ("modulus", "residual"):

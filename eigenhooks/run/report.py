@@ -18,9 +18,9 @@ import json
 import os
 from pathlib import Path
 
+from ..monitor.summary import head_rows, layer_rows
 from . import direction_report
 from .integrity import cut_rows, damage
-from .table import head_rows, layer_rows
 
 PLOTS = (
     ("alignment_modulus.png", "ρ per layer with its 95% CI against the Haar null band, then γ (v_1 ranked by |λ|)"),

@@ -12,6 +12,8 @@ from __future__ import annotations
 import io
 import math
 
+from ..monitor.summary import head_rows
+
 
 def fmt_num(v, digits: int = 3) -> str:
     if v is None or (isinstance(v, float) and math.isnan(v)):
@@ -95,16 +97,6 @@ def rows(summary, columns=RUN_COLUMNS) -> tuple[list[str], list[list[str]]]:
     heads = [h for h, _ in columns]
     cells = [[fn(r) for _, fn in columns] for r in summary.to_dict("records")]
     return heads, cells
-
-
-def layer_rows(summary):
-    """The layer targets' rows of a summary (all of them when it has no head targets)."""
-    return summary[summary["head"].isna()] if "head" in summary.columns else summary
-
-
-def head_rows(summary):
-    """The head targets' rows of a summary (none when it has no ``head`` column)."""
-    return summary[summary["head"].notna()] if "head" in summary.columns else summary.iloc[:0]
 
 
 def _head_cell(r) -> str:
