@@ -144,7 +144,7 @@ class LayerBases:
     def on(self, device: torch.device, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         """(Bt, Bn) for activations of this device and dtype, made once: float32 (d, C), or
         [B_hi | B_lo] (d, 2C) in the activations' half dtype on CUDA."""
-        key = (device, dtype if has_out_dtype(device, dtype) else torch.float32)
+        key = self._key(device, dtype)
         if key not in self._dev:
             f = lambda t: t.to(device, torch.float32)  # noqa: E731
             # (C, d) row-major, used as B.T: X @ B with a skinny row-major B is slow in MKL (docs/scale.md)
@@ -153,3 +153,14 @@ class LayerBases:
                 Bt, Bn = split(Bt, key[1]), split(Bn, key[1])
             self._dev[key] = (Bt, Bn)
         return self._dev[key]
+
+    def share(self, device: torch.device, dtype: torch.dtype, Bt: torch.Tensor, Bn: torch.Tensor) -> None:
+        """Hold ``on``'s (Bt, Bn) as these views of the same values (a stack over layers, ``reduce.batched``)."""
+        key = self._key(device, dtype)
+        Bt0, Bn0 = self._dev[key]
+        assert (Bt.shape, Bn.shape, Bt.dtype) == (Bt0.shape, Bn0.shape, Bt0.dtype)
+        self._dev[key] = (Bt, Bn)
+
+    @staticmethod
+    def _key(device: torch.device, dtype: torch.dtype) -> tuple:
+        return (device, dtype if has_out_dtype(device, dtype) else torch.float32)

@@ -42,6 +42,7 @@ class Projection:
     sv: torch.Tensor | None = None
     sv_parts: list[torch.Tensor] | None = None
     slot: Row | None = None  # the arena row written into, given back by reduce_many
+    batch: tuple | None = None  # (fields stacked over a layout's layers, this layer's index, L): ``project_layers``
 
 
 class Memo:

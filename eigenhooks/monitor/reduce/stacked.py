@@ -88,7 +88,12 @@ class Stacked:
         self.per_k = {f for m in self.measures for f in m.per_k}
 
     def _whole(self, prs: list[Projection]) -> dict | None:
-        """The arena's buffers, when these projections are its rows 0..G-1 in order (no copy needed)."""
+        """The arena's buffers, when these projections are its rows 0..G-1 in order, or ``project_layers``'
+        stacks, when they are its layers in order (no copy needed)."""
+        b0 = prs[0].batch
+        if b0 is not None and b0[2] == len(prs) and all([p.batch and p.batch[0] is b0[0] for p in prs]):
+            if [p.batch[1] for p in prs] == list(range(len(prs))):
+                return b0[0]
         rows = [pr.slot for pr in prs]
         if not all(rows) or [r.row for r in rows] != list(range(rows[0].arena.size)):
             return None

@@ -1,0 +1,139 @@
+"""Stage 1 for a flush of buffered decoding steps: every layer's projections at once, ``project_layers``.
+
+A flush holds each reading slot's steps as one (b, n, d) tensor, all slots side by side in one
+(S, b, n, d) tensor. Layer by layer, ``projection.project`` spends about ten ops on each layer:
+its norms, its null subsample's gathers and five matmuls, each written into a buffer of its own
+that the reduction then stacks. Here the norms of every slot are one op, the subsample of every
+slot one gather, and the matmuls write straight into the stacked buffers.
+
+On CUDA each reading point's matmuls are one bmm over the layers of a layout: about ten launches
+a flush instead of ten a layer. On the CPU they stay one mm a layer and point: a CPU bmm's bits
+are not its matrices' mms (a small bmm takes a plain loop of its own, and two threads split a bmm
+by matrices but an mm inside it), and the CPU states are pinned bit for bit
+(``benchmarks/reference_states.py``). So the CPU path gives ``project``'s numbers bit for bit
+(``tests/monitor/test_lean_steps.py``), and the bmm path the same to float32 rounding
+(``tests/monitor/test_batched_projection.py``, which forces it on the CPU).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from . import kernels
+from .bases import LayerBases
+from .grid import Grid
+from .projection import Projection, fused_wanted, project
+
+BMM_DEVICES = {"cuda"}  # where a point's matmuls are one bmm over the layers (tests add "cpu")
+
+
+class Stacks:
+    """Each layout's bases stacked over its layers, made once per (layers, device, dtype). Each layer's
+    own bases then become views into the stack (``LayerBases.on``), so they are held once."""
+
+    def __init__(self):
+        self._made: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
+
+    def get(self, group: list[LayerBases], device: torch.device, dtype: torch.dtype):
+        key = (tuple(map(id, group)), device, dtype)
+        made = self._made.get(key)
+        if made is None or not all([b.Bt64 is t and b.Bn64 is n for b, (t, n) in zip(group, made[2])]):
+            pairs = [b.on(device, dtype) for b in group]  # (a layer laid out again has new bases)
+            made = self._made[key] = (_stack(pairs, 0), _stack(pairs, 1), [(b.Bt64, b.Bn64) for b in group])
+            for b, Bt, Bn in zip(group, made[0], made[1]):
+                b.share(device, dtype, Bt, Bn)
+        return made[0], made[1]
+
+
+def _stack(pairs, k: int) -> torch.Tensor:
+    """(L, d, C) of the layers' (d, C) bases in their own layout: a float32 basis is the transposed view
+    of a row-major (C, d), and its stack keeps that, (L, C, d) transposed (the bits of the mm)."""
+    Bs = [p[k] for p in pairs]
+    if Bs[0].stride(0) == 1:
+        return torch.stack([B.T for B in Bs]).transpose(1, 2)
+    return torch.stack(Bs)
+
+
+def project_layers(
+    layers: list[tuple[LayerBases, dict[str, int | None]]], X: torch.Tensor, grid: Grid, stacks: Stacks
+) -> list[Projection]:
+    """``project(bases, points, grid, consensus=False)`` of every layer, from one tensor of readings.
+
+    Args:
+        layers: (bases, {'pre': slot, 'mid': slot or None, 'post': slot or None}) a layer, each slot a
+            row of X.
+        X: (S, b, n, d) every reading slot's buffered steps.
+        grid: the steps' grid, one for every layer.
+        stacks: the bases stacked over the layers (made once).
+    Returns the projections in the order of ``layers``; a layout's share one stack of each field, which
+    ``reduce_many`` reduces without stacking them again.
+    """
+    S, b, n, d = X.shape
+    rows = X.view(S, b * n, d)
+    out: list = [None] * len(layers)
+    if fused_wanted(X):  # the fused read takes each layer itself
+        for i, (bases, slots) in enumerate(layers):
+            out[i] = project(bases, {p: _at(X, k) for p, k in slots.items()}, grid, None, consensus=False)
+        return out
+    norms = X.new_empty(S, b * n, dtype=torch.float32)
+    kernels.norms(rows, norms)  # every slot's norms, each once (layer t's post is layer t+1's pre)
+    groups: dict[tuple, list[int]] = {}
+    for i, (bases, slots) in enumerate(layers):
+        names = tuple(p for p in ("pre", "mid", "post") if slots.get(p) is not None)
+        Bt, Bn = bases.on(X.device, X.dtype)
+        key = (bases.layout, names, bases.null_stride, Bt.shape, Bn.shape, Bt.dtype)
+        groups.setdefault(key, []).append(i)
+    subs: dict[int, torch.Tensor] = {}
+    for (_, names, s, Btshape, Bnshape, Btdtype), idx in groups.items():
+        flat, _ = grid.sub(s)
+        if s not in subs:
+            subs[s] = rows if flat is None else rows.index_select(1, flat)  # every slot's subsample, one gather
+        at = {p: [layers[i][1][p] for i in idx] for p in names}
+        G, nulls = len(idx), [p for p in names if p != "post"]
+        whole = {"norms": torch.stack([_pick(norms, at[p]) for p in names], 1)}  # (L, P, b*n)
+        if X.device.type in BMM_DEVICES and Btshape[1] > 1:  # (one column: a gemv, another kernel)
+            Bt, Bn = stacks.get([layers[i][0] for i in idx], X.device, X.dtype)
+            whole["Pt"] = torch.stack([_bmm(_pick(rows, at[p]), Bt) for p in names], 1)  # (L, P, b*n, C)
+            Pn = torch.stack([_bmm(_pick(subs[s], at[p]), Bn) for p in nulls], 1)  # (L, P_null, N, Cn)
+        else:  # one mm a layer and point, each written into its place in the stack
+            whole["Pt"] = X.new_empty(G, len(names), b * n, Btshape[1], dtype=torch.float32)
+            Pn = X.new_empty(G, len(nulls), subs[s].shape[1], Bnshape[1], dtype=torch.float32)
+            for g, i in enumerate(idx):
+                Bt, Bn = layers[i][0].on(X.device, X.dtype)
+                for j, p in enumerate(names):
+                    kernels.mm(rows[at[p][g]], Bt, whole["Pt"][g, j])
+                for j, p in enumerate(nulls):
+                    kernels.mm(subs[s][at[p][g]], Bn, Pn[g, j])
+        whole["Pn"] = Pn.view(G, -1, Bnshape[1])  # (L, P_null * N, Cn)
+        h = 1 if Btdtype == torch.float32 else 2
+        for g, i in enumerate(idx):
+            out[i] = Projection(
+                grid, names, (b, n, s), False, h, whole["norms"][g], whole["Pt"][g], whole["Pn"][g],
+                batch=(whole, g, G),
+            )  # fmt: skip
+    return out
+
+
+def _at(X: torch.Tensor, k: int | None) -> torch.Tensor | None:
+    return None if k is None else X[k]
+
+
+def _pick(t: torch.Tensor, ks: list[int]) -> torch.Tensor:
+    """t's rows ks along its first dimension: a view when they are evenly spaced (a layer's pre, mid
+    and post slots usually are), else one copy."""
+    if len(ks) == 1:
+        return t[ks[0] : ks[0] + 1]
+    step = ks[1] - ks[0]
+    if step > 0 and ks == list(range(ks[0], ks[0] + step * len(ks), step)):
+        return t[ks[0] : ks[-1] + 1 : step]
+    return torch.stack([t[k] for k in ks])
+
+
+def _bmm(X: torch.Tensor, B: torch.Tensor) -> torch.Tensor:
+    """(L, r, C) float32 = X (L, r, d) @ B (L, d, C), as ``kernels.mm`` does each matrix."""
+    if B.dtype == torch.float32:
+        return torch.bmm(X if X.dtype == torch.float32 else X.float(), B)
+    try:
+        return torch.bmm(X, B, out_dtype=torch.float32)
+    except (RuntimeError, TypeError):  # as kernels.mm: float32, the same numbers to ~2^-16
+        return torch.bmm(X.float(), B.float())
