@@ -7,21 +7,23 @@ weights, float32, one thread): batch 4, 16 prompt + 128 new tokens, greedy, thro
 API (``eh.monitor``) only.
 
 - thread CPU time (``time.thread_time``) of ``model.generate`` monitored / plain, two copies of
-  the same weights, interleaved; the median of the paired ratios (goal <= 1.05);
+  the same weights, interleaved; the median of the paired ratios (goal <= 1.04);
 - per decoding step, with the prefill and the flushes of the buffered steps amortised (the
   monitor is entered once and one generate is counted after a warm one, so the counted run
   flushes exactly one generate's buffered steps): the extra launching aten ops (a
-  ``TorchDispatchMode`` leaving out views and allocations, as ``monitor_ops.py``; goal <= 10),
+  ``TorchDispatchMode`` leaving out views and allocations, as ``monitor_ops.py``; goal <= 6; also
+  counted as the CUDA path makes them, forced on the CPU: one stacked group, a flush one bmm a point),
   the calls of the monitor's hook functions, and Python function calls (``sys.setprofile``,
   'call' and 'c_call' events), monitored minus plain.
 
-Usage: PYTHONPATH=. python benchmarks/generate_host.py [--pairs 15] [--quick]   (from the repository root)
+Usage: PYTHONPATH=. python benchmarks/generate_host.py [--pairs 15] [--quick] [--width 256]   (from the repository root)
 """
 
 from __future__ import annotations
 
 import argparse
 import copy
+import importlib
 import statistics
 import sys
 import time
@@ -37,7 +39,7 @@ from monitor_ops import NO_LAUNCH  # noqa: E402
 
 SHAPE = dict(hidden_size=256, intermediate_size=512, num_hidden_layers=16, num_attention_heads=4,
              num_key_value_heads=2, vocab_size=512, head_dim=64)  # fmt: skip
-GOAL_RATIO, GOAL_OPS = 1.05, 10
+GOAL_RATIO, GOAL_OPS = 1.04, 6  # issue 39
 
 
 class Launches(TorchDispatchMode):
@@ -114,7 +116,9 @@ def main(argv=None) -> int:
     p.add_argument("--prompt", type=int, default=16)
     p.add_argument("--new", type=int, default=128)
     p.add_argument("--quick", action="store_true", help="smoke run: 3 pairs, 16 new tokens")
+    p.add_argument("--width", type=int, default=SHAPE["hidden_size"], help="hidden size (the MLP twice it)")
     a = p.parse_args(argv)
+    SHAPE.update(hidden_size=a.width, intermediate_size=2 * a.width, head_dim=a.width // 4)
     if a.quick:
         a.pairs, a.new = 3, 16
     warnings.simplefilter("ignore")
@@ -137,6 +141,7 @@ def main(argv=None) -> int:
             with Calls(codes) as calls:  # apart: the dispatch mode's own Python calls are not counted
                 gen(m)
             counts[name] = (ops.n, calls.hooks, calls.calls + calls.c_calls)
+        counts["cuda"] = _cuda_path_ops(plain, gen)
         ratios, tp, tm = [], [], []
         for i in range(a.pairs):  # interleaved, the order alternating, so drift hits both
             order = [(plain, tp), (model, tm)] if i % 2 == 0 else [(model, tm), (plain, tp)]
@@ -148,6 +153,29 @@ def main(argv=None) -> int:
     assert mon.summary()["n_tokens"].min() > 0, "the monitor counted no tokens"
     _report(a, ratios, tp, tm, counts)
     return 0
+
+
+def _cuda_path_ops(model, gen) -> int:
+    """The launching ops of one generate as the CUDA path makes them, counted on the CPU: every layer padded
+    into one stacked group (``pad_to_stack(widen_frames=True)``, as a plan on CUDA) and a flush's matmuls one
+    bmm a reading point (``reduce.batched.BMM_DEVICES``). Its numbers are not the CPU path's bits."""
+    import eigenhooks as eh
+
+    plan = importlib.import_module("eigenhooks.monitor.plan")
+    batched = importlib.import_module("eigenhooks.monitor.reduce.batched")
+    pad, devices = plan.pad_to_stack, batched.BMM_DEVICES
+    plan.pad_to_stack = lambda bases, widen_frames=False: pad(bases, widen_frames=True)
+    batched.BMM_DEVICES = devices | {"cpu"}
+    try:
+        model = copy.deepcopy(model)
+        with eh.monitor(model):
+            gen(model)
+            gen(model)
+            with Launches() as ops:
+                gen(model)
+    finally:
+        plan.pad_to_stack, batched.BMM_DEVICES = pad, devices
+    return ops.n
 
 
 def _report(a, ratios, tp, tm, counts) -> None:
@@ -171,6 +199,8 @@ def _report(a, ratios, tp, tm, counts) -> None:
     ops = (op_m - op_p) / steps
     print(f"  launching aten ops: +{ops:.2f} (plain {op_p / steps:.1f})  goal <= {GOAL_OPS}  "
           f"{'met' if ops <= GOAL_OPS else 'NOT met'}")  # fmt: skip
+    cuda = (counts["cuda"] - op_p) / steps
+    print(f"    the CUDA path (one stacked group, a flush's matmuls one bmm a point; forced here): +{cuda:.2f}")
     print(f"  monitor hook calls: {(hk_m - hk_p) / steps:.2f}")
     print(f"  Python function calls (call + c_call): +{(py_m - py_p) / steps:.0f} (plain {py_p / steps:.0f})")
 

@@ -1,18 +1,19 @@
 """Where a monitored decoding step's extra host time goes, on generate_host.py's CPU proxy.
 
-Four copies of the same weights run ``generate`` interleaved (the order alternating), thread CPU time:
+Five copies of the same weights run ``generate`` interleaved (the order alternating), thread CPU time:
 
 - plain;
 - hooks: no-op hooks of the same kinds on the same modules as the monitor's (torch's hooked
   ``_call_impl`` path, the floor of any hook-based tool);
-- no flush: the monitor, its buffered steps dropped at each flush instead of reduced (the steps' own
+- no buffer: the monitor, each step's readings dropped at its end instead of kept (the steps' own
   work, the prefill's reduction and the hooks);
+- no flush: the monitor, its buffered steps kept until the flush and then dropped, not reduced;
 - monitor: the monitor as it is.
 
 Per decoding step (prefill and flushes amortised over a generate's forwards), the medians' differences
-give: hook dispatch = hooks - plain; the monitor's own work a step and its prefill = no flush - hooks;
-the flush's reduction = monitor - no flush. The medians of paired ratios to plain are printed as well.
-Only for reading the parts: the "no flush" copy counts wrong sums on purpose.
+give: hook dispatch = hooks - plain; the monitor's own work a step and its prefill = no buffer - hooks;
+holding a flush's steps = no flush - no buffer; the flush's reduction = monitor - no flush. The medians of paired ratios to plain are printed as well.
+Only for reading the parts: the "no buffer" and "no flush" copies count wrong sums on purpose.
 
 Usage: PYTHONPATH=. python benchmarks/generate_parts.py [--pairs 11]   (from the repository root)
 """
@@ -62,12 +63,13 @@ def main(argv=None) -> int:
     import eigenhooks as eh
 
     model, kw = gh.build(a)
-    plain, hooked, noflush = (copy.deepcopy(model) for _ in range(3))
-    with torch.no_grad(), eh.monitor(model), eh.monitor(noflush) as mon_nf:
+    plain, hooked, nobuf, noflush = (copy.deepcopy(model) for _ in range(4))
+    with torch.no_grad(), eh.monitor(model), eh.monitor(noflush) as mon_nf, eh.monitor(nobuf) as mon_nb:
         n_hooks = _copy_hooks(model, hooked)
         acc = mon_nf._prepare()
         acc.flush = lambda: acc.buf.clear()  # the buffered steps dropped, not reduced
-        runs = {"plain": plain, "hooks": hooked, "no flush": noflush, "monitor": model}
+        mon_nb._prepare()._buffer = lambda steps, shapes: None  # each step's readings dropped at its end
+        runs = {"plain": plain, "hooks": hooked, "no buffer": nobuf, "no flush": noflush, "monitor": model}
         for m in runs.values():
             m.generate(**kw)
         times: dict[str, list[float]] = {k: [] for k in runs}
@@ -84,7 +86,8 @@ def main(argv=None) -> int:
     for k in runs:
         r = statistics.median([t / p for t, p in zip(times[k], times["plain"])])
         print(f"  {k:9s} median {med[k] * 1e3:8.1f} ms  paired ratio {r:.3f}  +{us(k):5.0f} us a step")
-    print(f"  hook dispatch {us('hooks'):.0f} us a step; the monitor's steps and prefill {us('no flush') - us('hooks'):.0f}; "
+    print(f"  hook dispatch {us('hooks'):.0f} us a step; the monitor's steps and prefill {us('no buffer') - us('hooks'):.0f}; "
+          f"holding a flush's steps {us('no flush') - us('no buffer'):.0f}; "
           f"the flush's reduction {us('monitor') - us('no flush'):.0f}")  # fmt: skip
     return 0
 

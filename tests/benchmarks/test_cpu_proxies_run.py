@@ -22,7 +22,8 @@ def _run(script: str, *args: str) -> str:
 
 def test_generate_host_quick():
     out = _run("generate_host.py", "--quick")
-    for line in ("median paired ratio", "launching aten ops: +", "monitor hook calls: ", "Python function calls"):
+    for line in ("median paired ratio", "launching aten ops: +", "the CUDA path (", "monitor hook calls: ",
+                 "Python function calls"):  # fmt: skip
         assert line in out, out
     assert out.count("goal <=") == 2, out
 
@@ -32,3 +33,10 @@ def test_kept_readings_quick():
     for mode in ("plain", "noop", "keep", "keep8", "copy"):
         assert f"  {mode} " in out, out
     assert "keep - noop:" in out, out
+
+
+def test_model_kernels_quick():
+    out = _run("model_kernels.py", "--quick")
+    for k in ("linear", "cat", "scaled_dot_product_attention"):
+        assert f"  {k} " in out, out
+    assert out.count(" us a step") == 7, out
