@@ -57,8 +57,9 @@ def hf_adapter(model: nn.Module) -> Adapter:
     if not rows:
         raise UnsupportedModelError(f"{model_type}: no attention layers found in {type(model).__name__}")
     groups = _group_ids([r["attn_out"] for r in rows])
+    names = _names(model)
     layers = [
-        Layer(index=i, group=g, name=_name(model, r["attn_in"]), **r) for i, (r, g) in enumerate(zip(rows, groups))
+        Layer(index=i, group=g, name=names.get(id(r["attn_in"]), ""), **r) for i, (r, g) in enumerate(zip(rows, groups))
     ]
     d, H, G = fam.dims(cfg)
     final = fam.final(base)
@@ -89,11 +90,12 @@ def hf_adapter(model: nn.Module) -> Adapter:
     )
 
 
-def _name(model: nn.Module, module: nn.Module) -> str:
+def _names(model: nn.Module) -> dict[int, str]:
+    """Each module's dotted name by its id (the first name of a module registered twice), walked once."""
+    names: dict[int, str] = {}
     for n, m in model.named_modules():
-        if m is module:
-            return n
-    return ""
+        names.setdefault(id(m), n)
+    return names
 
 
 # ---- generic fallback: find the attention blocks, then read F from the probe ----
@@ -113,7 +115,7 @@ def generic_adapter(model: nn.Module) -> Adapter:
             f"could not find a list of attention blocks in {type(model).__name__}; "
             f"supported families: {', '.join(supported_families())}, TransformerLens models"
         )
-    layers = []
+    layers, names = [], _names(model)
     for i, blk in enumerate(blocks):
         attn = next(getattr(blk, n) for n in _ATTN_NAMES if isinstance(getattr(blk, n, None), nn.Module))
         layers.append(
@@ -125,7 +127,7 @@ def generic_adapter(model: nn.Module) -> Adapter:
                 norm=None,
                 factors=None,
                 group=i,
-                name=_name(model, attn),
+                name=names.get(id(attn), ""),
             )
         )
     d = _guess_width(model)

@@ -123,6 +123,9 @@ def onloaded(model: nn.Module, modules: list[nn.Module | None]) -> Iterator[bool
         ...     O = model.model.layers[3].self_attn.o_proj.weight.clone()
     """
     targets = [m for m in modules if isinstance(m, nn.Module)]
+    if not any([p.device.type == "meta" for t in targets for p in t.parameters()]):
+        yield False  # every weight they need is in place (offloaded ones sit on meta): no walk of the model
+        return
     todo = _modules_to_onload(model, targets)
     with ExitStack() as stack:
         for module, hook in todo:

@@ -209,3 +209,13 @@ def test_weights_still_meta_after_onload_is_explained():
     model.to("meta")
     with pytest.raises(ValueError, match=r"layer 0 .*still on the meta device after loading"):
         eh.spectra(adapter, cache=False)
+
+
+def test_weights_in_place_are_not_looked_for_in_the_model(monkeypatch):
+    """A layer whose weights are all in place (none on meta) brings nothing in, and the model's modules
+    are not walked for offload hooks: a monitor's entry asks this once a layer."""
+    model = build("llama", dtype=torch.float32)
+    attn = model.model.layers[1].self_attn
+    monkeypatch.setattr(offload, "_modules_to_onload", lambda *a: pytest.fail("the model was walked"))
+    with offload.onloaded(model, [attn, None]) as loaded:
+        assert loaded is False
