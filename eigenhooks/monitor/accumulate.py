@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import torch
 
 from . import stats
-from .forward import ForwardSums, LayerSums, LeanStep, Step, fold_copies, lean_points
+from .forward import ForwardSums, LayerSums, LeanStep, Step, fold_copies
 from .measures import Sizes, close_rows, zero_state
 from .plan import Plan
 from .reduce import Grid, project, reduce_many
@@ -120,29 +120,20 @@ class Accumulator:
         if not all([isinstance(b, LeanStep) and b.order is order and b.copies == copies for b in buffered]):
             return None
         used = {j for _, pre, mid, post in order for j in (pre, mid and mid[1], post) if j is not None}
-        grid = Grid.cat([b.grid for b in buffered])
-        if all([mid is None or not mid[0] for _, _, mid, _ in order]):  # every reading a slot: all layers at once
-            return self._slot_items(buffered, order, sorted(used), grid, copies)
-        X = {j: torch.cat(xs, 1) for j, xs in enumerate(zip(*[b.xs for b in buffered])) if j in used}  # rows stay rows
-        items = []
-        for i, pre, mid, post in order:  # a parallel block's mid summed over the steps at once: the same bits
-            bases = self.plan.layers[i].bases
-            points = lean_points(pre, mid, post, X)
-            items.append((i, bases, project(bases, points, grid, None, consensus=False), copies))
-        return items
+        return self._slot_items(buffered, order, sorted(used), Grid.cat([b.grid for b in buffered]), copies)
 
     def _slot_items(self, buffered: list, order: tuple, used: list[int], grid: Grid, copies: int) -> list:
-        """``_lean_items`` of a sequential block's steps: each slot's steps concatenated into one (S, b, n, d)
-        tensor, and every layer projected from it at once (``project_layers``, the same bits)."""
+        """``_lean_items``' layout: each slot's steps concatenated into one (S, b, n, d) tensor, and every layer
+        projected from it at once (``project_layers``, the same bits)."""
         x0 = buffered[0].xs[used[0]]
         X = x0.new_empty(len(used), x0.shape[0], len(buffered), x0.shape[-1])
         for k, j in enumerate(used):
             torch.cat([b.xs[j] for b in buffered], 1, out=X[k])  # rows stay rows
         at = {j: k for k, j in enumerate(used)}
         layers = []
-        for i, pre, mid, post in order:
-            slots = {"pre": at[pre], "mid": None if mid is None else at[mid[1]], "post": at.get(post)}
-            layers.append((self.plan.layers[i].bases, slots))
+        for i, pre, mid, post in order:  # a parallel block's mid: (pre, attn), summed over the steps at once
+            m = None if mid is None else (at[pre], at[mid[1]]) if mid[0] else at[mid[1]]
+            layers.append((self.plan.layers[i].bases, {"pre": at[pre], "mid": m, "post": at.get(post)}))
         prs = project_layers(layers, X, grid, self.stacks)
         return [(i, bases, pr, copies) for (i, *_), (bases, _), pr in zip(order, layers, prs)]
 

@@ -1,5 +1,5 @@
 """A flush projects every layer's buffered steps at once (``reduce.batched.project_layers``): on the CPU
-bit for bit what ``project`` gives layer by layer; with a point's matmuls as one bmm over the layers
+bit for bit what ``project`` gives layer by layer (a parallel block's mid, pre + attn, summed once); with a point's matmuls as one bmm over the layers
 (the CUDA path, forced here on the CPU) the same to float32 rounding, in fewer ops."""
 
 import collections
@@ -64,16 +64,22 @@ def _flush_inputs(tiny, family, monkeypatch, **kw):
     plan, buffered, order, used, grid = got[0]
     at = {j: k for k, j in enumerate(used)}
     X = torch.stack([torch.cat([b.xs[j] for b in buffered], 1) for j in used])  # built apart from the code
+    mids = [None if mid is None else (at[pre], at[mid[1]]) if mid[0] else at[mid[1]] for _, pre, mid, _ in order]
     layers = [
-        (plan.layers[i].bases, {"pre": at[pre], "mid": None if mid is None else at[mid[1]], "post": at.get(post)})
-        for i, pre, mid, post in order
+        (plan.layers[i].bases, {"pre": at[pre], "mid": m, "post": at.get(post)})
+        for (i, pre, _, post), m in zip(order, mids)
     ]
     return layers, X, grid
 
 
+def _point(X, k):
+    """A slot's readings, or a parallel block's mid: the sum of its two slots, made here apart."""
+    return None if k is None else torch.add(X[k[0]], X[k[1]]) if isinstance(k, tuple) else X[k]
+
+
 def _per_layer(layers, X, grid):
     return [
-        project(bases, {p: None if k is None else X[k] for p, k in slots.items()}, grid, None, consensus=False)
+        project(bases, {p: _point(X, k) for p, k in slots.items()}, grid, None, consensus=False)
         for bases, slots in layers
     ]
 
@@ -85,10 +91,11 @@ KW = [
 ]
 
 
-@pytest.mark.parametrize("family", ["llama6", "llama", "gpt2"])
+@pytest.mark.parametrize("family", ["llama6", "llama", "gpt2", "gptj"])
 @pytest.mark.parametrize("kw", KW, ids=["two-targets", "stride-1", "one-column"])
 def test_the_cpu_path_is_project_layer_by_layer_bit_for_bit(tiny, family, kw, monkeypatch):
     layers, X, grid = _flush_inputs(tiny, family, monkeypatch, **kw)
+    assert all([isinstance(sl["mid"], tuple) == (family == "gptj") for _, sl in layers])  # gptj: a parallel block
     got = batched.project_layers(layers, X, grid, batched.Stacks())
     want = _per_layer(layers, X, grid)
     for g, w in zip(got, want):
@@ -97,7 +104,7 @@ def test_the_cpu_path_is_project_layer_by_layer_bit_for_bit(tiny, family, kw, mo
             assert torch.equal(getattr(g, f), getattr(w, f)), f
 
 
-@pytest.mark.parametrize("family", ["llama6", "gpt2"])
+@pytest.mark.parametrize("family", ["llama6", "gpt2", "gptj"])
 @pytest.mark.parametrize("kw", KW[:2], ids=["two-targets", "stride-1"])
 def test_the_bmm_path_agrees_to_rounding_in_a_few_matmuls(tiny, family, kw, monkeypatch):
     layers, X, grid = _flush_inputs(tiny, family, monkeypatch, **kw)

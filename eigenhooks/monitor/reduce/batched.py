@@ -61,7 +61,7 @@ def project_layers(
 
     Args:
         layers: (bases, {'pre': slot, 'mid': slot or None, 'post': slot or None}) a layer, each slot a
-            row of X.
+            row of X; a parallel block's mid is (pre slot, attention slot), their sum.
         X: (S, b, n, d) every reading slot's buffered steps.
         grid: the steps' grid, one for every layer.
         stacks: the bases stacked over the layers (made once).
@@ -81,29 +81,29 @@ def project_layers(
     for i, (bases, slots) in enumerate(layers):
         names = tuple(p for p in ("pre", "mid", "post") if slots.get(p) is not None)
         Bt, Bn = bases.on(X.device, X.dtype)
-        key = (bases.layout, names, bases.null_stride, Bt.shape, Bn.shape, Bt.dtype)
+        key = (bases.layout, names, bases.null_stride, Bt.shape, Bn.shape, Bt.dtype, isinstance(slots["mid"], tuple))
         groups.setdefault(key, []).append(i)
     subs: dict[int, torch.Tensor] = {}
-    for (_, names, s, Btshape, Bnshape, Btdtype), idx in groups.items():
+    for (_, names, s, Btshape, Bnshape, Btdtype, _), idx in groups.items():
         flat, _ = grid.sub(s)
         if s not in subs:
             subs[s] = rows if flat is None else rows.index_select(1, flat)  # every slot's subsample, one gather
-        at = {p: [layers[i][1][p] for i in idx] for p in names}
+        src = {p: _source(rows, subs[s], norms, [layers[i][1][p] for i in idx], flat) for p in names}
         G, nulls = len(idx), [p for p in names if p != "post"]
-        whole = {"norms": torch.stack([_pick(norms, at[p]) for p in names], 1)}  # (L, P, b*n)
+        whole = {"norms": torch.stack([src[p][2] for p in names], 1)}  # (L, P, b*n)
         if X.device.type in BMM_DEVICES and Btshape[1] > 1:  # (one column: a gemv, another kernel)
             Bt, Bn = stacks.get([layers[i][0] for i in idx], X.device, X.dtype)
-            whole["Pt"] = torch.stack([_bmm(_pick(rows, at[p]), Bt) for p in names], 1)  # (L, P, b*n, C)
-            Pn = torch.stack([_bmm(_pick(subs[s], at[p]), Bn) for p in nulls], 1)  # (L, P_null, N, Cn)
+            whole["Pt"] = torch.stack([_bmm(src[p][0], Bt) for p in names], 1)  # (L, P, b*n, C)
+            Pn = torch.stack([_bmm(src[p][1], Bn) for p in nulls], 1)  # (L, P_null, N, Cn)
         else:  # one mm a layer and point, each written into its place in the stack
             whole["Pt"] = X.new_empty(G, len(names), b * n, Btshape[1], dtype=torch.float32)
             Pn = X.new_empty(G, len(nulls), subs[s].shape[1], Bnshape[1], dtype=torch.float32)
             for g, i in enumerate(idx):
                 Bt, Bn = layers[i][0].on(X.device, X.dtype)
                 for j, p in enumerate(names):
-                    kernels.mm(rows[at[p][g]], Bt, whole["Pt"][g, j])
+                    kernels.mm(src[p][0][g], Bt, whole["Pt"][g, j])
                 for j, p in enumerate(nulls):
-                    kernels.mm(subs[s][at[p][g]], Bn, Pn[g, j])
+                    kernels.mm(src[p][1][g], Bn, Pn[g, j])
         whole["Pn"] = Pn.view(G, -1, Bnshape[1])  # (L, P_null * N, Cn)
         h = 1 if Btdtype == torch.float32 else 2
         for g, i in enumerate(idx):
@@ -114,8 +114,20 @@ def project_layers(
     return out
 
 
-def _at(X: torch.Tensor, k: int | None) -> torch.Tensor | None:
-    return None if k is None else X[k]
+def _at(X: torch.Tensor, k: int | tuple | None) -> torch.Tensor | None:
+    return None if k is None else X[k[0]] + X[k[1]] if isinstance(k, tuple) else X[k]
+
+
+def _source(rows: torch.Tensor, sub: torch.Tensor, norms: torch.Tensor, ks: list, flat) -> tuple:
+    """One point's readings for a layout's layers: (rows (L, b*n, d), their null subsample (L, N, d), their
+    norms (L, b*n)). A parallel block's mid, ks of (pre, attention) slots, is the sum pre + attn made once
+    for all of them (elementwise: the bits of each layer's own sum), its norms and subsample its own."""
+    if not isinstance(ks[0], tuple):
+        return _pick(rows, ks), _pick(sub, ks), _pick(norms, ks)
+    M = _pick(rows, [k[0] for k in ks]) + _pick(rows, [k[1] for k in ks])
+    own = M.new_empty(M.shape[:2], dtype=torch.float32)
+    kernels.norms(M, own)
+    return M, M if flat is None else M.index_select(1, flat), own
 
 
 def _pick(t: torch.Tensor, ks: list[int]) -> torch.Tensor:
