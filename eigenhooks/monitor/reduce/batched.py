@@ -88,10 +88,11 @@ def project_layers(
         flat, _ = grid.sub(s)
         if s not in subs:
             subs[s] = rows if flat is None else rows.index_select(1, flat)  # every slot's subsample, one gather
-        src = {p: _source(rows, subs[s], norms, [layers[i][1][p] for i in idx], flat) for p in names}
+        bmm = X.device.type in BMM_DEVICES and Btshape[1] > 1  # (one column: a gemv, another kernel)
+        src = {p: _source(rows, subs[s], norms, [layers[i][1][p] for i in idx], flat, p != "post", bmm) for p in names}
         G, nulls = len(idx), [p for p in names if p != "post"]
         whole = {"norms": torch.stack([src[p][2] for p in names], 1)}  # (L, P, b*n)
-        if X.device.type in BMM_DEVICES and Btshape[1] > 1:  # (one column: a gemv, another kernel)
+        if bmm:
             Bt, Bn = stacks.get([layers[i][0] for i in idx], X.device, X.dtype)
             whole["Pt"] = torch.stack([_bmm(src[p][0], Bt) for p in names], 1)  # (L, P, b*n, C)
             Pn = torch.stack([_bmm(src[p][1], Bn) for p in nulls], 1)  # (L, P_null, N, Cn)
@@ -118,16 +119,19 @@ def _at(X: torch.Tensor, k: int | tuple | None) -> torch.Tensor | None:
     return None if k is None else X[k[0]] + X[k[1]] if isinstance(k, tuple) else X[k]
 
 
-def _source(rows: torch.Tensor, sub: torch.Tensor, norms: torch.Tensor, ks: list, flat) -> tuple:
-    """One point's readings for a layout's layers: (rows (L, b*n, d), their null subsample (L, N, d), their
-    norms (L, b*n)). A parallel block's mid, ks of (pre, attention) slots, is the sum pre + attn made once
-    for all of them (elementwise: the bits of each layer's own sum), its norms and subsample its own."""
+def _source(rows: torch.Tensor, sub: torch.Tensor, norms: torch.Tensor, ks: list, flat, null: bool, stacked: bool):
+    """One point's readings for a layout's layers: (rows (L, b*n, d), their null subsample (L, N, d), or None
+    when the point has no null, their norms (L, b*n)); not ``stacked`` (one mm a layer), the rows and
+    subsamples as a list of each layer's views, no copy. A parallel block's mid, ks of (pre, attention)
+    slots, is the sum pre + attn made once for all of them (elementwise: the bits of each layer's own
+    sum), its norms and subsample its own."""
     if not isinstance(ks[0], tuple):
-        return _pick(rows, ks), _pick(sub, ks), _pick(norms, ks)
+        pick = _pick if stacked else lambda t, ks: [t[k] for k in ks]  # noqa: E731
+        return pick(rows, ks), pick(sub, ks) if null else None, _pick(norms, ks)
     M = _pick(rows, [k[0] for k in ks]) + _pick(rows, [k[1] for k in ks])
     own = M.new_empty(M.shape[:2], dtype=torch.float32)
     kernels.norms(M, own)
-    return M, M if flat is None else M.index_select(1, flat), own
+    return M, (M if flat is None else M.index_select(1, flat)) if null else None, own
 
 
 def _pick(t: torch.Tensor, ks: list[int]) -> torch.Tensor:
