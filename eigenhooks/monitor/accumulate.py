@@ -111,30 +111,26 @@ class Accumulator:
         self._add_layers([(i, LayerSums(d[0], fold_copies(d[1], c))) for (i, _, _, c), d in zip(items, done)])
 
     def _lean_items(self, buffered: list) -> list | None:
-        """The projections of steps that all kept their readings in one order (``LeanStep``): each reading
-        slot's steps concatenated once, a parallel block's mid summed once over them; None otherwise."""
+        """The projections of steps that all kept their readings in one order (``LeanStep``), None otherwise:
+        each reading slot's steps concatenated into one (S, b, n, d) tensor, and every layer projected from
+        it at once (``project_layers``, the same bits), a parallel block's mid summed once over the steps."""
         first = buffered[0]
         if not isinstance(first, LeanStep):
             return None
         order, copies = first.order, first.copies
         if not all([isinstance(b, LeanStep) and b.order is order and b.copies == copies for b in buffered]):
             return None
-        used = {j for _, pre, mid, post in order for j in (pre, mid and mid[1], post) if j is not None}
-        return self._slot_items(buffered, order, sorted(used), Grid.cat([b.grid for b in buffered]), copies)
-
-    def _slot_items(self, buffered: list, order: tuple, used: list[int], grid: Grid, copies: int) -> list:
-        """``_lean_items``' layout: each slot's steps concatenated into one (S, b, n, d) tensor, and every layer
-        projected from it at once (``project_layers``, the same bits)."""
+        used = sorted({j for _, pre, mid, post in order for j in (pre, mid and mid[1], post) if j is not None})
         x0 = buffered[0].xs[used[0]]
         X = x0.new_empty(len(used), x0.shape[0], len(buffered), x0.shape[-1])
         for k, j in enumerate(used):
             torch.cat([b.xs[j] for b in buffered], 1, out=X[k])  # rows stay rows
         at = {j: k for k, j in enumerate(used)}
         layers = []
-        for i, pre, mid, post in order:  # a parallel block's mid: (pre, attn), summed over the steps at once
+        for i, pre, mid, post in order:  # a parallel block's mid: (pre, attn), their sum
             m = None if mid is None else (at[pre], at[mid[1]]) if mid[0] else at[mid[1]]
             layers.append((self.plan.layers[i].bases, {"pre": at[pre], "mid": m, "post": at.get(post)}))
-        prs = project_layers(layers, X, grid, self.stacks)
+        prs = project_layers(layers, X, Grid.cat([b.grid for b in buffered]), self.stacks)
         return [(i, bases, pr, copies) for (i, *_), (bases, _), pr in zip(order, layers, prs)]
 
     def _step_items(self, buffered: list[dict[int, Step]]) -> list:

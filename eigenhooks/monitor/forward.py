@@ -62,8 +62,9 @@ class LeanStep(NamedTuple):
 
 
 def lean_points(pre: int, mid: tuple | None, post: int | None, xs) -> dict:
-    """One layer's readings by ``lean_order``'s indices into ``xs``: a step's readings, or a flush's reading
-    slots (each concatenated over its steps). A parallel block's mid is the sum pre + attn, elementwise."""
+    """One layer's readings by ``lean_order``'s indices into a step's readings ``xs`` (``LeanStep.as_steps``;
+    a flush of whole steps lays them out itself, ``reduce.batched``). A parallel block's mid is the sum
+    pre + attn, elementwise."""
     P = xs[pre]
     M = None if mid is None else P + xs[mid[1]] if mid[0] else xs[mid[1]]
     return {"pre": P, "mid": M, "post": None if post is None else xs[post]}

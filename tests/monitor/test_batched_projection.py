@@ -10,7 +10,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 import eigenhooks as eh
 from eigenhooks.monitor import accumulate
-from eigenhooks.monitor.reduce import batched, project
+from eigenhooks.monitor.reduce import Grid, batched, project
 
 
 class _Ops(TorchDispatchMode):
@@ -46,22 +46,25 @@ def _flush_inputs(tiny, family, monkeypatch, **kw):
     """The (layers, X, grid) of a real flush: a generate past the 256-token buffer."""
     model = _model(tiny, family)
     got = []
-    slot_items = accumulate.Accumulator._slot_items
+    lean_items = accumulate.Accumulator._lean_items
 
-    def spy(self, buffered, order, used, grid, copies):
-        out = slot_items(self, buffered, order, used, grid, copies)
-        got.append((self.plan, buffered, order, used, grid))
+    def spy(self, buffered):
+        out = lean_items(self, buffered)
+        if out is not None:
+            got.append((self.plan, buffered))
         return out
 
     ids = torch.randint(3, 60, (12, 6), generator=torch.Generator().manual_seed(1))
     mask = torch.ones_like(ids)
     mask[1, :2] = 0
-    monkeypatch.setattr(accumulate.Accumulator, "_slot_items", spy)
+    monkeypatch.setattr(accumulate.Accumulator, "_lean_items", spy)
     with eh.monitor(model, **kw), torch.no_grad():
         model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=25, min_new_tokens=25,
                        do_sample=False, pad_token_id=0)  # fmt: skip
     assert got, "no flush took the batched path"
-    plan, buffered, order, used, grid = got[0]
+    plan, buffered = got[0]
+    order, grid = buffered[0].order, Grid.cat([b.grid for b in buffered])
+    used = sorted({j for _, pre, mid, post in order for j in (pre, mid and mid[1], post) if j is not None})
     at = {j: k for k, j in enumerate(used)}
     X = torch.stack([torch.cat([b.xs[j] for b in buffered], 1) for j in used])  # built apart from the code
     mids = [None if mid is None else (at[pre], at[mid[1]]) if mid[0] else at[mid[1]] for _, pre, mid, _ in order]

@@ -9,7 +9,9 @@
 
 A flush of buffered one-token steps takes stage 1 for every layer at once instead
 (``batched.project_layers``: the slots' norms and null gathers in one op each, the matmuls written
-into the stacked buffers; one bmm a reading point on CUDA). ``bases`` lays out each layer's bases, ``kernels`` holds the float32-accumulating aten kernels
+into the stacked buffers; one bmm a reading point on CUDA).
+
+``bases`` lays out each layer's bases, ``kernels`` holds the float32-accumulating aten kernels
 (half-precision splits). ``monitor/reference.py`` is the plain twin every sum is tested against.
 Definitions: ``stats`` and docs/design.md.
 """

@@ -32,7 +32,7 @@ class Stacks:
     own bases then become views into the stack (``LayerBases.on``), so they are held once."""
 
     def __init__(self):
-        self._made: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
+        self._made: dict[tuple, tuple] = {}  # key -> (Bt stack, Bn stack, the layers' float64 bases made from)
 
     def get(self, group: list[LayerBases], device: torch.device, dtype: torch.dtype):
         key = (tuple(map(id, group)), device, dtype)
@@ -94,8 +94,8 @@ def project_layers(
         whole = {"norms": torch.stack([src[p][2] for p in names], 1)}  # (L, P, b*n)
         if bmm:
             Bt, Bn = stacks.get([layers[i][0] for i in idx], X.device, X.dtype)
-            whole["Pt"] = torch.stack([_bmm(src[p][0], Bt) for p in names], 1)  # (L, P, b*n, C)
-            Pn = torch.stack([_bmm(src[p][1], Bn) for p in nulls], 1)  # (L, P_null, N, Cn)
+            whole["Pt"] = torch.stack([kernels.bmm_layers(src[p][0], Bt) for p in names], 1)  # (L, P, b*n, C)
+            Pn = torch.stack([kernels.bmm_layers(src[p][1], Bn) for p in nulls], 1)  # (L, P_null, N, Cn)
         else:  # one mm a layer and point, each written into its place in the stack
             whole["Pt"] = X.new_empty(G, len(names), b * n, Btshape[1], dtype=torch.float32)
             Pn = X.new_empty(G, len(nulls), subs[s].shape[1], Bnshape[1], dtype=torch.float32)
@@ -143,13 +143,3 @@ def _pick(t: torch.Tensor, ks: list[int]) -> torch.Tensor:
     if step > 0 and ks == list(range(ks[0], ks[0] + step * len(ks), step)):
         return t[ks[0] : ks[-1] + 1 : step]
     return torch.stack([t[k] for k in ks])
-
-
-def _bmm(X: torch.Tensor, B: torch.Tensor) -> torch.Tensor:
-    """(L, r, C) float32 = X (L, r, d) @ B (L, d, C), as ``kernels.mm`` does each matrix."""
-    if B.dtype == torch.float32:
-        return torch.bmm(X if X.dtype == torch.float32 else X.float(), B)
-    try:
-        return torch.bmm(X, B, out_dtype=torch.float32)
-    except (RuntimeError, TypeError):  # as kernels.mm: float32, the same numbers to ~2^-16
-        return torch.bmm(X.float(), B.float())

@@ -50,6 +50,17 @@ def mm(X: torch.Tensor, B: torch.Tensor, out: torch.Tensor) -> None:
         torch.mm(X.float(), B.float(), out=out)
 
 
+def bmm_layers(X: torch.Tensor, B: torch.Tensor) -> torch.Tensor:
+    """(L, r, C) float32 = X (L, r, d) @ B (L, d, C): ``mm`` of L layers in one launch (``reduce.batched``,
+    on CUDA; a CPU bmm's bits are not its matrices' mms)."""
+    if B.dtype == torch.float32:
+        return torch.bmm(X if X.dtype == torch.float32 else X.float(), B)
+    try:
+        return torch.bmm(X, B, out_dtype=torch.float32)
+    except (RuntimeError, TypeError):  # as mm: float32, the same numbers to ~2^-16
+        return torch.bmm(X.float(), B.float())
+
+
 def norms(X: torch.Tensor, out: torch.Tensor) -> None:
     """out = ||x|| for each row of X, accumulated in float32 (no float32 copy of a half X)."""
     if X.dtype in (torch.float16, torch.bfloat16, torch.float32):
