@@ -98,7 +98,18 @@ def _code(h):
     return getattr(getattr(h, "__func__", h), "__code__", None)
 
 
+def add_proxy_args(p: argparse.ArgumentParser) -> None:
+    """The proxy's shape, as every benchmark that runs it takes it (``build``)."""
+    p.add_argument("--batch", type=int, default=4)
+    p.add_argument("--prompt", type=int, default=16)
+    p.add_argument("--new", type=int, default=128)
+    p.add_argument("--width", type=int, default=SHAPE["hidden_size"], help="hidden size (the MLP twice it)")
+
+
 def build(args):
+    """The proxy model and its generate's arguments; ``args.width``, when given, sets SHAPE's width first."""
+    if getattr(args, "width", None):
+        SHAPE.update(hidden_size=args.width, intermediate_size=2 * args.width, head_dim=args.width // 4)
     model = gc.build_shape(SHAPE, "cpu", torch.float32)
     n_params = sum(p.numel() for p in model.parameters())
     assert n_params < 12_000_000, f"the proxy model is meant to be small (~9.7M); {n_params=}"
@@ -112,13 +123,9 @@ def build(args):
 def main(argv=None) -> int:
     p = argparse.ArgumentParser()
     p.add_argument("--pairs", type=int, default=15)
-    p.add_argument("--batch", type=int, default=4)
-    p.add_argument("--prompt", type=int, default=16)
-    p.add_argument("--new", type=int, default=128)
     p.add_argument("--quick", action="store_true", help="smoke run: 3 pairs, 16 new tokens")
-    p.add_argument("--width", type=int, default=SHAPE["hidden_size"], help="hidden size (the MLP twice it)")
+    add_proxy_args(p)
     a = p.parse_args(argv)
-    SHAPE.update(hidden_size=a.width, intermediate_size=2 * a.width, head_dim=a.width // 4)
     if a.quick:
         a.pairs, a.new = 3, 16
     warnings.simplefilter("ignore")

@@ -54,9 +54,7 @@ def _copy_hooks(src, dst) -> int:
 def main(argv=None) -> int:
     p = argparse.ArgumentParser()
     p.add_argument("--pairs", type=int, default=11)
-    p.add_argument("--batch", type=int, default=4)
-    p.add_argument("--prompt", type=int, default=16)
-    p.add_argument("--new", type=int, default=128)
+    gh.add_proxy_args(p)
     a = p.parse_args(argv)
     warnings.simplefilter("ignore")
     torch.set_num_threads(1)

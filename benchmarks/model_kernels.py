@@ -9,7 +9,7 @@ Python, the readings it keeps, its flush. ``--width 128`` (~10 MiB of weights) a
 touches neither the weights nor the readings, so this part of the CPU proxy's ratio is not a GPU's
 (docs/scale.md, "Issue 39, third round"). cProfile's own overhead is in both columns.
 
-Usage: PYTHONPATH=. python benchmarks/model_kernels.py [--width 256] [--rounds 6] [--quick]   (from the repository root)
+Usage: PYTHONPATH=. python benchmarks/model_kernels.py [--width 256] [--rounds 6] [--quick] [--batch --prompt --new]   (from the repository root)
 """
 
 from __future__ import annotations
@@ -49,36 +49,35 @@ def _own_times(model, kw) -> dict[str, float]:
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--width", type=int, default=G.SHAPE["hidden_size"])
     p.add_argument("--rounds", type=int, default=6)
     p.add_argument("--quick", action="store_true", help="2 rounds of a short generate (a smoke run)")
+    G.add_proxy_args(p)
     a = p.parse_args(argv)
     warnings.simplefilter("ignore")
     torch.set_num_threads(1)
-    G.SHAPE.update(hidden_size=a.width, intermediate_size=2 * a.width, head_dim=a.width // 4)
-    shape = argparse.Namespace(batch=4, prompt=16, new=16 if a.quick else 128)
-    rounds = 2 if a.quick else a.rounds
+    if a.quick:
+        a.rounds, a.new = 2, 16
     import eigenhooks as eh
 
-    model, kw = G.build(shape)
+    model, kw = G.build(a)
     plain = copy.deepcopy(model)
     runs: dict[str, list[dict]] = {"plain": [], "monitored": []}
     with torch.no_grad(), eh.monitor(model):
         model.generate(**kw)
         plain.generate(**kw)
-        for r in range(rounds):
+        for r in range(a.rounds):
             for name, m in (
                 (("plain", plain), ("monitored", model)) if r % 2 == 0 else (("monitored", model), ("plain", plain))
             ):
                 runs[name].append(_own_times(m, kw))
     n_params = sum(t.numel() for t in model.parameters())
     print(f"model kernels: generate_host.py's proxy at width {a.width} ({n_params * 4 / 2**20:.0f} MiB of float32 "
-          f"weights), {shape.batch} x ({shape.prompt} + {shape.new}), 1 thread, {rounds} interleaved rounds, cProfile")  # fmt: skip
+          f"weights), {a.batch} x ({a.prompt} + {a.new}), 1 thread, {a.rounds} interleaved rounds, cProfile")  # fmt: skip
     for k in KERNELS:
         tp = statistics.median([r[k] for r in runs["plain"]])
         tm = statistics.median([r[k] for r in runs["monitored"]])
         print(f"  {k:28s} plain {tp * 1e3:7.1f} ms  monitored {tm * 1e3:7.1f} ms  "
-              f"{(tm / tp - 1) * 100 if tp else 0:+5.1f} %  {(tm - tp) / shape.new * 1e6:+5.0f} us a step")  # fmt: skip
+              f"{(tm / tp - 1) * 100 if tp else 0:+5.1f} %  {(tm - tp) / a.new * 1e6:+5.0f} us a step")  # fmt: skip
     return 0
 
 
