@@ -72,6 +72,8 @@ class Accumulator:
             self.end_sequences()
         if fs.layers:
             self._add_layers(list(fs.layers.items()))
+        if fs.own:  # a researcher's measures' sums, taken in the forward (a decoding step's too)
+            self._add_layers([(i, LayerSums(s, None)) for i, s in fs.own.items()])
         self._buffer(fs.lean or fs.steps, fs.shapes)
         self.seen.update(fs.seen)
         if fs.tokens:
@@ -269,4 +271,4 @@ def foreach_sum(a: list[torch.Tensor], b: list[torch.Tensor]) -> list[torch.Tens
 
 def layer_sizes(i: int, b) -> Sizes:
     """Layer i's state sizes from its ``LayerBases``."""
-    return Sizes(i, b.T, len(b.ks), b.null_draws, max(b.eig_slots, 0), b.fnull_draws)
+    return Sizes(i, b.T, len(b.ks), b.null_draws, max(b.eig_slots, 0), b.fnull_draws, b.d)

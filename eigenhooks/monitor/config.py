@@ -9,7 +9,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, fields
 
-POINTS = ("pre", "mid", "post")
+from .measures.base import POINTS
+from .measures.own import check as check_measures
 DEFAULT_TARGETS = (("ov", "modulus"), ("ov", "residual"))
 
 
@@ -30,7 +31,9 @@ class MonitorConfig:
         log_every: forwards between the sinks' log points (0 or None: only on exit and ``mon.log()``).
         attach: register the hooks on enter (False: TransformerLens ``fwd_hooks()``).
         measures: a researcher's own measures (``eh.Measure`` instances, docs/api.md "Your own
-            measure"), measured after the built-in ones; each name unique.
+            measure"), measured after the built-in ones; each name unique and none a built-in
+            measure's, field's or summary column's. Held as the engine runs them (``own.Own``: the
+            researcher's measure is its ``measure``).
     """
 
     targets: tuple = DEFAULT_TARGETS
@@ -54,10 +57,7 @@ class MonitorConfig:
         set_("reading_points", tuple(p for p in POINTS if p in self.reading_points))
         check_nulls(self.null_draws, self.fnull_draws, self.eig_top, self.null_stride)
         set_("null_seed", int(self.null_seed))
-        set_("measures", tuple(self.measures))
-        names = [getattr(m, "name", None) for m in self.measures]
-        if any(not isinstance(n, str) or not n for n in names) or len(set(names)) != len(names):
-            raise ValueError(f"measures must be Measure instances with unique names, got names {names}")
+        set_("measures", check_measures(self.measures))  # each as the engine holds it (``own.Own``), names checked
         le = self.log_every
         if le is not None and (isinstance(le, bool) or not isinstance(le, int) or le < 0):
             raise ValueError(

@@ -21,7 +21,7 @@ import torch
 
 from ..linalg.cache import tensors_digest
 from ..spectra.compute import weights_digest
-from .measures import MEASURES, TGT_FIELDS
+from .measures import MEASURES, owner
 
 FORMAT = 1  # the fingerprint's own version: a state of another format is refused, never guessed
 SHOWN = 3  # differences named in one message
@@ -234,13 +234,6 @@ def parse_layers(state: dict, expected: dict[int, dict[str, torch.Tensor]]) -> d
     return out
 
 
-# Sums that can never be negative: counts, sums of alignments in [0, 1] and sums of squares. The
-# others (sum_delta, the signed cosines, the consensus sums, clu_wn) may be.
-_SIGNED_TGT = {"sum_delta", "cos_sum_pre", "cos_sum_mid", "cos_sum_post", "cons_sum_pre", "cons_sum_mid"}
-_SIGNED_TGT |= {"cons_sum_post", "clu_wn"}
-_NONNEG_KEYS = {"null_up", "null_pre", "null_mid", "eig_up", "fnull_up"}
-
-
 def _has_bool(v) -> bool:
     if isinstance(v, torch.Tensor):
         return v.dtype == torch.bool
@@ -258,23 +251,15 @@ def _target_names(state: dict, i: int) -> list[str]:
 
 
 def _check_sums(where: str, key: str, t: torch.Tensor, targets: list[str]) -> None:
-    """Every sum finite (eig_up: NaN marks a missing eigen-subspace), and those that count or add up
-    non-negative terms not negative; a ValueError naming the field otherwise."""
-    # eig_up marks the slots of eigen-subspaces a layer does not have with NaN; no sum is ever infinite
-    bad = torch.isinf(t) if key == "eig_up" else ~torch.isfinite(t)
-    if key == "tgt" and t.dim() == 2:
-        signed = torch.tensor([f in _SIGNED_TGT for f in TGT_FIELDS][: t.shape[1]])
-        bad |= (t < 0) & ~signed
-    elif key in _NONNEG_KEYS:
-        bad |= t < 0
+    """No entry a forward could not have written (the field's measure says which: ``Builtin.damaged``);
+    a ValueError naming the field and entry otherwise. A researcher's own fields are its own."""
+    m = owner(key)
+    if m is None:
+        return
+    bad = m.damaged(key, t)
     if not bool(bad.any()):
         return
     at = tuple(int(x) for x in bad.nonzero()[0])
     value = float(t[at])
     what = "not finite" if not math.isfinite(value) else "negative, and it counts or adds up non-negative terms"
-    if key == "tgt" and len(at) == 2:
-        row = f"target {targets[at[0]]!r}" if at[0] < len(targets) else f"row {at[0]}"
-        field = f"field {TGT_FIELDS[at[1]]!r} of {row}"
-    else:
-        field = f"entry {list(at)}"
-    raise ValueError(f"{where}, {field}: {value} is {what} (a damaged or edited state)")
+    raise ValueError(f"{where}, {m.entry(key, at, targets)}: {value} is {what} (a damaged or edited state)")

@@ -18,6 +18,7 @@ import torch
 from ..models.base import as_tokens
 from . import stats
 from .config import POINTS
+from .measures.own import of_plan, own_sums, readings
 from .plan import LayerPlan, Plan
 from .reduce import Grid, Projection, project, reduce_many
 from .reduce.grid import Count, as_tensor
@@ -123,6 +124,7 @@ class ForwardSums:
     tokens: list[dict] = field(default_factory=list)  # per-token records (``tokens=True``)
     shapes: tuple = ()  # (stack, (b, n), device) of each Grid it made: its steps' shapes
     lean: LeanStep | None = None  # a one-token step kept whole (instead of ``steps``)
+    own: dict = field(default_factory=dict)  # layer -> the researcher's measures' sums (``measures.own``)
 
 
 @dataclass
@@ -194,13 +196,15 @@ class Forward:
         self.tokens: list[dict] = []
         self.lean: tuple | None = None  # a one-token step's ([roles], [readings]) as they come (``lean_start``)
         self.lean_step: LeanStep | None = None
+        self.own = of_plan(plan)  # a researcher's measures: their sums taken per layer, from the readings
+        self.own_sums: dict[int, dict[str, torch.Tensor]] = {}
 
     def lean_start(self, untapped: int, once_ids: frozenset, known: list) -> None:
         """This forward computes one token a row (the taps saw its input), every tapped module is called
         once a forward, and layer by layer nothing is computed at the step: its readings are kept as they
         come, checked and laid out once at its end (``_settle``). untapped: attentions without a tap (all
         must have been found in place). once_ids: the taps' role lists. known: [roles, order] last seen."""
-        if self.buffer_steps and not self.keep_tokens and not self.call.fresh and not self.call.start:
+        if self.buffer_steps and not self.keep_tokens and not self.call.fresh and not self.call.start and not self.own:
             if len(self.attn_ran) == untapped:
                 self.lean, self._lean_of = ([], []), (once_ids, known)
 
@@ -274,6 +278,9 @@ class Forward:
             grid = self._grid(pre, lp.stack)
         else:  # a tower the forward's attention_mask does not describe: all its tokens count
             grid = Grid(torch.ones(shape[:2], dtype=torch.bool, device=pre.device))
+        if self.own:  # a researcher's measures: the plain readings, while they are hot
+            r = readings(lp.index, points, base, grid.mask, grid.vi, lp.bases.null_stride)
+            self.own_sums[lp.index] = own_sums(self.own, r)
         if shape[1] == 1 and self.buffer_steps:
             self.steps[lp.index] = Step(points, grid, base, self.call.copies)  # reduced in batches by the accumulator
             return
@@ -372,7 +379,9 @@ class Forward:
             done = reduce_many([(self.plan.layers[i].bases, self.projections[i]) for i in layers])
             sums = {i: LayerSums(d[0], fold_copies(d[1], self.call.copies)) for i, d in zip(layers, done)}
         seen = {stack: grid.after for (stack, _, _), grid in self.grids.items()}
-        return ForwardSums(sums, self.steps, self.call.fresh, seen, self.tokens, tuple(self.grids), self.lean_step)
+        return ForwardSums(
+            sums, self.steps, self.call.fresh, seen, self.tokens, tuple(self.grids), self.lean_step, self.own_sums
+        )
 
     def drop(self) -> None:
         """The forward raised: give back the arena rows it took; nothing of it counts."""

@@ -21,7 +21,7 @@ import torch
 
 from .accumulate import Accumulator, layer_sizes
 from .forward import ForwardSums
-from .measures import TGT_FIELDS, Measure, Row
+from .measures import TGT_FIELDS, Builtin, Row
 from .plan import Plan
 from .sinks import METRICS, SinkError, make_sinks, running, tag
 
@@ -184,7 +184,7 @@ class Labels:
         self.metrics = [m for m in metrics if m not in ("gamma_mid", "rho") or "mid" in points]
         self.width = max(2, len(str(max(n_layers - 1, 0))))
         self.bases = {i: plan.layers[i].bases for i in sorted(plan.layers)}
-        self.own = {i: [m for m in b.measures if type(m).scalars is not Measure.scalars] for i, b in self.bases.items()}
+        self.own = {i: [m for m in b.measures if type(m).scalars is not Builtin.scalars] for i, b in self.bases.items()}
         self.shapes = {  # layer -> (name, shape) of the fields its own measures log, as ``zero`` makes them
             i: [(k, v.shape) for m in self.own[i] for k, v in m.zero(layer_sizes(i, b)).items()]
             for i, b in self.bases.items()
@@ -210,7 +210,7 @@ class Labels:
                 out[tag(m, layer, target, self.width)] = vals[m]
             if self.own[layer]:
                 b = self.bases[layer]
-                r = Row(read[layer], ti, b.k_index[ti], b.targets[ti].k, dict(zip(TGT_FIELDS, row)))
+                r = Row(read[layer], ti, b.k_index[ti], b.targets[ti].k, dict(zip(TGT_FIELDS, row)), layer=layer)
                 for m in self.own[layer]:
                     for metric, v in m.scalars(r).items():
                         out[tag(metric, layer, target, self.width)] = float(v)

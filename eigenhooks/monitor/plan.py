@@ -136,7 +136,7 @@ def _parse_target(ad: Adapter, t, vectors: dict) -> TargetDef:
 
 def seed(config: MonitorConfig, layer: int, which: int) -> int:
     """The seed of layer ``layer``'s null draws of one kind (0: Haar, 1+j: the j-th F-null, 1000: ties)."""
-    return (config.null_seed * 1_000_003 + layer * 101 + which) % (2**63)
+    return stats.draw_seed(config.null_seed, layer, which)
 
 
 def build_plan(adapter: Adapter, config: MonitorConfig, defs: list[TargetDef], vectors: dict) -> Plan:

@@ -4,7 +4,7 @@ The monitor's fast path (reduce/) stacks layers into arenas, pads layer groups t
 layout, splits bases into half-precision pairs and memoises norms. This module computes the
 same sums the obvious way, one layer and one sequence at a time, in float64, with no
 arena, grouping, padding, memo or stacking, so that the fast path can be tested against it
-(DESIGN.md, "Fast paths keep a plain twin").
+(docs/design.md, "Fast paths keep a plain twin").
 
 Two steps, both from public pieces only:
 
@@ -12,12 +12,12 @@ Two steps, both from public pieces only:
    and F's own eigen-subspaces from ``spectra_by_rank``, custom targets through
    ``stats.check_target``, the Haar frames (``stats.haar_frames``) and the F-null frames
    (``stats.power_step_frames`` on ``layer_stacked``), with the monitor's seeds.
-2. ``reference_states`` runs over the forwards' readings (``Forward``: each layer's pre,
+2. ``reference_states`` runs over the forwards' readings (``Recorded``: each layer's pre,
    mid, post and, post-norm, base = LN_t(pre); the valid-token mask; each token's index among
    its sequence's valid tokens; whether the forward continues the previous one's sequences)
    and returns one state per layer in the ``measures.zero_state`` layout (float64).
 
-Definitions (DESIGN.md §1, stats.py):
+Definitions (docs/design.md, "Mathematics"; stats.py):
 
 - a token counts (``n``) when it is valid and finite at every reading point of the layer
   (base included); a valid token that is not is counted in ``n_nonfinite`` and nowhere else;
@@ -52,6 +52,7 @@ from ..spectra.compute import layer_stacked, spectra_by_rank
 from . import head_targets as H
 from . import stats
 from .measures import MEASURES, ROW, TARGET, TGT_FIELDS, Sizes, zero_state
+from .measures.own import check, own_sums, readings
 from .measures.plain import align, align_frames, up  # noqa: F401  (the plain helpers, re-exported)
 from .measures.target import reference_close
 
@@ -69,7 +70,7 @@ class LayerReading:
 
 
 @dataclass
-class Forward:
+class Recorded:
     """One forward of the model, as the monitor sees it.
 
     Attributes:
@@ -101,7 +102,7 @@ class TargetBases:
 
 
 @dataclass
-class LayerBases:
+class PlainBases:
     """One layer's targets and Haar frames (K, d, k_max); ``ks`` the distinct k, ``m`` the eig width."""
 
     targets: list[TargetBases]
@@ -111,14 +112,9 @@ class LayerBases:
     Kf: int = 0
 
 
-def seed(null_seed: int, layer: int, which: int) -> int:
-    """The monitor's seed of one layer's draws: which = 0 Haar, 1 + j the j-th F-null variant."""
-    return (null_seed * 1_000_003 + layer * 101 + which) % (2**63)
-
-
 def build_bases(
     adapter, targets, null_draws: int, fnull_draws: int, eig_top: int, null_seed: int
-) -> dict[int, LayerBases]:
+) -> dict[int, PlainBases]:
     """Every layer's bases, re-derived from the spectra, the target list and the seeds.
 
     Args:
@@ -129,7 +125,7 @@ def build_bases(
         null_draws, fnull_draws, eig_top, null_seed: the monitor's null settings.
 
     Returns:
-        layer -> LayerBases, for the layers with at least one target.
+        layer -> PlainBases, for the layers with at least one target.
     """
     top = max(4, 2 * eig_top)
     defs = []  # (name, variant, rank, {layer: U} or None, heads)
@@ -157,7 +153,7 @@ def build_bases(
     return out
 
 
-def _layer_bases(adapter, i, chosen, specs, K, Kf, m, null_seed) -> LayerBases:
+def _layer_bases(adapter, i, chosen, specs, K, Kf, m, null_seed) -> PlainBases:
     d = adapter.width(i)
     rows = []  # (name, variant, U, eig, head target)
     for name, variant, rank, per, heads in chosen:
@@ -173,27 +169,32 @@ def _layer_bases(adapter, i, chosen, specs, K, Kf, m, null_seed) -> LayerBases:
         else:  # a custom target is ranked among F's (ov, modulus) top m
             rows.append((name, variant, per[i], stats.eig_subspaces(s.eigenvalues, s.eigenvectors, m), False))
     k_draw, k_max = H.frame_widths([r[2].shape[1] for r in rows], [r[4] for r in rows])
-    haar = H.widen(stats.haar_frames(d, k_draw, K, seed(null_seed, i, 0)), k_max, seed(null_seed, i, H.WIDEN_SEED))
+    haar = H.widen(
+        stats.haar_frames(d, k_draw, K, stats.draw_seed(null_seed, i, 0)),
+        k_max,
+        stats.draw_seed(null_seed, i, H.WIDEN_SEED),
+    )
     frames = {}
     if Kf:
         first = sorted({r[1] for r in rows if not r[4]})  # the layer targets' variants draw first
         for j, variant in enumerate(first + sorted({r[1] for r in rows} - set(first))):
             O, V = layer_stacked(adapter, i, variant)
             F = lambda G, O=O, V=V: O @ (V @ G)  # noqa: E731
-            f = stats.power_step_frames(F, d, k_draw, Kf, seed(null_seed, i, 1 + j))
-            frames[variant] = H.widen(f, k_max, seed(null_seed, i, H.WIDEN_SEED + 1 + j), F)
+            f = stats.power_step_frames(F, d, k_draw, Kf, stats.draw_seed(null_seed, i, 1 + j))
+            frames[variant] = H.widen(f, k_max, stats.draw_seed(null_seed, i, H.WIDEN_SEED + 1 + j), F)
     tgts = [TargetBases(name, U, eig, frames.get(variant)) for name, variant, U, eig, _ in rows]
     width = max([len(t.eig) for t in tgts] + [m if any(t.eig for t in tgts) else 0])
-    return LayerBases(tgts, haar, sorted({t.k for t in tgts}), width, Kf if frames else 0)
+    return PlainBases(tgts, haar, sorted({t.k for t in tgts}), width, Kf if frames else 0)
 
 
 class _LayerSums:
-    """One layer's running state and its open sequences' counters (b, 5, T)."""
+    """One layer's running state and its open sequences' counters (b, len(ROW), T)."""
 
-    def __init__(self, bases: LayerBases, K: int, measures: tuple = MEASURES, layer: int | None = None):
+    def __init__(self, bases: PlainBases, K: int, measures: tuple = MEASURES, layer: int | None = None):
         self.bases, self.measures, self.layer = bases, measures, layer
         T = len(bases.targets)
-        self.state = zero_state(Sizes(layer, T, len(bases.ks), K, bases.m, bases.Kf), measures)
+        d = bases.haar.shape[1]
+        self.state = zero_state(Sizes(layer, T, len(bases.ks), K, bases.m, bases.Kf, d), measures)
         self.rows: torch.Tensor | None = None
 
     def close(self) -> None:
@@ -211,23 +212,25 @@ class _LayerSums:
 
 
 def reference_states(
-    forwards: list[Forward], bases: dict[int, LayerBases], null_stride: int | None, measures=MEASURES
+    forwards: list[Recorded], bases: dict[int, PlainBases], null_stride: int | None, measures=()
 ) -> dict[int, dict[str, torch.Tensor]]:
     """The monitor's state of every layer after these forwards, in float64, the plain way.
 
     Args:
-        forwards: the forwards in order (``Forward``).
+        forwards: the forwards in order (``Recorded``).
         bases: ``build_bases``'s result.
         null_stride: the subsample takes the tokens whose index in their sequence is a multiple
             of it (1 or None: every token).
-        measures: what is measured (a monitor's built-in ones and then its own ``measures=``).
+        measures: a researcher's own measures (``eh.Measure``), measured after the built-in ones, as a
+            monitor's ``measures=``.
 
     Returns:
         layer -> {name: tensor} in the ``measures.zero_state`` layout, open sequences folded in.
     """
     s = null_stride or 1
     K = next(iter(bases.values())).haar.shape[0] if bases else 0
-    sums = {i: _LayerSums(b, K, tuple(measures), i) for i, b in bases.items()}
+    measures = MEASURES + check(measures)
+    sums = {i: _LayerSums(b, K, measures, i) for i, b in bases.items()}
     for fw in forwards:
         if not fw.continues:
             for ls in sums.values():
@@ -264,6 +267,12 @@ def _add_forward(ls: _LayerSums, rd: LayerReading, mask: torch.Tensor, index: to
         Yr = Xb[sub] if Xb is not None else Y["pre"]
         for m in ls.measures:
             m.reference(ls, X, Xb, Y, Yr, sub, rows[row])
+    own = tuple(m for m in ls.measures if m.own)
+    if own:  # a researcher's measure is plain already: its sums of the readings, in float64
+        pts = {p: None if x is None else x.double() for p, x in (("pre", rd.pre), ("mid", rd.mid), ("post", rd.post))}
+        base = None if rd.base is None else rd.base.double()
+        for k, v in own_sums(own, readings(ls.layer, pts, base, mask, index, s)).items():
+            ls.state[k] += v
     if ls.rows is not None and ls.rows.shape[0] != b:
         ls.close()
     ls.rows = rows if ls.rows is None else ls.rows + rows

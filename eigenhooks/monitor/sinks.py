@@ -19,14 +19,13 @@ from __future__ import annotations
 import importlib
 import json
 import logging
-import math
 import os
 import re
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from .measures import TGT_FIELDS
+from .measures import TARGET
 
 log = logging.getLogger(__name__)
 METRICS = ("gamma_pre", "gamma_mid", "gamma_post", "rho", "n_tokens")
@@ -53,12 +52,12 @@ TEXT_COLUMNS = (
     "eig_rank",
     "verdict",
 )
-_F = {name: i for i, name in enumerate(TGT_FIELDS)}
 _MLFLOW_BATCH = 1000  # MLflow's limit of metrics per log_batch call
 
 
 class SinkError(RuntimeError):
-    """A sink could not be written. Raised in a forward, that forward was not counted (docs/design.md, "Mathematics")."""
+    """A sink could not be written. Raised in a forward, that forward was not counted (docs/api.md, "Sinks",
+    "Failures")."""
 
 
 class Sink:
@@ -283,17 +282,9 @@ def _require(module: str, extra: str, what: str):
 
 
 def running(row: Sequence[float]) -> dict[str, float]:
-    """The running statistics of one (layer, target) from its sums (a row of ``TGT_FIELDS``),
-    defined as in ``measures.summarize``: means over the tokens measured at each point."""
-    div = lambda a, b: a / b if b > 0 else math.nan
-    n, n_mid = row[_F["n"]], row[_F["n_mid"]]
-    return {
-        "gamma_pre": div(row[_F["sum_pre"]], n),
-        "gamma_mid": div(row[_F["sum_mid"]], n_mid),
-        "gamma_post": div(row[_F["sum_post"]], row[_F["n_post"]]),
-        "rho": div(row[_F["n_up"]], n_mid),
-        "n_tokens": float(n),
-    }
+    """The running statistics of one (layer, target) from its sums (a row of ``measures.TGT_FIELDS``), as the
+    target measure defines them (``Target.running``): means over the tokens measured at each point."""
+    return TARGET.running(TARGET.named(row))
 
 
 def tag(metric: str, layer: int, target: str, width: int = 2) -> str:

@@ -40,9 +40,10 @@ class TargetError(ValueError):
     """A custom target has the wrong shape or is not orthonormal; the message says which."""
 
 
-def null_basis(d: int, k: int, seed: int) -> torch.Tensor:
-    """One random orthonormal (d, k) basis, fixed by the seed."""
-    return haar_frames(d, k, 1, seed)[0]
+def draw_seed(null_seed: int, layer: int, which: int) -> int:
+    """The seed of one layer's null draws of one kind (0: Haar, 1 + j: the j-th F-null variant, 1000: p_null's
+    ties): the monitor's (``plan.seed``) and the plain reference's one definition."""
+    return (null_seed * 1_000_003 + layer * 101 + which) % (2**63)
 
 
 def haar_frames(d: int, k_max: int, K: int, seed: int) -> torch.Tensor:

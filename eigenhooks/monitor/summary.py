@@ -14,7 +14,7 @@ import torch
 
 from . import stats
 from .config import MonitorConfig
-from .measures import TGT_FIELDS, summarize
+from .measures import TARGET, summarize
 from .plan import Plan, seed
 
 
@@ -22,16 +22,17 @@ def target_stats(plan: Plan, current: Callable[[int], dict]) -> dict[tuple[int, 
     """(layer, target) -> the raw per-target sums and counts (``measures.TGT_FIELDS``)."""
     out = {}
     for layer, lp in sorted(plan.layers.items()):
-        tg = current(layer)["tgt"]
+        st = current(layer)
         for ti, meta in enumerate(lp.meta):
-            out[(layer, meta.name)] = dict(zip(TGT_FIELDS, tg[ti].tolist()))
+            out[(layer, meta.name)] = TARGET.sums_of(st, ti)
     return out
 
 
 def summary_table(
     plan: Plan, current: Callable[[int], dict[str, torch.Tensor]], config: MonitorConfig, post_norm: bool
 ):
-    """pandas DataFrame, one row per (layer, target).
+    """pandas DataFrame, one row per (layer, target). A researcher's measures' columns are per layer (the
+    same on each of the layer's rows); ``df.attrs["per_layer"]`` names them.
 
     Args:
         plan: what was measured. current: layer -> its state, open sequences folded in (float64, CPU).
@@ -39,13 +40,12 @@ def summary_table(
     """
     import pandas as pd
 
-    rows, bases, families = [], [], []
+    rows, bases = [], []
     heads = any(meta.head is not None for lp in plan.layers.values() for meta in lp.meta)
     for layer, lp in sorted(plan.layers.items()):
         st = current(layer)
         for ti, (t, meta) in enumerate(zip(lp.targets, lp.meta)):
             bases.append(t.U)
-            families.append(getattr(meta, "family", None))
             s = meta.spec
             row = {"layer": layer, "target": meta.name, **({"head": meta.head} if heads else {})}
             row.update(variant=meta.variant, rank=meta.rank, k=t.k)
@@ -57,18 +57,19 @@ def summary_table(
                 gap_ratio=s.gap_ratio if s else float("nan"),
             )
             tie = seed(config, layer, 1000)
-            row.update(summarize(st, ti, lp.bases.k_index[ti], t.k, post_norm, tie, lp.bases.measures))
+            row.update(summarize(st, ti, lp.bases.k_index[ti], t.k, post_norm, tie, lp.bases.measures, layer))
             row["null_seed"] = config.null_seed
             rows.append(row)
     df = pd.DataFrame(rows)
     if heads:  # head targets' query head; <NA> on the layer targets' rows (an empty cell in CSV)
         df["head"] = df["head"].astype("Int64")
     if len(df):
-        fam = [f or family(r) for f, r in zip(families, rows)]
-        df["q_null"] = q_values(df["layer"].tolist(), bases, fam, df["p_null"].tolist(), df)
+        fam = [family(r) for r in rows]
+        df["q_null"] = q_values(df["layer"].tolist(), bases, fam, df["p_null"].tolist())
         df["verdict"] = [
             stats.verdict(q, lift, null_tokens=n) for q, lift, n in zip(df["q_null"], df["lift"], df["null_tokens"])
         ]
+    df.attrs["per_layer"] = [c for m in config.measures for c in df.columns if c.startswith(m.name + ".")]
     return df
 
 
@@ -77,8 +78,7 @@ LAYERS, HEADS = "layers", "heads"
 
 def family(row: dict) -> str:
     """The Benjamini-Hochberg family of a summary row: a head target's rows (a ``head`` column) are
-    their own, every layer target's one. A measure whose rows are a family of their own says so by a
-    ``family`` attribute on its rows' ``TargetMeta``, which wins over this rule."""
+    their own, every layer target's one."""
     head = row.get("head")
     return HEADS if head is not None and head == head else LAYERS  # head == head: not NaN
 
@@ -98,14 +98,11 @@ def hypotheses(layers: list, bases: list[torch.Tensor], families: list[str]) -> 
     return first
 
 
-def q_values(layers: list, bases: list[torch.Tensor], families: list[str], p: list[float], df=None) -> list[float]:
+def q_values(layers: list, bases: list[torch.Tensor], families: list[str], p: list[float]) -> list[float]:
     """BH q_null over the table a reader sees: within each family, one p per distinct (layer, subspace)
-    (NaN p, too few tokens, left out); every row of a hypothesis gets its p and its q. When ``df`` is
-    given, its ``p_null`` is set to the hypothesis's (equal already: the draws are seeded per layer)."""
+    (NaN p, too few tokens, left out), the p of its first row; every row of a hypothesis gets its q."""
     first = hypotheses(layers, bases, families)
     p = [p[j] for j in first]
-    if df is not None:
-        df["p_null"] = p
     q = [float("nan")] * len(p)
     for fam in dict.fromkeys(families):
         reps = [i for i, (j, f) in enumerate(zip(first, families)) if i == j and f == fam]

@@ -1,7 +1,7 @@
 """Capture a model's readings with hooks of our own, for the float64 reference (``eigenhooks.monitor.reference``).
 
 ``Recorder`` registers its OWN forward hooks (not the monitor's taps) at the reading points
-the adapter names, and turns each forward of the model into a ``reference.Forward``: every
+the adapter names, and turns each forward of the model into a ``reference.Recorded``: every
 layer's pre, mid and post (and, post-norm, base = LN_t(pre) in float64), the valid-token mask,
 each token's index among its sequence's valid tokens, and whether the forward continues the
 previous one (a KV-cache step). Plainly:
@@ -18,19 +18,19 @@ from __future__ import annotations
 import torch
 
 from eigenhooks.models import get_adapter
-from eigenhooks.monitor.reference import Forward, LayerReading
+from eigenhooks.monitor.reference import LayerReading, Recorded
 
 _LAYER_MODULES = ("block", "attn_in", "attn_out", "norm", "mid_in", "pre_in", "mid_out")
 
 
 class Recorder:
-    """``with Recorder(model) as rec: model(...)``; then ``rec.forwards`` (list of ``reference.Forward``)."""
+    """``with Recorder(model) as rec: model(...)``; then ``rec.forwards`` (list of ``reference.Recorded``)."""
 
     def __init__(self, model, points=("pre", "mid", "post")):
         self.adapter = get_adapter(model)
         self.model = self.adapter.model
         self.points = points
-        self.forwards: list[Forward] = []
+        self.forwards: list[Recorded] = []
         self._handles: list = []
         self._calls: dict[tuple, list[torch.Tensor]] = {}
         self._kwargs: dict | None = None
@@ -110,7 +110,7 @@ class Recorder:
         start = self._seen if continues and self._seen is not None and self._seen.shape[0] == b else None
         index = mask.long().cumsum(1) - 1 + (0 if start is None else start[:, None])
         self._seen = index[:, -1] + 1
-        self.forwards.append(Forward(readings, mask, index, continues))
+        self.forwards.append(Recorded(readings, mask, index, continues))
 
     def _call(self, tap, owner: int) -> torch.Tensor:
         """The tensor of the call of ``tap``'s module that belongs to layer ``owner``."""

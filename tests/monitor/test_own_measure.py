@@ -19,7 +19,6 @@ import torch
 
 import eigenhooks as eh
 from eigenhooks.models import get_adapter
-from eigenhooks.monitor.measures import MEASURES
 from eigenhooks.monitor.reference import build_bases, reference_states
 
 from .readings import Recorder
@@ -47,9 +46,10 @@ def ex():
 
 def test_the_docs_example_runs_and_adds_its_columns(ex):
     df = ex["mon"].summary()
-    assert {"sae_rho_max", "sae_beats"} <= set(df.columns)
-    assert df["sae_rho_max"].between(0, 1).all() and (df["sae_beats"] >= 0).all()
-    assert "sae_up" in ex["mon"].state_dict()["layers"]["0"]
+    assert {"sae.rho_max", "sae.rho_mean"} <= set(df.columns)
+    assert df.attrs["per_layer"] == ["sae.rho_max", "sae.rho_mean"]
+    assert df["sae.rho_max"].between(0, 1).all() and (df["sae.rho_mean"] <= df["sae.rho_max"]).all()
+    assert {"sae.up", "sae.tokens"} <= set(ex["mon"].state_dict()["layers"]["0"])
 
 
 def run(ex, D, measures=True):
@@ -66,14 +66,14 @@ def run(ex, D, measures=True):
 def test_the_fast_sums_are_the_plain_twins_and_the_raw_readings(ex):
     D = torch.randn(6, 128, generator=torch.Generator().manual_seed(1))
     mon, rec, own = run(ex, D)
-    fast = {int(i): torch.tensor(st["sae_up"]) for i, st in mon.state_dict()["layers"].items()}
+    fast = {int(i): torch.tensor(st["sae.up"]) for i, st in mon.state_dict()["layers"].items()}
     s = SETTINGS
     bases = build_bases(get_adapter(ex["model"]), [("ov", "modulus")], s["null_draws"], s["fnull_draws"],
                         s["eig_top"], s["null_seed"])  # fmt: skip
-    plain = reference_states(rec.forwards, bases, s["null_stride"], measures=MEASURES + tuple(own))
+    plain = reference_states(rec.forwards, bases, s["null_stride"], measures=own)
     Du = (D.double() / D.double().norm(dim=1, keepdim=True)).numpy()
     for i, want in plain.items():
-        assert torch.equal(fast[i], want["sae_up"]), f"layer {i}: fast {fast[i]} vs plain {want['sae_up']}"
+        assert torch.equal(fast[i], want["sae.up"]), f"layer {i}: fast {fast[i]} vs plain {want['sae.up']}"
         # from the recorded readings, with numpy: mid against pre (gpt2 is pre-norm), every valid token
         up = np.zeros(len(Du))
         for fw in rec.forwards:
@@ -90,12 +90,12 @@ def test_adding_a_measure_moves_no_built_in_number(ex):
     with_it, _, _ = run(ex, D)
     without, _, _ = run(ex, D, measures=False)
     a, b = with_it.summary(), without.summary()
-    assert list(b.columns) == [c for c in a.columns if not c.startswith("sae_")]
+    assert list(b.columns) == [c for c in a.columns if not c.startswith("sae.")]
     for c in b.columns:
         assert a[c].equals(b[c]), c
     sa, sb = with_it.state_dict()["layers"], without.state_dict()["layers"]
     for i in sb:
-        assert sorted(sa[i]) == sorted([*sb[i], "sae_up"])
+        assert sorted(sa[i]) == sorted([*sb[i], "sae.up", "sae.tokens"])
         for k, v in sb[i].items():  # bit for bit (NaN where F has no j-th eigen-subspace)
             assert torch.equal(torch.tensor(sa[i][k]).nan_to_num(-1.0), torch.tensor(v).nan_to_num(-1.0)), (i, k)
 
@@ -107,7 +107,7 @@ def test_its_state_saves_loads_and_merges_and_other_directions_do_not_merge(ex):
     twice.load_state_dict(mon.state_dict())
     twice.merge_state_dict(mon.state_dict())
     for i, st in twice.state_dict()["layers"].items():
-        assert st["sae_up"] == [2 * v for v in mon.state_dict()["layers"][i]["sae_up"]]
+        assert st["sae.up"] == [2 * v for v in mon.state_dict()["layers"][i]["sae.up"]]
     other = eh.monitor(ex["model"], targets=[("ov", "modulus")], measures=[ex["Directions"]("sae", D.flip(1))],
                        **SETTINGS)  # fmt: skip
     with pytest.raises(ValueError, match="sae"):
@@ -115,13 +115,15 @@ def test_its_state_saves_loads_and_merges_and_other_directions_do_not_merge(ex):
 
 
 def test_its_running_values_reach_the_sinks_under_its_own_tags(ex):
-    """A measure's ``scalars`` are logged beside the built-in metrics, tagged like them, at every log point;
-    the last equals its summary column (both read the same state)."""
+    """A ``logged`` measure's columns are logged beside the built-in metrics, tagged like them, at every log
+    point; the last equals its summary column (both read the same state)."""
     D = torch.randn(6, 128, generator=torch.Generator().manual_seed(5))
     model, tok = ex["model"], ex["tok"]
     tok.pad_token = tok.pad_token or tok.eos_token
     logged: list[tuple[int, dict]] = []
-    mon = eh.monitor(model, targets=[("ov", "modulus")], measures=[ex["Directions"]("sae", D)],
+    sae = ex["Directions"]("sae", D)
+    sae.logged = True
+    mon = eh.monitor(model, targets=[("ov", "modulus")], measures=[sae],
                      sink=lambda step, values: logged.append((step, dict(values))), log_every=1, **SETTINGS)  # fmt: skip
     with torch.no_grad(), mon:
         for text in TEXTS:
@@ -130,18 +132,18 @@ def test_its_running_values_reach_the_sinks_under_its_own_tags(ex):
     layers = sorted(mon.state_dict()["layers"], key=int)
     df = mon.summary().set_index("layer")
     for i in layers:
-        t = f"eigenhooks/sae_rho_max/L{int(i):02d}/ov-modulus"
+        t = f"eigenhooks/sae.rho_max/L{int(i):02d}/ov-modulus"
         assert all(t in values for _, values in logged), t
         assert f"eigenhooks/rho/L{int(i):02d}/ov-modulus" in logged[-1][1]
-        assert logged[-1][1][t] == pytest.approx(float(df.loc[int(i), "sae_rho_max"]), abs=1e-12)
-    first = [v for k, v in logged[0][1].items() if k.startswith("eigenhooks/sae_rho_max/")]
-    last = [v for k, v in logged[-1][1].items() if k.startswith("eigenhooks/sae_rho_max/")]
+        assert logged[-1][1][t] == pytest.approx(float(df.loc[int(i), "sae.rho_max"]), abs=1e-12)
+    first = [v for k, v in logged[0][1].items() if k.startswith("eigenhooks/sae.rho_max/")]
+    last = [v for k, v in logged[-1][1].items() if k.startswith("eigenhooks/sae.rho_max/")]
     assert first != last  # running values, not the final ones repeated
     assert mon.scalars() == logged[-1][1]
 
 
-def test_a_measure_without_scalars_copies_nothing_to_the_host_and_zero_knows_its_layer():
-    """Only measures that log running values have their fields read at a log point; ``zero`` gets the layer."""
+def test_a_measure_not_logged_copies_nothing_to_the_host_and_zero_knows_its_layer():
+    """Only ``logged`` measures have their fields read at a log point; ``zero`` gets the layer and its width."""
     from eigenhooks.monitor.logs import Labels
 
     seen: list = []
@@ -149,17 +151,21 @@ def test_a_measure_without_scalars_copies_nothing_to_the_host_and_zero_knows_its
     class PerLayer(eh.Measure):
         name = "per_layer"
 
-        def zero(self, size):
-            seen.append(size.layer)
-            return {"per_layer": torch.zeros(size.layer + 1, dtype=torch.float64)}
+        def zero(self, layer, d):
+            seen.append((layer, d))
+            return {"n": torch.zeros(layer + 1, dtype=torch.float64)}
+
+        def sums(self, r):
+            return {"n": r.valid.sum(dtype=torch.float64).expand(r.layer + 1)}
 
     model, tok = eh.zoo.load("gpt2-tiny")
     mon = eh.monitor(model, targets=[("ov", "modulus")], measures=[PerLayer()], **SETTINGS)
     with torch.no_grad(), mon:
         model(**tok(TEXTS[:1], return_tensors="pt"))
     st = mon.state_dict()["layers"]
-    assert {int(i): len(v["per_layer"]) for i, v in st.items()} == {int(i): int(i) + 1 for i in st}
-    assert set(seen) >= {int(i) for i in st}
+    n = len(tok(TEXTS[:1])["input_ids"][0])
+    assert {int(i): v["per_layer.n"] for i, v in st.items()} == {int(i): [n] * (int(i) + 1) for i in st}
+    assert set(seen) >= {(int(i), 128) for i in st}
     labels = Labels(mon._plan, mon.points, mon.adapter.n_layers)
     tensors = labels.tensors(mon._acc)
     assert len(tensors) == len(st) and all(v == [] for v in labels.shapes.values())

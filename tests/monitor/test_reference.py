@@ -37,9 +37,9 @@ from eigenhooks.monitor import stats as M
 from eigenhooks.monitor.config import POINTS
 from eigenhooks.monitor.measures import TGT_FIELDS
 from eigenhooks.monitor.reference import (
-    Forward,
-    LayerBases,
     LayerReading,
+    PlainBases,
+    Recorded,
     TargetBases,
     build_bases,
     reference_states,
@@ -386,11 +386,11 @@ def test_reference_against_the_definitions():
     d, K, s = 4, 3, 2
     U = torch.eye(d, dtype=torch.float64)[:, :1]
     haar = M.haar_frames(d, 1, K, seed=1)
-    bases = {0: LayerBases([TargetBases("e1", U, [], None)], haar, ks=[1])}
+    bases = {0: PlainBases([TargetBases("e1", U, [], None)], haar, ks=[1])}
     pre, mid = torch.randn(2, 5, d, generator=g), torch.randn(2, 5, d, generator=g)
     mask = torch.tensor([[True] * 5, [False, True, True, True, False]])
     index = torch.tensor([[3, 4, 5, 6, 7], [0, 0, 1, 2, 3]])  # row 0 continues a sequence 3 tokens in
-    st = reference_states([Forward({0: LayerReading(pre, mid)}, mask, index)], bases, s)[0]
+    st = reference_states([Recorded({0: LayerReading(pre, mid)}, mask, index)], bases, s)[0]
     t = dict(zip(TGT_FIELDS, st["tgt"][0].tolist()))
     a = lambda x, V: float(torch.linalg.vector_norm(x.double() @ V) / x.double().norm())  # noqa: E731
     cons = n_up = n_sub = 0.0

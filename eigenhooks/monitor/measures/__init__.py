@@ -5,18 +5,21 @@
 - ``eig``: eig rank, each target among F's own top eigen-subspaces;
 - ``fnull``: the F-null, directions orth(F g).
 
-Each holds its state fields, its columns and slice of the fast reduction (``base.Measure``); the
-reduction engine (``reduce/``) hands each its columns and knows none by name.
+Each holds its state fields, its columns and slice of the fast reduction (``base.Builtin``, the
+engine's private protocol); the reduction engine (``reduce/``) hands each its columns and knows none
+by name. ``own``: a researcher's ``Measure``, plain per-layer tensors in and sums out, and the
+adapter that runs it beside the engine.
 """
 
-from .base import Measure, Row, Sizes
+from .base import Builtin, Row, Sizes
 from .eig import EIG
 from .fnull import FNULL
 from .haar import HAAR
+from .own import Measure, Readings
 from .target import TARGET, TGT_FIELDS, close_rows
 
-MEASURES: tuple[Measure, ...] = (TARGET, HAAR, EIG, FNULL)  # the state's fields and the rows' order
-NULL_COLUMNS: tuple[Measure, ...] = (EIG, HAAR, FNULL)  # the order of their columns in ``Bn64``
+MEASURES: tuple[Builtin, ...] = (TARGET, HAAR, EIG, FNULL)  # the state's fields and the rows' order
+NULL_COLUMNS: tuple[Builtin, ...] = (EIG, HAAR, FNULL)  # the order of their columns in ``Bn64``
 NULL_SETTINGS = tuple(k for m in MEASURES for k in m.settings)  # the settings the numbers depend on
 ROW = tuple(f for m in MEASURES for f in m.row_fields)  # a sequence's open counters, per target
 
@@ -31,18 +34,27 @@ def zero_state(size: Sizes, measures=MEASURES) -> dict:
 
 def summarize(
     state: dict, ti: int, k_index: int, k: int, post_norm: bool = False, tie_seed: int | None = None,
-    measures=MEASURES,
+    measures=MEASURES, layer: int | None = None,
 ) -> dict:  # fmt: skip
     """Every measure's summary columns of one (layer, target) from its state (q_null and the verdict
     come later, over the table). ``tie_seed`` breaks p_null's ties with the draws at random."""
-    row = Row(state, ti, k_index, k, dict(zip(TGT_FIELDS, state["tgt"][ti].tolist())), post_norm, tie_seed)
+    row = Row(state, ti, k_index, k, TARGET.sums_of(state, ti), post_norm, tie_seed, layer)
     out: dict = {}
     for m in measures:
         out.update(m.summary(row, out))
     return out
 
 
+def owner(key: str, measures=MEASURES) -> Builtin | None:
+    """The measure whose state field ``key`` is (None: no built-in one's, nor one of ``measures``)."""
+    for m in measures:
+        if key in m.fields or (m.own and key.startswith(m.name + ".")):
+            return m
+    return None
+
+
 __all__ = [
+    "Builtin",
     "EIG",
     "FNULL",
     "HAAR",
@@ -50,11 +62,13 @@ __all__ = [
     "Measure",
     "NULL_COLUMNS",
     "ROW",
+    "Readings",
     "Row",
     "Sizes",
     "TARGET",
     "TGT_FIELDS",
     "close_rows",
+    "owner",
     "summarize",
     "zero_state",
 ]

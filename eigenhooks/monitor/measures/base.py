@@ -1,6 +1,7 @@
-"""``Measure``: what one measure holds, and what the reduction engine asks of it.
+"""``Builtin``: what one built-in measure holds, and what the reduction engine asks of it.
 
-The engine (``reduce/stacked.py``) knows no measure by name: it lays out each null measure's
+This is the engine's own protocol, private: a researcher's measure is ``own.Measure`` (plain
+per-layer tensors in, sums out), run beside the reduction by the ``own.Own`` adapter. The engine (``reduce/stacked.py``) knows no measure by name: it lays out each null measure's
 columns in the layer's null matrix (``columns``), hands each its slice of the projections
 (``align``), and asks each for its sums (``sums``, ``up``, ``no_mid``, ``finish``), its per-sequence
 counters (``rows``) and its group constants (``constants``). A measure's state fields start at
@@ -14,6 +15,8 @@ from dataclasses import dataclass
 
 import torch
 
+POINTS = ("pre", "mid", "post")  # the reading points, in order (``config.POINTS``)
+
 
 @dataclass(frozen=True)
 class Sizes:
@@ -22,6 +25,7 @@ class Sizes:
     Attributes:
         layer: the layer's index (None where a state is made for no particular layer).
         T: its targets. n_k: their distinct dimensions k. K: Haar draws. m: eig slots. Kf: F-null draws.
+        d: its width.
     """
 
     layer: int | None
@@ -30,6 +34,7 @@ class Sizes:
     K: int
     m: int
     Kf: int
+    d: int | None = None  # the layer's width (a researcher's measure makes its zero sums from it)
 
 
 @dataclass
@@ -41,6 +46,7 @@ class Row:
         k_index: the index of its k among the layer's distinct k. k: its dimension.
         t: its ``tgt`` fields by name. post_norm: the model normalises after the residual.
         tie_seed: breaks p_null's ties with the draws at random (``stats.mc_p_value``).
+        layer: the layer's index.
     """
 
     state: dict
@@ -50,24 +56,29 @@ class Row:
     t: dict
     post_norm: bool = False
     tie_seed: int | None = None
+    layer: int | None = None
 
 
-class Measure:
-    """One measure of the monitor: its state fields, its slice of the fast reduction, its settings.
+class Builtin:
+    """One built-in measure: its state fields, its slice of the fast reduction, its settings.
 
     Attributes:
         name: its name; a null measure's columns in ``LayerBases.cols`` are under it.
+        fields: the names of its state fields (reserved: no researcher's measure may take them).
         settings: the ``MonitorConfig`` fields its numbers depend on (recorded in the fingerprint).
         null: whether it is projected on the null subsample (has columns in ``Bn64``).
         row_fields: its per-sequence open counters (the rows' order follows ``measures.MEASURES``).
         per_k: its state fields kept per distinct k (a padded group reads its own k back).
+        own: a researcher's measure run beside the reduction (``own.Own``), not in it.
     """
 
     name = ""
+    fields: tuple[str, ...] = ()
     settings: tuple[str, ...] = ()
     null = False
     row_fields: tuple[str, ...] = ()
     per_k: tuple[str, ...] = ()
+    own = False
 
     def fingerprint(self, config) -> dict:
         """Its settings as the fingerprint records them."""
@@ -76,6 +87,15 @@ class Measure:
     def zero(self, size: Sizes) -> dict[str, torch.Tensor]:
         """Its fields of an empty layer state (float64), for the layer ``size.layer``."""
         return {}
+
+    def damaged(self, key: str, t: torch.Tensor) -> torch.Tensor:
+        """Which entries of its field ``key`` in a loaded state no forward could have written (bool, t's
+        shape): by default the non-finite and the negative ones (counts and sums of non-negative terms)."""
+        return ~torch.isfinite(t) | (t < 0)
+
+    def entry(self, key: str, at: tuple[int, ...], targets: list[str]) -> str:
+        """An entry ``at`` of its field ``key`` as an error names it (``targets``: the layer's, in order)."""
+        return f"entry {list(at)}"
 
     # ---- the layer's bases ----
     def columns(self, lb, width: int) -> list[torch.Tensor]:
@@ -132,4 +152,5 @@ class Measure:
 
     def reference(self, ls, X: dict, Xb, Y: dict, Yr, sub: torch.Tensor, row: torch.Tensor) -> None:
         """Plain float64: add one sequence's counted tokens X[p] (n, d) (Xb: LN_t(pre), post-norm), their
-        subsample Y[p] and its baseline Yr to the layer's state ``ls.state``; its counters into row (5, T)."""
+        subsample Y[p] and its baseline Yr to the layer's state ``ls.state``; its counters into row
+        (``measures.ROW``, T)."""

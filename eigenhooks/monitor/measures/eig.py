@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from .base import Measure
+from .base import Builtin
 
 
 def eig_columns(lb) -> tuple[list[torch.Tensor], list[list[int]]]:
@@ -27,13 +27,18 @@ def eig_columns(lb) -> tuple[list[torch.Tensor], list[list[int]]]:
     return cols, seg
 
 
-class Eig(Measure):
+class Eig(Builtin):
     name = "eig"
+    fields = ("eig_up",)
     settings = ("eig_top",)
     null = True
 
     def zero(self, size):
         return {"eig_up": torch.zeros(size.T, size.m, dtype=torch.float64)}
+
+    def damaged(self, key, t):
+        """NaN marks the slots of eigen-subspaces a layer does not have; no sum is ever infinite or negative."""
+        return torch.isinf(t) | (t < 0)
 
     def columns(self, lb, width):
         """[eig columns, zero padding to ``width``]; sets ``lb.S_eig``."""

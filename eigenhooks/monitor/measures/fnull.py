@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import torch
 
-from .base import Measure
+from .base import Builtin
 from .haar import prefix_norms
 
 
-class FNull(Measure):
+class FNull(Builtin):
     name = "fnull"
+    fields = ("fnull_up",)
     settings = ("fnull_draws",)
     null = True
 

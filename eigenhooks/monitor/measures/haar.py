@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from .base import Measure
+from .base import Builtin
 
 
 def prefix_norms(H: torch.Tensor, ks: list[int]) -> torch.Tensor:
@@ -29,8 +29,9 @@ def prefix_norms(H: torch.Tensor, ks: list[int]) -> torch.Tensor:
     return torch.stack(outs, -1).sqrt()
 
 
-class Haar(Measure):
+class Haar(Builtin):
     name = "haar"
+    fields = ("null_up", "null_pre", "null_mid")
     settings = ("null_seed", "null_draws", "null_stride")
     null = True
     row_fields = ("ubar_sub",)

@@ -10,8 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from ..config import POINTS
-from .base import Measure
+from .base import POINTS, Builtin
 
 # Per-target sums; the cluster sums use u_s (tokens up in sequence s), n_s (tokens with a
 # delta in s) and w_s = u_s - mean over Haar draws of their u_s (for the lift's interval).
@@ -54,7 +53,7 @@ assert [_T[f] for f in _CLU] == list(range(_CLU_SLICE.start, _CLU_SLICE.stop)), 
 
 
 def close_rows(tgt: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
-    """Add finished sequences' counters (..., b, 5, T) to the cluster sums of ``tgt`` (..., T, F); new tgt.
+    """Add finished sequences' counters (..., b, R, T) (R: ``measures.ROW``, its order) to the cluster sums of ``tgt`` (..., T, F); new tgt.
 
     Leading dimensions are layers closed together (one op each for all of them).
     """
@@ -67,7 +66,7 @@ def close_rows(tgt: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
 
 
 def reference_close(tgt: torch.Tensor, rows: torch.Tensor) -> None:
-    """Plain: add ended sequences' counters rows (b, 5, T) to the cluster sums of tgt (T, F), in place.
+    """Plain: add ended sequences' counters rows (b, R, T) (``measures.ROW``) to the cluster sums of tgt (T, F), in place.
 
     Per sequence s and target: n_s its counted tokens, u_s those up, ns_s and us_s the same on
     the null subsample, w_s = us_s - ubar_s (ubar_s: its up-counts there averaged over the draws).
@@ -85,9 +84,50 @@ def reference_close(tgt: torch.Tensor, rows: torch.Tensor) -> None:
             c[_T["clu_ns2"]] += ns * ns
 
 
-class Target(Measure):
+# The sums that may be negative; every other field counts or adds up non-negative terms.
+SIGNED = frozenset({"sum_delta", "cos_sum_pre", "cos_sum_mid", "cos_sum_post", "cons_sum_pre", "cons_sum_mid",
+                    "cons_sum_post", "clu_wn"})  # fmt: skip
+
+
+class Target(Builtin):
     name = "target"
+    fields = ("tgt",)
     row_fields = ("n", "u", "n_sub", "u_sub")
+
+    def damaged(self, key, t):
+        if t.dim() != 2:
+            return super().damaged(key, t)
+        signed = torch.tensor([f in SIGNED for f in TGT_FIELDS][: t.shape[1]])
+        return ~torch.isfinite(t) | ((t < 0) & ~signed)
+
+    def entry(self, key, at, targets):
+        if len(at) != 2:
+            return super().entry(key, at, targets)
+        row = f"target {targets[at[0]]!r}" if at[0] < len(targets) else f"row {at[0]}"
+        return f"field {TGT_FIELDS[at[1]]!r} of {row}"
+
+    def sums_of(self, state: dict, ti: int) -> dict[str, float]:
+        """One target's sums by name (``TGT_FIELDS``), from a layer's state (on the host)."""
+        return self.named(state["tgt"][ti].tolist())
+
+    @staticmethod
+    def named(row) -> dict[str, float]:
+        """A row of ``tgt`` (one target's sums, in ``TGT_FIELDS`` order) by name."""
+        return dict(zip(TGT_FIELDS, row))
+
+    @staticmethod
+    def running(t: dict[str, float]) -> dict[str, float]:
+        """The running statistics the sinks log, from one target's sums by name: gamma at each point, rho
+        and the tokens counted (the summary's own definitions, ``summary``)."""
+        div = lambda a, b: a / b if b > 0 else float("nan")  # noqa: E731
+        n, n_mid = t["n"], t["n_mid"]
+        return {
+            "gamma_pre": div(t["sum_pre"], n),
+            "gamma_mid": div(t["sum_mid"], n_mid),
+            "gamma_post": div(t["sum_post"], t["n_post"]),
+            "rho": div(t["n_up"], n_mid),
+            "n_tokens": float(n),
+        }
 
     def zero(self, size):
         return {"tgt": torch.zeros(size.T, len(TGT_FIELDS), dtype=torch.float64)}
@@ -177,15 +217,16 @@ class Target(Measure):
         t, nan = row.t, float("nan")
         div = lambda a, b: a / b if b > 0 else nan  # noqa: E731
         n, n_mid = t["n"], t["n_mid"]
+        run = self.running(t)
         col = {
             "n_tokens": int(n),
             "n_nonfinite": int(t["n_nonfinite"]),
             "n_sequences": int(t["n_clu"]),
-            "gamma_pre": div(t["sum_pre"], n),
-            "gamma_mid": div(t["sum_mid"], n_mid),
-            "gamma_post": div(t["sum_post"], t["n_post"]),
+            "gamma_pre": run["gamma_pre"],
+            "gamma_mid": run["gamma_mid"],
+            "gamma_post": run["gamma_post"],
             "delta_mean": div(t["sum_delta"], n_mid),
-            "rho": div(t["n_up"], n_mid),
+            "rho": run["rho"],
         }
         col["p_binom"] = binomtest(int(t["n_up"]), int(n_mid), 0.5).pvalue if n_mid > 0 else nan
         col["rho_norm_only"] = div(t["n_norm_up"], n_mid) if row.post_norm else nan
@@ -197,7 +238,7 @@ class Target(Measure):
 
     def reference(self, ls, X: dict, Xb, Y: dict, Yr, sub: torch.Tensor, row: torch.Tensor) -> None:
         """Plain float64: the per-target sums of one sequence's counted tokens X[p] (n, d); its counters
-        into row (5, T)."""
+        into row (``measures.ROW``, T)."""
         from .plain import align, up
 
         tgt = ls.state["tgt"]
