@@ -11,7 +11,6 @@ import ast
 import importlib
 import pkgutil
 import types
-import warnings
 from pathlib import Path
 
 import pytest
@@ -194,44 +193,39 @@ def test_a_clean_fake_ladder_passes(tmp_path):
     assert violations(files, edges, FAKE_RANK) == []
 
 
-def test_public_names_are_the_functions_after_every_module_is_imported():
-    """`monitor`, `spectra`, `steer` are wings and functions: importing the wings must not rebind them."""
+def test_the_wings_that_are_functions_are_callable_wings_after_every_module_is_imported():
+    """`monitor`, `spectra`, `steer`: each name is one thing, its wing, which calls its function; importing
+    its modules leaves it so, and ``import eigenhooks.monitor.reduce as R`` works (issue 48)."""
+    import inspect
+
     for info in pkgutil.walk_packages(eh.__path__, "eigenhooks."):
         if info.name != "eigenhooks.__main__":
             importlib.import_module(info.name)
-    for name in ("monitor", "spectra", "steer", "iterate", "load_model", "verify"):
+    for name in ("monitor", "spectra", "steer"):
+        wing = getattr(eh, name)
+        assert wing is importlib.import_module(f"eigenhooks.{name}") and callable(wing), name
+        assert inspect.signature(wing) == inspect.signature(getattr(wing, name)), name
+    for name in ("iterate", "load_model", "verify"):
         assert callable(getattr(eh, name)) and not isinstance(getattr(eh, name), types.ModuleType), name
     assert isinstance(eh.direction, types.ModuleType) and isinstance(eh.planted, types.ModuleType)
     assert eh.zoo.load("gpt2-tiny")[0].config.n_layer == 4
+    import eigenhooks.monitor.reduce as R
+    import eigenhooks.spectra.compute as C
+
+    assert R.reduce_many and C.spectra is eh.spectra.spectra
+    assert eh.spectra(eh.zoo.load("gpt2-tiny")[0])[0].kind == eh.spectra.spectra(eh.zoo.load("gpt2-tiny")[0])[0].kind
 
 
-@pytest.mark.parametrize(
-    "old, new, name",
-    [
-        ("metrics", "eigenhooks.monitor.stats", "alignment"),
-        ("spectrum", "eigenhooks.linalg.eig", "Factors"),
-        ("steering", "eigenhooks.steer.edit", "Steer"),
-        ("api", "eigenhooks.spectra.compute", "clear_memo"),
-        ("io", "eigenhooks.linalg.cache", "cache_key"),
-        ("reducer", "eigenhooks.monitor.reduce", "LayerReducer"),
-    ],
-)
-def test_old_module_attributes_still_work_and_name_the_new_one(old, new, name):
-    """An old flat module lives one release more as the package's attribute (one module-level __getattr__),
-    not as an import path: no import hook or stub module stands in for it."""
+@pytest.mark.parametrize("old", ["metrics", "spectrum", "steering", "api", "io", "reducer", "monitor_state", "rundir"])
+def test_the_old_flat_module_paths_are_gone(old):
+    """No release was ever made with them: neither an attribute nor an import path, and no alias left."""
     eh.__dict__.pop(old, None)
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        mod = getattr(eh, old)
-    assert mod is importlib.import_module(new)  # the same module: monkeypatching it patches the code
-    assert hasattr(mod, name)
-    msgs = [str(w.message) for w in caught if issubclass(w.category, DeprecationWarning)]
-    assert any(f"eigenhooks.{old} moved to {new}" in m for m in msgs), msgs
-    assert any(w.filename == __file__ for w in caught if issubclass(w.category, DeprecationWarning))
+    with pytest.raises(AttributeError, match=f"no attribute '{old}'"):
+        getattr(eh, old)
     with pytest.raises(ModuleNotFoundError):
         importlib.import_module(f"eigenhooks.{old}")
-    with pytest.raises(AttributeError, match="no attribute 'nonsense'"):
-        eh.nonsense  # noqa: B018
+    assert not hasattr(importlib.import_module("eigenhooks.monitor.reduce"), "LayerReducer")
+    assert not hasattr(importlib.import_module("eigenhooks"), "_Package")
 
 
 def test_importing_the_package_loads_no_torch_and_not_the_cli():
@@ -250,7 +244,7 @@ def test_importing_the_package_loads_no_torch_and_not_the_cli():
 def test_the_monitor_wing_exports_what_the_monitor_module_did():
     from eigenhooks.monitor import MeasurementWarning, Monitor, check_nulls, monitor
 
-    assert monitor is eh.monitor and Monitor is eh.Monitor and callable(check_nulls)
+    assert eh.monitor.monitor is monitor and Monitor is eh.Monitor and callable(check_nulls)
     assert issubclass(MeasurementWarning, UserWarning)
 
 

@@ -12,6 +12,10 @@ state's sums mean. It may
 import ``spectra``, ``zoo``, ``models`` and ``linalg``. docs/api.md, "A forward's life", walks it.
 """
 
+import inspect
+import sys
+import types
+
 from .config import DEFAULTS, MonitorConfig, check_nulls
 from .facade import Monitor, monitor
 from .measures import Measure
@@ -30,3 +34,9 @@ __all__ = [
     "check_nulls",
     "monitor",
 ]
+
+
+# The wing is callable: ``eh.monitor(...)`` (the package's attribute is this wing) calls ``monitor``, so the
+# name is one thing, a wing whose modules import as any (``import eigenhooks.monitor.<module> as m``).
+sys.modules[__name__].__class__ = type("CallableWing", (types.ModuleType,), {"__call__": staticmethod(monitor)})
+__signature__ = inspect.signature(monitor)

@@ -8,6 +8,10 @@ token readouts of a direction with their null (``readout``), and a user's own di
 ranked against the principal subspaces (``directions``). It may import ``zoo``, ``models`` and ``linalg``.
 """
 
+import inspect
+import sys
+import types
+
 from .compute import clear_memo, layer_factors, layer_stacked, spectra, weights_digest
 from .directions import rank_directions
 from .pool import parallel_map
@@ -27,3 +31,9 @@ __all__ = [
     "verify",
     "weights_digest",
 ]
+
+
+# The wing is callable: ``eh.spectra(...)`` (the package's attribute is this wing) calls ``spectra``, so the
+# name is one thing, a wing whose modules import as any (``import eigenhooks.spectra.<module> as m``).
+sys.modules[__name__].__class__ = type("CallableWing", (types.ModuleType,), {"__call__": staticmethod(spectra)})
+__signature__ = inspect.signature(spectra)

@@ -22,8 +22,6 @@ from .grid import Grid
 from .projection import Memo, Projection, project
 from .stacked import reduce_many
 
-LayerReducer = LayerBases  # the name before 0.2's rebuild (eigenhooks.reducer.LayerReducer)
-
 
 def reduce_one(bases: LayerBases, points: dict, mask, base=None, consensus: bool = True):
     """Both stages for one layer alone: (state sums like ``measures.zero_state``, rows (b, 5, T))."""
@@ -34,7 +32,6 @@ __all__ = [
     "Arena",
     "Grid",
     "LayerBases",
-    "LayerReducer",
     "Memo",
     "Projection",
     "pad_to_stack",
