@@ -14,6 +14,7 @@ from typing import Annotated
 
 import typer
 
+from .monitor.config import DEFAULTS as D
 from .monitor.summary import layer_rows
 from .run.checks import interrupted
 from .run.commandline import ReadableTyper, VersionOpt, as_flags, one_line_warnings, quiet_libraries
@@ -178,17 +179,17 @@ def run(
     overwrite: Annotated[bool, typer.Option("--overwrite", help="replace a run already in --out")] = False,
     backend: Annotated[str, typer.Option(help="hf or lens")] = "hf",
     null_draws: Annotated[
-        int | None, typer.Option(help="K Haar-random subspaces per layer (default 128; p_null's floor is 2/(K+1))")
+        int | None, typer.Option(help=f"K Haar-random subspaces per layer (default {D.null_draws}; p_null >= 2/(K+1))")
     ] = None,
-    null_seed: Annotated[int | None, typer.Option(help="seed of every null draw (default 0)")] = None,
+    null_seed: Annotated[int | None, typer.Option(help=f"seed of every null draw (default {D.null_seed})")] = None,
     null_stride: Annotated[
-        int | None, typer.Option(help="the nulls are measured on every s-th token (default 5; 1: every token)")
+        int | None, typer.Option(help=f"the nulls are measured on every s-th token (default {D.null_stride}; 1: all)")
     ] = None,
     fnull_draws: Annotated[
-        int | None, typer.Option(help="power-step directions orth(F g) per layer (default 64)")
+        int | None, typer.Option(help=f"power-step directions orth(F g) per layer (default {D.fnull_draws})")
     ] = None,
     eig_top: Annotated[
-        int | None, typer.Option(help="F's top eigen-subspaces the target is ranked among (default 16)")
+        int | None, typer.Option(help=f"F's top eigen-subspaces the target is ranked among (default {D.eig_top})")
     ] = None,
     dist_timeout: Annotated[
         float, typer.Option(help="under torchrun: seconds to wait for the other ranks (start and each exchange)")

@@ -7,10 +7,12 @@ when it is made; what is wrong is named with the value that came and what to giv
 
 from __future__ import annotations
 
+import numbers
 from dataclasses import dataclass, fields
 
 from .measures.base import POINTS
 from .measures.own import check as check_measures
+
 DEFAULT_TARGETS = (("ov", "modulus"), ("ov", "residual"))
 
 
@@ -56,6 +58,8 @@ class MonitorConfig:
             raise ValueError(f"reading_points must include 'pre' and be among pre/mid/post, got {self.reading_points}")
         set_("reading_points", tuple(p for p in POINTS if p in self.reading_points))
         check_nulls(self.null_draws, self.fnull_draws, self.eig_top, self.null_stride)
+        if isinstance(self.null_seed, bool) or not isinstance(self.null_seed, numbers.Integral):
+            raise ValueError(f"null_seed must be an int, got {self.null_seed!r}")
         set_("null_seed", int(self.null_seed))
         set_("measures", check_measures(self.measures))  # each as the engine holds it (``own.Own``), names checked
         le = self.log_every
@@ -84,7 +88,7 @@ def check_nulls(null_draws, fnull_draws, eig_top, null_stride) -> None:
     if null_stride is not None and (
         isinstance(null_stride, bool) or not isinstance(null_stride, int) or null_stride < 1
     ):
-        raise ValueError(f"null_stride must be a positive int or None (every token), got {null_stride!r}")
+        raise ValueError(f"null_stride must be a positive int (1: every token), got {null_stride!r}")
 
 
 def target_list(targets) -> list:

@@ -11,10 +11,9 @@ import torch
 
 
 def check_nulls(nulls: dict | None) -> dict:
-    """The monitor's null settings: its defaults (``MonitorConfig``), with those given;
-    unknown names and bad values refused before any work."""
-    from ..monitor.config import DEFAULTS
-    from ..monitor.config import check_nulls as check_settings
+    """The monitor's null settings: its defaults (``MonitorConfig``) with those given, checked by
+    ``MonitorConfig`` itself (one place says what is valid); unknown names refused, all before any work."""
+    from ..monitor.config import DEFAULTS, MonitorConfig
     from ..monitor.measures import NULL_SETTINGS
 
     full = {k: getattr(DEFAULTS, k) for k in NULL_SETTINGS}
@@ -22,12 +21,7 @@ def check_nulls(nulls: dict | None) -> dict:
     if unknown:
         raise ValueError(f"unknown null settings {unknown}; expected some of {sorted(full)}")
     full.update({k: v for k, v in (nulls or {}).items() if v is not None})
-    s = full["null_stride"]  # None is the default here: say what a number must be
-    if s is not None and (isinstance(s, bool) or not isinstance(s, int) or s < 1):
-        raise ValueError(f"--null-stride must be a positive int (1: every token), got {s!r}")
-    check_settings(full["null_draws"], full["fnull_draws"], full["eig_top"], full["null_stride"])
-    if isinstance(full["null_seed"], bool) or not isinstance(full["null_seed"], int):
-        raise ValueError(f"null_seed must be an int, got {full['null_seed']!r}")
+    MonitorConfig(**full)  # raises ValueError naming the setting
     return full
 
 

@@ -407,8 +407,7 @@ def _seq_len(model, wanted: int = 128) -> int:
 
 def _plots(out: Path, st: _Study, backend: str) -> None:
     try:
-        from .. import plots
-        from ..plots.figures import _plt
+        from ..plots.figures import _plt, alignment_by_layer, eigenvalue_planes, token_heatmap
 
         plt = _plt()  # Agg unless a backend was chosen (a notebook's stays as it is)
     except ImportError:
@@ -420,8 +419,8 @@ def _plots(out: Path, st: _Study, backend: str) -> None:
     summary, model = layer_rows(st.summary), st.model
     for rank in ("modulus", "residual"):
         if (summary["rank"] == rank).any():
-            plots.alignment_by_layer(summary, rank).savefig(out / f"alignment_{rank}.png", dpi=110)
-    plots.eigenvalue_planes(st.specs["modulus"]).savefig(out / "eigenvalues.png", dpi=110)
+            alignment_by_layer(summary, rank).savefig(out / f"alignment_{rank}.png", dpi=110)
+    eigenvalue_planes(st.specs["modulus"]).savefig(out / "eigenvalues.png", dpi=110)
     first = st.first.to(next(model.parameters()).device)
     with monitor(model, targets=[("ov", "modulus")], tokens=True) as mon, torch.no_grad():
         model(first) if backend == "lens" else model(input_ids=first, attention_mask=torch.ones_like(first))
@@ -429,7 +428,7 @@ def _plots(out: Path, st: _Study, backend: str) -> None:
     if recs:
         values = torch.stack([r["a_pre"][0] for r in recs]).numpy()
         labels = [st.tok.decode([i]) for i in first[0].tolist()]
-        plots.token_heatmap(values, labels).savefig(out / "heatmap.png", dpi=110)
+        token_heatmap(values, labels).savefig(out / "heatmap.png", dpi=110)
     plt.close("all")
 
 

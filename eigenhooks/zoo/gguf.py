@@ -16,7 +16,7 @@ import warnings
 from contextlib import contextmanager
 from pathlib import Path
 
-from .. import progress
+from ..progress import track
 from . import digest, store
 from .errors import ModelLoadError
 from .gguf_file import check_gguf, check_magic, metadata_scalars
@@ -121,7 +121,7 @@ class _Tensors:
         self.iterable, self.total = iterable, total
 
     def __iter__(self):
-        return iter(progress.track(self.iterable, self.description, total=self.total))
+        return iter(track(self.iterable, self.description, total=self.total))
 
     def __enter__(self):
         return self

@@ -100,7 +100,7 @@ def test_every_token_when_null_stride_is_1_or_none(gpt2):
 
 def test_null_stride_must_be_positive(gpt2):
     model, _ = gpt2
-    with pytest.raises(ValueError, match="null_stride must be a positive int or None"):
+    with pytest.raises(ValueError, match=r"null_stride must be a positive int \(1: every token\)"):
         eh.monitor(model, null_stride=0)
 
 
