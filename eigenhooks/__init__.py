@@ -9,8 +9,8 @@ Public API (docs/design.md, "Public API")::
 
 The package is laid out in wings, each a subpackage that says in its docstring what it owns,
 on a ladder whose imports point down only (docs/design.md, "Architecture"):
-``cli`` -> ``run`` -> (``monitor``, ``steer``, ``dynamics``) -> ``spectra`` -> ``zoo`` ->
-``models`` -> ``linalg``.
+``cli -> (run, integrations) -> (monitor, steer, dynamics) -> plots -> spectra -> zoo -> models -> linalg
+-> (data, progress)``.
 """
 
 import importlib

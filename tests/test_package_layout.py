@@ -1,6 +1,6 @@
 """The package's layout: wings on a ladder, imports pointing down it, no circle anywhere.
 
-docs/design.md, "Architecture": cli -> run -> (monitor, steer, dynamics) -> plots -> spectra -> zoo -> models -> linalg.
+docs/design.md, "Architecture": cli -> (run, integrations) -> (monitor, steer, dynamics) -> plots -> spectra -> zoo -> models -> linalg -> (data, progress).
 An AST walk over eigenhooks/ maps every file to its wing and every import (module-level or
 inside a function: a lazy import closes a circle just as well) to the file it loads.
 """
