@@ -102,10 +102,7 @@ def _rel(x: float, y: float) -> float:
 
 
 def compare(old: str, new: str) -> None:
-    try:
-        from eigenhooks.monitor.measures import TGT_FIELDS
-    except ImportError:  # before the measures had a home of their own
-        from eigenhooks.monitor.stats import TGT_FIELDS
+    from eigenhooks.monitor.measures import TGT_FIELDS
 
     a, b = json.load(open(old)), json.load(open(new))
     F = len(TGT_FIELDS)

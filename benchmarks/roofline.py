@@ -176,34 +176,15 @@ def _cuda_paths() -> str:
     """Take, on meta tensors, the code paths CUDA takes; say which could be switched."""
     said = []
     half = lambda device, dtype: dtype in (torch.bfloat16, torch.float16)  # noqa: E731
-    try:  # the rebuilt monitor (reduce/ a package, plan.py) or the code before it (reduce.py, state.py)
-        from eigenhooks.monitor.reduce import bases, kernels
+    from eigenhooks.monitor.reduce import bases, kernels
 
-        bases.has_out_dtype = kernels.has_out_dtype = half
-        said.append("bf16 [hi|lo] matmuls")
-    except ImportError:
-        try:
-            from eigenhooks.monitor import reduce
+    bases.has_out_dtype = kernels.has_out_dtype = half
+    said.append("bf16 [hi|lo] matmuls")
+    import eigenhooks.monitor.plan as plan
+    import eigenhooks.monitor.reduce as reduce
 
-            reduce._has_out_dtype = half
-            reduce._OUT_DTYPE.clear()
-            said.append("bf16 [hi|lo] matmuls")
-        except AttributeError:
-            said.append("NOT the bf16 [hi|lo] matmuls (no switch found: float32 copies counted)")
-    try:
-        from eigenhooks.monitor import reduce
-
-        try:
-            from eigenhooks.monitor import plan as where
-        except ImportError:
-            from eigenhooks.monitor import state as where
-        if hasattr(where, "pad_to_stack") and "widen_frames" in reduce.pad_to_stack.__code__.co_varnames:
-            where.pad_to_stack = lambda rs, widen_frames=False: reduce.pad_to_stack(rs, widen_frames=True)
-            said.append("frames widened to one group")
-        else:
-            said.append("the monitor's own grouping (no widen_frames switch)")
-    except ImportError:
-        said.append("the monitor's own grouping")
+    plan.pad_to_stack = lambda rs, widen_frames=False: reduce.pad_to_stack(rs, widen_frames=True)
+    said.append("frames widened to one group")
     return ", ".join(said)
 
 
