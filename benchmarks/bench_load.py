@@ -6,7 +6,7 @@ Every load runs in a fresh process, as ``eigenhooks run file.gguf`` does, with a
 the converted copy. Only ``eh.load_model`` is timed; the process has already imported eigenhooks,
 transformers and the Llama classes (imports cost the same with or without the cache).
 
-Cases: a tiny Llama written here with the ``gguf`` writer (tests/gguf_tiny.py), and SmolLM2-135M
+Cases: a tiny Llama written here with the ``gguf`` writer (tests/zoo/gguf_tiny.py), and SmolLM2-135M
 if ``eigenhooks fetch smollm2-135m`` has run (its .gguf is copied into the private cache, loaded
 by name, so the pinned SHA-256 is checked as on any load). For SmolLM2 also: the second load
 with the stamps dropped (every file hashed again: the check's full cost), and the check alone
@@ -86,7 +86,7 @@ def main() -> None:
     ap.add_argument("--skip-real", action="store_true", help="only the tiny GGUF")
     args = ap.parse_args()
     print(f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores (timings on a shared machine move)")
-    sys.path.insert(0, str(ROOT / "tests"))
+    sys.path[:0] = [str(ROOT / "tests"), str(ROOT / "tests" / "zoo")]  # harness, and the writer beside its tests
     from gguf_tiny import write_tiny_gguf
 
     with tempfile.TemporaryDirectory(prefix="eh-bench-load-") as tmp:

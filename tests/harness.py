@@ -3,7 +3,7 @@
 A ``Case`` is a seeded tiny model of one architecture plus what a test needs to know
 that the adapter must not tell it: an independent reference for the ``mid`` state,
 built from the test's own hooks on the model's own modules. ``tests/models/test_every_family.py``
-runs every check on every case; the cases live in ``tests/cases_*.py``, one file per kind.
+runs every check on every case; the cases live in ``tests/cases/``, one file per kind.
 """
 
 from __future__ import annotations
@@ -13,12 +13,13 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
+import transformers as T
 from torch import nn
 
 from eigenhooks.models.base import as_tokens
 
-# The tiny Llama-style config of the decoder cases, here (not in cases_decoders) so that conftest
-# does not import the cases, whose families a transformers 4.x lacks (tests/cases_*.py run on 5.x).
+# The tiny Llama-style config of the decoder cases, here (not in cases/decoders.py) so that conftest
+# does not import the cases, whose families a transformers 4.x lacks (tests/cases/ runs on 5.x).
 DECODER_BASE = dict(
     num_hidden_layers=2,
     num_attention_heads=4,
@@ -29,7 +30,164 @@ DECODER_BASE = dict(
     max_position_embeddings=32,
 )
 
-MAX_PARAMS = 400_000  # a misspelt config key must not silently build a full-size model
+# One size guard for every test model (the registry's, the cases', the zoo's ~1M-parameter tiny ones, the
+# GGUF writer's): a misspelt config key must not silently build a full-size model (GPT-2 small: 124M).
+MAX_PARAMS = 2_000_000
+
+
+def assert_tiny(model) -> None:
+    n = sum(p.numel() for p in model.parameters())
+    assert n < MAX_PARAMS, f"{type(model).__name__} has {n} parameters: not a tiny test model"
+
+
+# The one registry of tiny models: family -> (model class with a head, bare class, config). The cases
+# (tests/cases/) build their models of these families from it; conftest.build redraws its weights.
+
+FAMILY_CONFIGS = {
+    "gpt2": (
+        T.GPT2LMHeadModel,
+        T.GPT2Model,
+        lambda: T.GPT2Config(n_layer=2, n_head=2, n_embd=16, vocab_size=64, n_positions=32),
+    ),
+    "distilgpt2": (
+        T.GPT2LMHeadModel,
+        T.GPT2Model,
+        lambda: T.GPT2Config(n_layer=3, n_head=4, n_embd=16, vocab_size=64, n_positions=32),
+    ),
+    "gpt_neo": (
+        T.GPTNeoForCausalLM,
+        T.GPTNeoModel,
+        lambda: T.GPTNeoConfig(
+            num_layers=2,
+            num_heads=2,
+            hidden_size=16,
+            vocab_size=64,
+            max_position_embeddings=32,
+            attention_types=[[["global", "local"], 1]],
+            window_size=4,
+        ),
+    ),
+    "gpt_neox": (
+        T.GPTNeoXForCausalLM,
+        T.GPTNeoXModel,
+        lambda: T.GPTNeoXConfig(
+            num_hidden_layers=2,
+            num_attention_heads=2,
+            hidden_size=16,
+            intermediate_size=32,
+            vocab_size=64,
+            max_position_embeddings=32,
+        ),
+    ),
+    "gptj": (
+        T.GPTJForCausalLM,
+        T.GPTJModel,
+        lambda: T.GPTJConfig(n_layer=2, n_head=2, n_embd=16, vocab_size=64, rotary_dim=4, n_positions=32),
+    ),
+    "bert": (
+        T.BertForMaskedLM,
+        T.BertModel,
+        lambda: T.BertConfig(
+            num_hidden_layers=2,
+            num_attention_heads=2,
+            hidden_size=16,
+            intermediate_size=32,
+            vocab_size=64,
+            max_position_embeddings=32,
+        ),
+    ),
+    "roberta": (
+        T.RobertaForMaskedLM,
+        T.RobertaModel,
+        lambda: T.RobertaConfig(
+            num_hidden_layers=2,
+            num_attention_heads=2,
+            hidden_size=16,
+            intermediate_size=32,
+            vocab_size=64,
+            max_position_embeddings=40,
+        ),
+    ),
+    "distilbert": (
+        T.DistilBertForMaskedLM,
+        T.DistilBertModel,
+        lambda: T.DistilBertConfig(
+            n_layers=2, n_heads=2, dim=16, hidden_dim=32, vocab_size=64, max_position_embeddings=32
+        ),
+    ),
+    "albert": (
+        T.AlbertForMaskedLM,
+        T.AlbertModel,
+        lambda: T.AlbertConfig(
+            num_hidden_layers=4,
+            num_hidden_groups=2,
+            num_attention_heads=2,
+            hidden_size=16,
+            embedding_size=8,
+            intermediate_size=32,
+            vocab_size=64,
+            max_position_embeddings=32,
+        ),
+    ),
+    "albert_inner2": (
+        T.AlbertForMaskedLM,
+        T.AlbertModel,
+        lambda: T.AlbertConfig(
+            num_hidden_layers=2,
+            num_hidden_groups=1,
+            inner_group_num=2,
+            num_attention_heads=2,
+            hidden_size=16,
+            embedding_size=16,
+            intermediate_size=32,
+            vocab_size=64,
+            max_position_embeddings=32,
+        ),
+    ),
+    "llama": (
+        T.LlamaForCausalLM,
+        T.LlamaModel,
+        lambda: T.LlamaConfig(**DECODER_BASE),
+    ),
+    "mistral": (
+        T.MistralForCausalLM,
+        T.MistralModel,
+        lambda: T.MistralConfig(**{**DECODER_BASE, "num_key_value_heads": 1, "head_dim": 4}),
+    ),
+    "qwen2": (
+        T.Qwen2ForCausalLM,
+        T.Qwen2Model,
+        lambda: T.Qwen2Config(**DECODER_BASE),
+    ),
+    "opt": (
+        T.OPTForCausalLM,
+        T.OPTModel,
+        lambda: T.OPTConfig(
+            num_hidden_layers=2,
+            num_attention_heads=2,
+            hidden_size=16,
+            ffn_dim=32,
+            vocab_size=64,
+            word_embed_proj_dim=16,
+            max_position_embeddings=32,
+        ),
+    ),
+    "opt_postnorm": (
+        T.OPTForCausalLM,
+        T.OPTModel,
+        lambda: T.OPTConfig(
+            num_hidden_layers=2,
+            num_attention_heads=2,
+            hidden_size=16,
+            ffn_dim=32,
+            vocab_size=64,
+            word_embed_proj_dim=16,
+            max_position_embeddings=32,
+            do_layer_norm_before=False,
+        ),
+    ),
+}
+
 
 # Results by (case, column), filled by the tests and written to docs/coverage.md at the end.
 RESULTS: dict[tuple[str, str], str] = {}
@@ -70,14 +228,22 @@ class Case:
     extra: dict = field(default_factory=dict)
 
 
+def family_model(family: str, **overrides) -> nn.Module:
+    """A model of the registry's ``family`` (its head class), its config changed by ``overrides``."""
+    head, _, cfg = FAMILY_CONFIGS[family]
+    c = cfg()
+    for k, v in overrides.items():
+        setattr(c, k, v)
+    return head(c)
+
+
 def seeded(fn: Callable[[], nn.Module], seed: int = 0) -> Callable[[], nn.Module]:
     """Build under a fixed seed, in eval mode, with a size guard; scale weights up so F is not tiny."""
 
     def build():
         torch.manual_seed(seed)
         m = fn().eval()
-        n = sum(p.numel() for p in m.parameters())
-        assert n <= MAX_PARAMS, f"tiny model has {n} parameters"
+        assert_tiny(m)
         return m
 
     return build

@@ -8,7 +8,10 @@ import eigenhooks as eh
 
 tl = pytest.importorskip("transformer_lens", reason="TransformerLens not installed (pip install 'eigenhooks[lens]')")
 if "TransformerBridge" not in dir(tl):
-    pytest.skip("TransformerBridge needs TransformerLens 4 (3.x: tests/lens/test_hooked_transformer.py)", allow_module_level=True)
+    pytest.skip(
+        "TransformerBridge needs TransformerLens 4 (3.x: tests/lens/test_hooked_transformer.py)",
+        allow_module_level=True,
+    )
 
 
 @pytest.fixture(scope="module")

@@ -15,7 +15,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from cases_decoders import CASES
+from cases.decoders import CASES
 from torch import nn
 
 import eigenhooks as eh

@@ -1,7 +1,7 @@
 """Encoder-decoders beyond the shared check list: F from the raw state_dict, every reading point
 through the monitor, decoder-only forwards, encoder-only models, and the errors.
 
-The cases (seeded tiny T5, BART, mBART, Whisper) are those of tests/cases_seq2seq.py.
+The cases (seeded tiny T5, BART, mBART, Whisper) are those of tests/cases/seq2seq.py.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import torch
 import transformers as T
-from cases_seq2seq import CASES, T5CFG, WHISPER, text_inputs, whisper_inputs
+from cases.seq2seq import CASES, T5CFG, WHISPER, text_inputs, whisper_inputs
 from harness import record, seeded
 
 import eigenhooks as eh

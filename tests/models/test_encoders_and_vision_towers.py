@@ -8,7 +8,7 @@ import pytest
 import torch
 import transformers as T
 from cases import CASES
-from cases_vision import TEXT, VISION, pixels
+from cases.vision import TEXT, VISION, pixels
 
 import eigenhooks as eh
 from eigenhooks.models.base import UnsupportedModelError

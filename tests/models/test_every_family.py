@@ -1,6 +1,6 @@
 """Every architecture, on a seeded tiny model: F, verify, mid, padding, generate, steer.
 
-The cases are in tests/cases_*.py. Each check records its outcome in harness.RESULTS;
+The cases are in tests/cases/. Each check records its outcome in harness.RESULTS;
 conftest writes docs/coverage.md from them when every case has run.
 """
 

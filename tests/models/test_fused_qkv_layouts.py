@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import torch
 import transformers as T
-from cases_gpt import CASES
+from cases.gpt import CASES
 
 import eigenhooks as eh
 from eigenhooks.models.base import UnsupportedModelError

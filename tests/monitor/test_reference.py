@@ -28,7 +28,7 @@ import pandas as pd
 import pytest
 import torch
 import transformers as T
-from harness import DECODER_BASE  # the decoder cases' tiny GQA Llama
+from harness import DECODER_BASE, assert_tiny  # the decoder cases' tiny GQA Llama
 
 import eigenhooks as eh
 from eigenhooks.dynamics.planted import planted_gpt2, planted_matrix
@@ -52,7 +52,6 @@ RTOL = 1e-5
 ATOL_PER_TERM = 1e-6
 SETTINGS = dict(null_draws=16, fnull_draws=8, eig_top=4, null_stride=3, null_seed=7)
 DEFAULT = [("ov", "modulus"), ("ov", "residual")]
-MAX_PARAMS = 2_000_000  # the zoo's tiny models have ~1M; a misspelt config key must not build a big one
 
 COUNTS = {f for f in TGT_FIELDS if f.startswith("n") or f in ("clu_u2", "clu_un", "clu_n2", "clu_ns2")}
 RATIONAL = {"clu_w2", "clu_wn"}  # made from u_s - (up-counts summed over draws) / K
@@ -83,8 +82,7 @@ def one_thread():
 
 
 def tiny(model):
-    n = sum(p.numel() for p in model.parameters())
-    assert n < MAX_PARAMS, f"{type(model).__name__} has {n} parameters: not a tiny model"
+    assert_tiny(model)
     return model.eval()
 
 

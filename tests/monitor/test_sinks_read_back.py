@@ -208,7 +208,7 @@ def test_mlflow_read_back_with_mlflow_client(gpt2, tmp_path, monkeypatch):
 
 def test_wandb_offline_run_read_back_from_its_file(gpt2, tmp_path, monkeypatch):
     wandb = pytest.importorskip("wandb")
-    from wandb_offline import history, metric_definitions
+    from .wandb_offline import history, metric_definitions
 
     for k, v in {"WANDB_MODE": "offline", "WANDB_DIR": str(tmp_path), "WANDB_SILENT": "true"}.items():
         monkeypatch.setenv(k, v)

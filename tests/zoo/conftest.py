@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import pytest
-from gguf_tiny import write_tiny_gguf
 
 from eigenhooks.zoo import digest
+
+from .gguf_tiny import write_tiny_gguf
 
 
 @pytest.fixture

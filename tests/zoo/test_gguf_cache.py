@@ -18,12 +18,13 @@ from pathlib import Path
 
 import pytest
 import torch
-from gguf_tiny import write_tiny_gguf
 from typer.testing import CliRunner
 
 import eigenhooks as eh
 from eigenhooks.cli import app
 from eigenhooks.zoo import digest, gguf, store
+
+from .gguf_tiny import write_tiny_gguf
 
 TEXT = "the theory that the cat sat"
 

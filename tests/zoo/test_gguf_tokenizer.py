@@ -11,10 +11,10 @@ import pytest
 
 pytest.importorskip("gguf", reason="GGUF files need the gguf package")
 
-from gguf_tiny import write_tiny_gguf  # noqa: E402
-
 from eigenhooks.zoo.gguf import load_gguf  # noqa: E402
 from eigenhooks.zoo.gguf_file import metadata_scalars  # noqa: E402
+
+from .gguf_tiny import write_tiny_gguf  # noqa: E402
 
 BOS = EOS = 258  # <|endoftext|>
 PAD = 257  # ' t'

@@ -6,12 +6,13 @@ import dataclasses
 import hashlib
 
 import pytest
-from gguf_tiny import write_tiny_gguf
 from typer.testing import CliRunner
 
 import eigenhooks as eh
 from eigenhooks.cli import app
 from eigenhooks.zoo import digest, real
+
+from .gguf_tiny import write_tiny_gguf
 
 
 @pytest.fixture

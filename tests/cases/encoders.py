@@ -1,7 +1,7 @@
 """Encoder cases (eigenhooks/models/encoders.py)."""
 
 import transformers as T
-from harness import Case, seeded, sum_mid, token_inputs
+from harness import Case, family_model, seeded, sum_mid, token_inputs
 
 TOK = token_inputs()
 BERT = dict(
@@ -68,38 +68,19 @@ DEBERTA_MID = sum_mid(
 MODERNBERT_MID = sum_mid(lambda m: m.base_model.layers, lambda b: b.attn)
 
 CASES = {
-    "bert": Case(seeded(lambda: T.BertForMaskedLM(T.BertConfig(**BERT))), "bert", BERT_MID, TOK),
-    "roberta": Case(seeded(lambda: T.RobertaForMaskedLM(T.RobertaConfig(**BERT))), "roberta", BERT_MID, TOK),
+    "bert": Case(seeded(lambda: family_model("bert", max_position_embeddings=40)), "bert", BERT_MID, TOK),
+    "roberta": Case(seeded(lambda: family_model("roberta")), "roberta", BERT_MID, TOK),
     "xlm-roberta": Case(
         seeded(lambda: T.XLMRobertaForMaskedLM(T.XLMRobertaConfig(**BERT))), "xlm-roberta", BERT_MID, TOK
     ),
     "distilbert": Case(
-        seeded(
-            lambda: T.DistilBertForMaskedLM(
-                T.DistilBertConfig(
-                    n_layers=2, n_heads=2, dim=16, hidden_dim=32, vocab_size=64, max_position_embeddings=32
-                )
-            )
-        ),
+        seeded(lambda: family_model("distilbert")),
         "distilbert",
         sum_mid(lambda m: m.base_model.transformer.layer, lambda b: b.attention, then=lambda b, x: b.sa_layer_norm(x)),
         TOK,
     ),
     "albert (shared)": Case(
-        seeded(
-            lambda: T.AlbertForMaskedLM(
-                T.AlbertConfig(
-                    num_hidden_layers=4,
-                    num_hidden_groups=2,
-                    num_attention_heads=2,
-                    hidden_size=16,
-                    embedding_size=8,
-                    intermediate_size=32,
-                    vocab_size=64,
-                    max_position_embeddings=32,
-                )
-            )
-        ),
+        seeded(lambda: family_model("albert")),
         "albert",
         sum_mid(_albert_layers, lambda b: b.attention.dense, then=lambda b, x: b.attention.LayerNorm(x)),
         TOK,

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 FILES = ["README.md", *sorted(p.relative_to(ROOT).as_posix() for p in (ROOT / "docs").glob("*.md"))]
 SKIP = re.compile(r"<!--\s*snippet:\s*skip\s*\((.+?)\)\s*-->")
 FENCE = re.compile(r"^```python[^\n]*\n(.*?)^```", re.S | re.M)

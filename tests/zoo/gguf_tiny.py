@@ -14,6 +14,7 @@ from pathlib import Path
 import numpy as np
 import torch
 import transformers as T
+from harness import assert_tiny
 
 CONFIG = dict(
     vocab_size=259,  # 256 byte tokens, 2 merges, <|endoftext|>
@@ -30,7 +31,6 @@ CONFIG = dict(
     bos_token_id=258,
     eos_token_id=258,
 )
-MAX_PARAMS = 50_000
 
 
 def _permute(w: np.ndarray, n_head: int) -> np.ndarray:
@@ -51,8 +51,7 @@ def _tokens() -> tuple[list[str], list[str]]:
 def build_model(seed: int = 0, std: float = 0.3) -> T.LlamaForCausalLM:
     torch.manual_seed(seed)
     model = T.LlamaForCausalLM(T.LlamaConfig(**CONFIG))
-    n = sum(p.numel() for p in model.parameters())
-    assert n < MAX_PARAMS, f"{n} parameters: not a tiny test model"
+    assert_tiny(model)
     g = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for p in model.parameters():

@@ -7,7 +7,7 @@ post-only blocks), times the residual multiplier where the model has one.
 
 import transformers as T
 from harness import DECODER_BASE as BASE
-from harness import Case, seeded, sum_mid, token_inputs
+from harness import Case, family_model, seeded, sum_mid, token_inputs
 
 TOK = token_inputs()
 
@@ -56,9 +56,11 @@ def gemma3_multimodal():
 
 
 CASES = {
-    "llama": case(T.LlamaForCausalLM, T.LlamaConfig, "llama"),
-    "mistral": case(T.MistralForCausalLM, T.MistralConfig, "mistral"),
-    "qwen2": case(T.Qwen2ForCausalLM, T.Qwen2Config, "qwen2"),
+    "llama": Case(seeded(lambda: family_model("llama")), "llama", LLAMA_MID, TOK, generate=True),
+    "mistral": Case(
+        seeded(lambda: family_model("mistral", num_key_value_heads=2)), "mistral", LLAMA_MID, TOK, generate=True
+    ),  # fmt: skip
+    "qwen2": Case(seeded(lambda: family_model("qwen2")), "qwen2", LLAMA_MID, TOK, generate=True),
     "qwen3": case(T.Qwen3ForCausalLM, T.Qwen3Config, "qwen3", head_dim=4),
     "mixtral": case(T.MixtralForCausalLM, T.MixtralConfig, "mixtral", num_local_experts=4, **MOE),
     "qwen2_moe": case(

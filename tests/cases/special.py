@@ -8,8 +8,9 @@ F x / rms(latent), qwen3_next as O (sigmoid(gate) * V x).
 """
 
 import transformers as T
-from cases_decoders import BASE as DECODER_BASE
 from harness import Case, seeded, sum_mid, token_inputs
+
+from .decoders import BASE as DECODER_BASE
 
 TOK = token_inputs()
 
