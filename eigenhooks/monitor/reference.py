@@ -51,12 +51,9 @@ import torch
 from ..spectra.compute import layer_stacked, spectra_by_rank
 from . import head_targets as H
 from . import stats
-from .measures import MEASURES, ROW, TARGET, TGT_FIELDS, Sizes, zero_state
+from .measures import MEASURES, ROW, TARGET, Sizes, zero_state
 from .measures.own import check, own_sums, readings
 from .measures.plain import align, align_frames, up  # noqa: F401  (the plain helpers, re-exported)
-from .measures.target import reference_close
-
-_F = {name: i for i, name in enumerate(TGT_FIELDS)}
 
 
 @dataclass
@@ -200,14 +197,14 @@ class _LayerSums:
     def close(self) -> None:
         """Fold the open sequences' counters into the cluster sums (they ended)."""
         if self.rows is not None:
-            reference_close(self.state["tgt"], self.rows)
+            TARGET.reference_close(self.state, self.rows)
             self.rows = None
 
     def folded(self) -> dict[str, torch.Tensor]:
         """The state with the open sequences folded in, the sequences left open."""
         st = {k: v.clone() for k, v in self.state.items()}
         if self.rows is not None:
-            reference_close(st["tgt"], self.rows)
+            TARGET.reference_close(st, self.rows)
         return st
 
 
@@ -258,10 +255,9 @@ def _add_forward(ls: _LayerSums, rd: LayerReading, mask: torch.Tensor, index: to
         sub = finite & (index[row][valid] % s == 0)
         X = {p: x[finite] for p, x in pts.items()}
         Xb = base[finite] if base is not None else None
-        tgt = ls.state["tgt"]
-        tgt[:, _F["n_nonfinite"]] += float((~finite).sum())
+        TARGET.reference_skipped(ls.state, float((~finite).sum()))
         if finite.all() and finite.numel() >= 2:
-            TARGET.reference_consensus(tgt, pts)
+            TARGET.reference_consensus(ls.state, pts)
         sub = sub[finite]
         Y = {p: x[sub] for p, x in X.items() if p != "post"}  # the null's tokens
         Yr = Xb[sub] if Xb is not None else Y["pre"]

@@ -270,9 +270,20 @@ class Target(Builtin):
             row[2, ti], row[3, ti] = float(sub.sum()), float(u[sub].sum())
 
     @staticmethod
-    def reference_consensus(tgt: torch.Tensor, pts: dict[str, torch.Tensor]) -> None:
+    def reference_close(state: dict, rows: torch.Tensor) -> None:
+        """Plain: ended sequences' counters (b, R, T) into a layer state's cluster sums, in place."""
+        reference_close(state["tgt"], rows)
+
+    @staticmethod
+    def reference_skipped(state: dict, n: float) -> None:
+        """Plain: n valid tokens of one sequence skipped for a non-finite reading, in place."""
+        state["tgt"][:, _T["n_nonfinite"]] += n
+
+    @staticmethod
+    def reference_consensus(state: dict, pts: dict[str, torch.Tensor]) -> None:
         """Plain: mean pairwise cosine of one sequence's valid tokens at each point,
-        (||sum x_hat||^2 - n) / (n (n - 1))."""
+        (||sum x_hat||^2 - n) / (n (n - 1)), into a layer state, in place."""
+        tgt = state["tgt"]
         for p, X in pts.items():
             n = X.shape[0]
             sv = (X / torch.linalg.vector_norm(X, dim=-1, keepdim=True)).sum(0)
