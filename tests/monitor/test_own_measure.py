@@ -169,3 +169,40 @@ def test_a_measure_not_logged_copies_nothing_to_the_host_and_zero_knows_its_laye
     labels = Labels(mon._plan, mon.points, mon.adapter.n_layers)
     tensors = labels.tensors(mon._acc)
     assert len(tensors) == len(st) and all(v == [] for v in labels.shapes.values())
+
+
+def test_in_generate_its_sums_are_its_plain_twins_and_the_built_in_ones_do_not_move(ex):
+    """Decoding steps with a KV cache, left-padded: its sums are taken per step (the steps kept layer by layer,
+    not whole), equal to its plain twin on the recorded forwards, and no built-in number moves."""
+    model, tok = ex["model"], ex["tok"]
+    tok.pad_token = tok.pad_token or tok.eos_token
+    tok.padding_side = "left"
+    try:
+        batch = tok(TEXTS[:2], return_tensors="pt", padding=True)
+    finally:
+        tok.padding_side = "right"
+    D = torch.randn(6, 128, generator=torch.Generator().manual_seed(6))
+    own = [ex["Directions"]("sae", D)]
+    s = SETTINGS
+
+    def gen(measures):
+        mon = eh.monitor(model, targets=[("ov", "modulus")], measures=measures, **s)
+        with torch.no_grad(), mon, Recorder(model) as rec:
+            model.generate(
+                **batch, max_new_tokens=12, min_new_tokens=12, do_sample=False, pad_token_id=tok.pad_token_id
+            )
+        return mon, rec
+
+    mon, rec = gen(own)
+    assert len(rec.forwards) == 12 and all(f.continues for f in rec.forwards[1:])
+    bases = build_bases(get_adapter(model), [("ov", "modulus")], s["null_draws"], s["fnull_draws"], s["eig_top"],
+                        s["null_seed"])  # fmt: skip
+    plain = reference_states(rec.forwards, bases, s["null_stride"], measures=own)
+    for i, st in mon.state_dict()["layers"].items():
+        for k in ("sae.up", "sae.tokens"):
+            assert torch.equal(torch.tensor(st[k]), plain[int(i)][k]), (i, k, st[k], plain[int(i)][k].tolist())
+    assert sum(st["sae.tokens"] for st in mon.state_dict()["layers"].values()) > 0
+    without, _ = gen([])
+    a, b = mon.summary(), without.summary()
+    for c in b.columns:
+        assert a[c].equals(b[c]), c
