@@ -7,9 +7,10 @@ nothing of sums), ``forward`` (one forward's scratch), ``accumulate`` (the runni
 sequences, the decoding-step buffer), ``logs`` and ``sinks`` (where the numbers go), ``summary``
 (the table). ``reduce`` is the two-stage reduction on the device, ``reference`` its plain float64
 twin, ``measures`` what is measured (one file a measure: target projection, the Haar null, eig rank,
-the F-null; ``Measure`` for a researcher's own), ``stats`` the shared statistics, ``fingerprint`` what a
-state's sums mean. It may
-import ``spectra``, ``zoo``, ``models`` and ``linalg``. docs/api.md, "A forward's life", walks it.
+the F-null; ``Measure`` for a researcher's own, on plain per-layer tensors, ``measures.own``), ``stats``
+the shared statistics, ``fingerprint`` what a state's sums mean. The wing is callable: ``eh.monitor(...)``
+calls ``monitor()``. It may import ``spectra``, ``zoo``, ``models`` and ``linalg``. docs/api.md, "A
+forward's life", walks it.
 """
 
 import inspect
