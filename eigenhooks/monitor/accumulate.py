@@ -81,8 +81,8 @@ class Accumulator:
             self._add_layers(list(fs.layers.items()), fs.keys)
         self._buffer(fs.lean or fs.steps, fs.shapes)
         self.seen.update(fs.seen)
-        if fs.tokens:
-            self.token_records.extend(fs.tokens)
+        if fs.token_records:
+            self.token_records.extend(fs.token_records)
         self.n_forwards += 1
         return undo
 

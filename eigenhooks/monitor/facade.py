@@ -16,7 +16,6 @@ Where hooks vanish or are bypassed, ``MeasurementWarning`` says so and the stati
 from __future__ import annotations
 
 import inspect
-import warnings
 from dataclasses import fields
 from pathlib import Path
 
@@ -24,24 +23,22 @@ import torch
 
 from ..models import Adapter, get_adapter
 from ..models.attach import Attachment, MeasurementWarning, Warner
-from . import fingerprint
+from . import fingerprint, notebook
 from .accumulate import Accumulator
 from .config import MonitorConfig
 from .logs import Labels, LogPoints
-from .notebook import NotebookViews
 from .plan import Plan, build_plan, parse_targets
 from .record import Record, RecordSpec, worker_plan
 from .summary import save_table, summary_table, target_stats
 
-_ALIASES = {"K": "null_draws", "Kf": "fnull_draws", "m": "eig_top"}  # names before 0.2, one release more
 
-
-class Monitor(NotebookViews):
+class Monitor:
     """Streaming alignment statistics for every attention layer of a model.
 
     Use through ``eigenhooks.monitor(...)`` (its docstring lists the arguments; ``config`` holds them, frozen).
     After (or during) the block: ``summary()``, ``plot()``, ``tokens()``, ``save(path)``, ``state_dict()`` /
     ``load_state_dict()`` / ``merge_state_dict()``, ``all_reduce()``; with a sink, ``log()``, ``log_summary()``, ``step``.
+    Every setting reads as the config's (``mon.null_stride`` is ``mon.config.null_stride``).
     """
 
     def __init__(self, model, *args, attention_mask=None, sink=None, **settings):
@@ -64,18 +61,9 @@ class Monitor(NotebookViews):
         self._entered_at = 0  # forwards counted before the with-block
 
     # ---- settings, read-only: ``config``'s (``mon.null_draws`` is ``mon.config.null_draws``) ----
-    points = property(lambda self: self.config.reading_points)
-    null_stride = property(lambda self: self.config.stride)
-    keep_tokens = property(lambda self: self.config.tokens)
     sink_path = property(lambda self: self._logs.sink_path)
-    log_every = property(lambda self: self._logs.log_every)
 
     def __getattr__(self, name):
-        if name in _ALIASES:
-            warnings.warn(
-                f"Monitor.{name} is deprecated: use Monitor.{_ALIASES[name]}", DeprecationWarning, stacklevel=2
-            )
-            name = _ALIASES[name]
         if name in MonitorConfig.names() and "config" in self.__dict__:
             return getattr(self.__dict__["config"], name)
         raise AttributeError(f"'Monitor' object has no attribute {name!r}")
@@ -204,6 +192,35 @@ class Monitor(NotebookViews):
         """Write the summary as Parquet, CSV or JSON (by the file's suffix)."""
         return save_table(self.summary, path)
 
+    def plot(self, target: str | None = None):
+        """rho by layer with its Haar null band (top) and gamma against its null (below), one column per
+        target, as one matplotlib Figure; a notebook shows it inline as the cell's value.
+
+        Args:
+            target: one target ('modulus', 'residual', 'ov/modulus', a custom name, a head's
+                'ov_head/modulus/h3'); None: every target but the heads'
+                (a column per head is no plot) when there are others.
+
+        Example:
+            >>> with eh.monitor(model) as mon:     # doctest: +SKIP
+            ...     model(**batch)
+            >>> fig = mon.plot("modulus")          # doctest: +SKIP
+        """
+        return notebook.plot(self.summary(), target)
+
+    def tokens(self):
+        """The per-token records of ``eigenhooks.monitor(..., tokens=True)`` as a pandas DataFrame: one
+        row per (forward, layer, sequence, position) of a valid token (padding left out), with its
+        alignment a(x) at each reading point, ``delta`` = a_mid - a_pre and ``up`` = delta > 0 (what rho
+        counts). ``position`` is the column in that forward's input (under a KV cache, in the step).
+
+        Raises:
+            ValueError: the monitor was made without ``tokens=True``, so it kept no records.
+        """
+        if not self.config.tokens:
+            raise ValueError("no per-token records: make the monitor with eh.monitor(model, tokens=True)")
+        return notebook.token_frame(self.token_records)
+
     # ---- the state ----
     def _layout(self) -> dict:
         """The fingerprint of what the sums mean, computed once the monitor is prepared and kept from
@@ -273,7 +290,7 @@ class Monitor(NotebookViews):
     def _labels(self) -> Labels:
         """The sinks' tags of the state's rows, made once per plan (not per forward)."""
         if self._tags is None:
-            self._tags = Labels(self._plan, self.points, self.adapter.n_layers)
+            self._tags = Labels(self._plan, self.config.reading_points, self.adapter.n_layers)
         return self._tags
 
     def scalars(self) -> dict[str, float]:
@@ -313,15 +330,10 @@ class Monitor(NotebookViews):
 
 def make_config(args: tuple, settings: dict) -> MonitorConfig:
     """The ``MonitorConfig`` of ``monitor()``'s arguments: its first fields (targets, reading_points,
-    tokens) by position, any by keyword; ``K``, ``Kf``, ``m`` (the names before 0.2, one release more)
-    with a DeprecationWarning."""
+    tokens) by position, any by keyword."""
     names = MonitorConfig.names()
     if len(args) > len(_POSITIONAL):
         raise TypeError(f"monitor() takes the model and at most {len(_POSITIONAL)} settings by position {_POSITIONAL}")
-    for old, new in _ALIASES.items():
-        if old in settings:
-            warnings.warn(f"{old}= is deprecated: use {new}=", DeprecationWarning, stacklevel=4)
-            settings[new] = settings.pop(old)
     given = dict(zip(names, args))
     unknown = sorted(set(settings) - set(names)) + sorted(set(settings) & set(given))
     if unknown:

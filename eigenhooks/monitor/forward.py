@@ -141,7 +141,7 @@ class ForwardSums:
     steps: dict[int, Step] = field(default_factory=dict)
     fresh: bool = True  # it starts new sequences: the open ones end before it counts
     seen: dict = field(default_factory=dict)  # stack -> (b, 1) valid tokens of each open sequence so far
-    tokens: list[dict] = field(default_factory=list)  # per-token records (``tokens=True``)
+    token_records: list[dict] = field(default_factory=list)  # per-token records (``tokens=True``)
     shapes: tuple = ()  # (stack, (b, n), device) of each Grid it made: its steps' shapes
     lean: LeanStep | None = None  # a one-token step kept whole (instead of ``steps``)
     keys: tuple | None = None  # a flat batch's request keys, one a row: its rows stay open by key
@@ -181,7 +181,7 @@ class Forward:
         mask: the forward's (b, n) attention mask, or None (every token counts).
         seen: stack -> (b, 1) valid tokens the open sequences had before this forward (a KV cache).
         buffer_steps: keep one-token layers' readings for a batched flush (no per-forward sink, no tokens).
-        keep_tokens: record per-token alignments. index: this forward's number (for token records).
+        tokens: record per-token alignments (``MonitorConfig.tokens``). index: this forward's number (for token records).
         all_valid: the monitor's one all-True (b, n) mask of the latest shape, reused across forwards
             (never written), so a decoding step with no mask makes none.
         call: what this forward is (``Call``).
@@ -199,7 +199,7 @@ class Forward:
         mask,
         seen: dict,
         buffer_steps: bool,
-        keep_tokens: bool,
+        tokens: bool,
         index: int,
         all_valid: list,
         call: Call = Call(),
@@ -212,7 +212,7 @@ class Forward:
         self.flat_place, self.flat_grid = flat_grid(flat) if flat is not None else (None, None)
         self.plan, self.read_mid, self.all_valid, self.call = plan, "mid" in points, all_valid, call
         self.mask, self.seen = mask, seen
-        self.buffer_steps, self.keep_tokens, self.index = buffer_steps, keep_tokens, index
+        self.buffer_steps, self.tokens, self.index = buffer_steps, tokens, index
         self.stack_masks: dict[str, torch.Tensor | None] = {}  # the mask passed to each stack that ran
         self.ran: set[str] = set()  # stacks (Adapter.stacks) whose root ran in this forward
         self.captures: dict[int, dict[str, torch.Tensor | None]] = {}  # layer -> point -> reading
@@ -220,7 +220,7 @@ class Forward:
         self.memo: dict = {}  # norms and consensus sums of this forward's readings (reduce.Memo)
         self.projections: dict[int, Projection] = {}
         self.steps: dict[int, Step] = {}
-        self.tokens: list[dict] = []
+        self.token_records: list[dict] = []
         self.lean: tuple | None = None  # a one-token step's ([roles], [readings]) as they come (``lean_start``)
         self.lean_step: LeanStep | None = None
 
@@ -229,7 +229,7 @@ class Forward:
         once a forward, and layer by layer nothing is computed at the step: its readings are kept as they
         come, checked and laid out once at its end (``_settle``). untapped: attentions without a tap (all
         must have been found in place). once_ids: the taps' role lists. known: [roles, order] last seen."""
-        if self.buffer_steps and not self.keep_tokens and not self.call.fresh and not self.call.start:
+        if self.buffer_steps and not self.tokens and not self.call.fresh and not self.call.start:
             if len(self.attn_ran) == untapped:
                 self.lean, self._lean_of = ([], []), (once_ids, known)
 
@@ -310,8 +310,8 @@ class Forward:
             return
         # post(t) and pre(t+1) are one tensor: its norms and sums are taken once (the memo)
         self.projections[lp.index] = project(lp.bases, points, grid, base, memo=self.memo)
-        if self.keep_tokens:
-            self.tokens.append(self._token_record(lp, points, grid.mask))
+        if self.tokens:
+            self.token_records.append(self._token_record(lp, points, grid.mask))
 
     def _unflat(self, x: torch.Tensor) -> torch.Tensor:
         """A flat reading (tokens, d) as the padded batch (rows, n, d) of ``flat_grid`` (zeros where no token)."""
@@ -417,7 +417,7 @@ class Forward:
         seen = {stack: grid.after for (stack, _, _), grid in self.grids.items()}
         keys = self.flat.keys if self.flat is not None else None
         return ForwardSums(
-            sums, self.steps, self.call.fresh, seen, self.tokens, tuple(self.grids), self.lean_step, keys
+            sums, self.steps, self.call.fresh, seen, self.token_records, tuple(self.grids), self.lean_step, keys
         )
 
     def drop(self) -> None:
