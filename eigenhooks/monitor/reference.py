@@ -209,7 +209,7 @@ class _LayerSums:
 
 
 def reference_states(
-    forwards: list[Recorded], bases: dict[int, PlainBases], null_stride: int | None, measures=()
+    forwards: list[Recorded], bases: dict[int, PlainBases], null_stride: int, measures=()
 ) -> dict[int, dict[str, torch.Tensor]]:
     """The monitor's state of every layer after these forwards, in float64, the plain way.
 
@@ -217,14 +217,13 @@ def reference_states(
         forwards: the forwards in order (``Recorded``).
         bases: ``build_bases``'s result.
         null_stride: the subsample takes the tokens whose index in their sequence is a multiple
-            of it (1 or None: every token).
+            of it (1: every token; ``MonitorConfig.null_stride``).
         measures: a researcher's own measures (``eh.Measure``), measured after the built-in ones, as a
             monitor's ``measures=``.
 
     Returns:
         layer -> {name: tensor} in the ``measures.zero_state`` layout, open sequences folded in.
     """
-    s = null_stride or 1
     K = next(iter(bases.values())).haar.shape[0] if bases else 0
     measures = MEASURES + check(measures)
     sums = {i: _LayerSums(b, K, measures, i) for i, b in bases.items()}
@@ -234,11 +233,11 @@ def reference_states(
                 ls.close()
         for i, rd in fw.layers.items():
             if i in sums:
-                _add_forward(sums[i], rd, fw.mask.bool(), fw.index, s)
+                _add_forward(sums[i], rd, fw.mask.bool(), fw.index, null_stride)
     return {i: ls.folded() for i, ls in sums.items()}
 
 
-def _add_forward(ls: _LayerSums, rd: LayerReading, mask: torch.Tensor, index: torch.Tensor, s: int) -> None:
+def _add_forward(ls: _LayerSums, rd: LayerReading, mask: torch.Tensor, index: torch.Tensor, null_stride: int) -> None:
     """Add one forward's readings of one layer to its sums, one sequence at a time."""
     b = mask.shape[0]
     T = len(ls.bases.targets)
@@ -252,7 +251,7 @@ def _add_forward(ls: _LayerSums, rd: LayerReading, mask: torch.Tensor, index: to
         finite = torch.ones(int(valid.sum()), dtype=torch.bool)
         for X in [*pts.values(), *([base] if base is not None else [])]:
             finite &= torch.isfinite(X).all(-1)
-        sub = finite & (index[row][valid] % s == 0)
+        sub = finite & (index[row][valid] % null_stride == 0)
         X = {p: x[finite] for p, x in pts.items()}
         Xb = base[finite] if base is not None else None
         TARGET.reference_skipped(ls.state, float((~finite).sum()))
@@ -267,7 +266,7 @@ def _add_forward(ls: _LayerSums, rd: LayerReading, mask: torch.Tensor, index: to
     if own:  # a researcher's measure is plain already: its sums of the readings, in float64
         pts = {p: None if x is None else x.double() for p, x in (("pre", rd.pre), ("mid", rd.mid), ("post", rd.post))}
         base = None if rd.base is None else rd.base.double()
-        for k, v in own_sums(own, readings(ls.layer, pts, base, mask, index, s)).items():
+        for k, v in own_sums(own, readings(ls.layer, pts, base, mask, index, null_stride)).items():
             ls.state[k] += v
     if ls.rows is not None and ls.rows.shape[0] != b:
         ls.close()

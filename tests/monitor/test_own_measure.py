@@ -166,7 +166,7 @@ def test_a_measure_not_logged_copies_nothing_to_the_host_and_zero_knows_its_laye
     n = len(tok(TEXTS[:1])["input_ids"][0])
     assert {int(i): v["per_layer.n"] for i, v in st.items()} == {int(i): [n] * (int(i) + 1) for i in st}
     assert set(seen) >= {(int(i), 128) for i in st}
-    labels = Labels(mon._plan, mon.points, mon.adapter.n_layers)
+    labels = Labels(mon._plan, mon.reading_points, mon.adapter.n_layers)
     tensors = labels.tensors(mon._acc)
     assert len(tensors) == len(st) and all(v == [] for v in labels.shapes.values())
 
