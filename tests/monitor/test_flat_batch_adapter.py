@@ -77,6 +77,18 @@ def test_a_flat_ragged_batch_counts_as_the_padded_batch_bit_for_bit():
     assert flat.summary()["n_tokens"].tolist() == [15] * 4
 
 
+def test_a_request_s_tokens_may_come_interleaved_with_others():
+    """Tokens in turns (a0 b0 c0 a1 b1 c1 ...), not request by request: each keeps its request and position."""
+    model = tiny_llama()
+    hf = _padded_run(model)
+    engine = FlatEngine(model)
+    with eh.monitor(engine.adapter, **KW) as mon:
+        engine.prefill(SEQS)
+        engine.forward(ONE_FORWARD[0], interleave=True)
+        engine.finish(list(SEQS))
+    _same_states(hf.state_dict()["layers"], mon.state_dict()["layers"], exact=True)
+
+
 def test_requests_last_across_forwards_until_the_scheduler_ends_them():
     model = tiny_llama()
     hf = _padded_run(model)
