@@ -318,8 +318,7 @@ class Forward:
         got = self._padded.get(id(x))
         if got is None:
             R, n = self.flat_grid.mask.shape
-            padded = x.new_zeros(R * n, x.shape[-1])
-            padded[self.flat_place] = x
+            padded = x.new_zeros(R * n, x.shape[-1]).index_copy_(0, self.flat_place, x)
             got = self._padded[id(x)] = (x, padded.view(R, n, x.shape[-1]))
         return got[1]
 
