@@ -89,6 +89,22 @@ def test_a_request_s_tokens_may_come_interleaved_with_others():
     _same_states(hf.state_dict()["layers"], mon.state_dict()["layers"], exact=True)
 
 
+def test_a_flat_forward_with_its_width_reads_nothing_back():
+    from .test_no_host_sync import _check, trapped
+
+    engine = FlatEngine(tiny_llama())
+    with eh.monitor(engine.adapter, **KW):
+        engine.prefill(SEQS)
+        with trapped() as trap:
+            engine.forward(CHUNKED[0], width=True)
+            engine.forward(CHUNKED[1], width=True)
+    # the requests' slots (the accumulator's, by key, on the host) go to the device once a forward
+    slots = [w for w in trap.seen if w[0] == "aten::lift_fresh" and w[1].startswith("monitor/accumulate.py")]
+    assert len(slots) == 2
+    trap.seen = [w for w in trap.seen if w not in slots]
+    _check(trap)
+
+
 def test_requests_last_across_forwards_until_the_scheduler_ends_them():
     model = tiny_llama()
     hf = _padded_run(model)
