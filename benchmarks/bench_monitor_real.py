@@ -102,15 +102,11 @@ def own_time(fn, mons: dict, reps: int) -> tuple[dict[str, tuple[float, float]],
 
         return g
 
-    for mon in mons.values():  # the monitor's forward events, and each forward's reads (taps call them)
-        start = timed(mon.forward_start)
-
-        def forward_start(*a, start=start, **k):
-            fwd = start(*a, **k)
-            fwd.read = timed(fwd.read)
-            return fwd
-
-        mon.forward_start, mon.forward_end = forward_start, timed(mon.forward_end)
+    for mon in mons.values():  # the record's events: what the adapter's attachment tells of each forward
+        mon._prepare()
+        rec = mon._record
+        for event in ("forward_start", "read", "read_once", "forward_end"):
+            setattr(rec, event, timed(getattr(rec, event)))
         with mon:
             fn()
     own, plain = {name: [] for name in mons}, []

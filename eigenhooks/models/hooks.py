@@ -293,6 +293,16 @@ class HookAttachment(Attachment):
         """Modules from which one of our hooks was removed by something else."""
         return [m for m, attr, hid in self._handles if hid not in getattr(m, attr, {})]
 
+    def _intact(self) -> bool:
+        """None of our hooks removed (a loop of dict lookups, no call a hook: this runs every forward)."""
+        try:
+            for m, attr, hid in self._handles:
+                if hid not in m.__dict__[attr]:
+                    return False
+        except KeyError:  # a hook dict itself deleted
+            return False
+        return True
+
     def check(self) -> bool:
         """Warn (once) and say True if another tool removed some of our hooks."""
         gone = self.gone()
@@ -356,7 +366,8 @@ class HookAttachment(Attachment):
             return
         here.open = False
         try:
-            self.record.forward_end(output is not None, not self.check())  # None: the forward raised
+            intact = self._intact() or not self.check()
+            self.record.forward_end(output is not None, intact)  # None: the forward raised
         finally:
             if self._detach_after and self._stack is not None:
                 self._detach_after = False

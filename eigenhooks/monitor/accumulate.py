@@ -211,7 +211,7 @@ class Accumulator:
             if slot is None:
                 slot = keyed[key] = self.free.pop() if self.free else len(keyed)
             slots.append(slot)
-        need = max(slots) + 1
+        need, idx = max(slots) + 1, {}
         for layer, (_, rows) in results:
             if rows is None:
                 continue
@@ -219,7 +219,9 @@ class Accumulator:
             if kr is None or kr.shape[0] < need:
                 grown = rows.new_zeros(max(need, 2 * (0 if kr is None else kr.shape[0])), *rows.shape[1:])
                 kr = grown if kr is None else grown.index_copy(0, torch.arange(kr.shape[0], device=kr.device), kr)
-            self.krows[layer] = kr.index_add(0, torch.tensor(slots, device=rows.device), rows)
+            if rows.device not in idx:  # the slots go to the device once a forward (the keys are the host's)
+                idx[rows.device] = torch.tensor(slots, device=rows.device)
+            self.krows[layer] = kr.index_add(0, idx[rows.device], rows)
 
     # ---- sequences ----
     def end_requests(self, keys) -> None:

@@ -325,8 +325,7 @@ class Forward:
         got = self._padded.get(id(x))
         if got is None:
             R, n = self.flat_grid.mask.shape
-            padded = x.new_zeros(R * n, x.shape[-1])
-            padded[self.flat_place] = x
+            padded = x.new_zeros(R * n, x.shape[-1]).index_copy_(0, self.flat_place, x)
             got = self._padded[id(x)] = (x, padded.view(R, n, x.shape[-1]))
         return got[1]
 
@@ -446,11 +445,15 @@ def flat_grid(flat: FlatRows) -> tuple[torch.Tensor, Grid]:
     """A flat batch laid out as a padded one: (place, grid). place: (tokens,) each token's flat index
     row * n + its rank among its row's tokens in this forward (n: the most tokens of a row); grid: the
     (rows, n) valid tokens, each indexed by its position in its request (the null subsample's index)."""
-    row, R = flat.row, len(flat.keys)
-    onehot = torch.nn.functional.one_hot(row, R)  # (tokens, R)
-    rank = (onehot.cumsum(0) * onehot).sum(1) - 1  # (tokens,): earlier tokens of its row in this forward
-    n = flat.width or int(onehot.sum(0).max())
-    place = row * n + rank
+    row, R = flat.row.to(torch.int64), len(flat.keys)
+    order = torch.sort(row, stable=True).indices  # the tokens grouped by row, each row's in its order
+    counts = torch.bincount(row, minlength=R)  # (R,) tokens of each row
+    starts = counts.cumsum(0) - counts
+    rank = torch.empty_like(row).index_copy_(
+        0, order, torch.arange(row.numel(), device=row.device) - starts[row[order]]
+    )
+    n = flat.width or int(counts.max())
+    place = row * n + rank  # (tokens,)
     mask = torch.zeros(R * n, dtype=torch.bool, device=row.device).index_fill_(0, place, True)
     vi = torch.zeros(R * n, dtype=torch.int64, device=row.device).index_copy_(0, place, flat.position.to(torch.int64))
     return place, Grid(mask.view(R, n), vi.view(R, n))

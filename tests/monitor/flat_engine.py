@@ -94,15 +94,19 @@ class FlatEngine:
                                                     with_kwargs=True)  # fmt: skip
         return module.register_forward_hook(lambda m, args, out: write(out[0] if isinstance(out, tuple) else out))
 
-    def forward(self, schedule: list[tuple]) -> None:
-        """One engine forward: (key, start, stop) per scheduled request, its tokens start..stop, flat."""
+    def forward(self, schedule: list[tuple], interleave: bool = False, width: bool = False) -> None:
+        """One engine forward: (key, start, stop) per scheduled request, its tokens start..stop, flat
+        (interleave: the requests' tokens taken in turns, not request by request; width: say the widest
+        row's tokens, as an engine that knows them on the host)."""
         rec, keys = self.att.record, tuple(k for k, _, _ in schedule)
         row = torch.cat([torch.full((b - a,), r) for r, (_, a, b) in enumerate(schedule)])
         position = torch.cat([torch.arange(a, b) for _, a, b in schedule])
-        rec.forward_start(CallFacts(attn_ran=self.att.untapped, flat=FlatRows(keys, row, position)))
+        w = max(b - a for _, a, b in schedule) if width else 0
+        order = torch.sort(position, stable=True).indices if interleave else torch.arange(len(row))
+        rec.forward_start(CallFacts(attn_ran=self.att.untapped, flat=FlatRows(keys, row[order], position[order], w)))
         for role in self.att.roles:
             x = torch.cat([self.readings[k][role][a:b] for k, a, b in schedule])  # (tokens, d)
-            rec.read(*role, x)
+            rec.read(*role, x[order])
         rec.forward_end(True)
 
     def finish(self, keys) -> None:

@@ -77,6 +77,34 @@ def test_a_flat_ragged_batch_counts_as_the_padded_batch_bit_for_bit():
     assert flat.summary()["n_tokens"].tolist() == [15] * 4
 
 
+def test_a_request_s_tokens_may_come_interleaved_with_others():
+    """Tokens in turns (a0 b0 c0 a1 b1 c1 ...), not request by request: each keeps its request and position."""
+    model = tiny_llama()
+    hf = _padded_run(model)
+    engine = FlatEngine(model)
+    with eh.monitor(engine.adapter, **KW) as mon:
+        engine.prefill(SEQS)
+        engine.forward(ONE_FORWARD[0], interleave=True)
+        engine.finish(list(SEQS))
+    _same_states(hf.state_dict()["layers"], mon.state_dict()["layers"], exact=True)
+
+
+def test_a_flat_forward_with_its_width_reads_nothing_back():
+    from .test_no_host_sync import _check, trapped
+
+    engine = FlatEngine(tiny_llama())
+    with eh.monitor(engine.adapter, **KW):
+        engine.prefill(SEQS)
+        with trapped() as trap:
+            engine.forward(CHUNKED[0], width=True)
+            engine.forward(CHUNKED[1], width=True)
+    # the requests' slots (the accumulator's, by key, on the host) go to the device once a forward
+    slots = [w for w in trap.seen if w[0] == "aten::lift_fresh" and w[1].startswith("monitor/accumulate.py")]
+    assert len(slots) == 2
+    trap.seen = [w for w in trap.seen if w not in slots]
+    _check(trap)
+
+
 def test_requests_last_across_forwards_until_the_scheduler_ends_them():
     model = tiny_llama()
     hf = _padded_run(model)
