@@ -208,7 +208,7 @@ def _compute_groups(
                 found[r][g] = spec
         shown.update(completed=len(found[ranks[0]]))
 
-    # every byte of each layer's weights hashed (once for every rule), layers side by side: hashlib lets go of the GIL
+    # every byte of each layer's weights hashed (once for every rule), layers side by side: xxhash lets go of the GIL
     digests = dict(zip(reps, parallel_map(lambda i: memo.digest(adapter, i), reps.values()))) if cache else {}
     # One layer (or one core): compute inline. LAPACK's eigvals is ~40% slower in a worker
     # thread than in the main one (measured with MKL here), so a pool only pays with >1 job.
@@ -303,7 +303,7 @@ def weights_digest(adapter: Adapter, i: int) -> str:
     The bytes as stored (dtype and layout included), so equal digests mean equal weights and a
     digest never depends on how the spectrum was computed. A layer with no weight rule (its F
     comes from the probe) hashes the parameters of its block. Offloaded weights are brought in
-    for this layer only. 40 hex digits.
+    for this layer only. 32 hex digits (xxh3-128).
     """
     ly = adapter.layers[i]
     if ly.factors is None:

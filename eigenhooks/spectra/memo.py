@@ -1,6 +1,6 @@
 """The in-process spectra memo: one spectrum per (weights, options), keyed by the weights' content.
 
-The key is a SHA-256 of every byte of a layer's O, V and attention norm, never the parameters'
+The key is a 128-bit xxh3 hash of every byte of a layer's O, V and attention norm, never the parameters'
 identity or version: ``p.data`` writes keep ``_version`` and ``data_ptr``, and a sample of entries
 misses most edits, so only every byte says the weights are the same (issue 41). SmolLM2's 30
 layers hash in ~45 ms (docs/scale.md, "In-process memo"). Least recently used entries go first.
@@ -86,7 +86,7 @@ def _fresh(spec: LayerSpectrum) -> LayerSpectrum:
 
 
 def content_digest(adapter: Adapter, i: int) -> str:
-    """``weights_digest`` of weights already in memory (SHA-256 of every byte, read in place)."""
+    """``weights_digest`` of weights already in memory (xxh3-128 of every byte, read in place)."""
     meta = {"digest": "weights", "norm_position": adapter.norm_position}
     if adapter.layers[i].factors is None:
         return disk.tensors_digest(layer_parameters(adapter, i), {**meta, "probe": True})
