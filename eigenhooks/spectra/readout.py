@@ -52,8 +52,9 @@ class TokenReadout:
 def scaled_unembedding(model, dtype=torch.float32) -> torch.Tensor:
     """W' (vocab, d): the unembedding with the final norm's scale folded in, on the CPU.
 
-    logits = W_U (w * x_hat) (+ bias), so W' = W_U diag(w) maps the normalised final residual
-    x_hat to the logits (the norm's centring and bias are not linear in x and are left out).
+    logits = W_U (s * x_hat) (+ bias), so W' = W_U diag(s) maps the normalised final residual
+    x_hat to the logits (the norm's centring and bias are not linear in x and are left out). s is the
+    final norm's effective scale, ``Adapter.final_norm_scale`` (Gemma's 1 + w), folded in float64.
 
     Raises:
         ValueError: the model has no unembedding of width d_model.
@@ -66,11 +67,10 @@ def scaled_unembedding(model, dtype=torch.float32) -> torch.Tensor:
             f"{ad.family}: expected an unembedding (vocab, d_model={ad.d_model}), got {got}; "
             "load the model with its LM head (e.g. AutoModelForCausalLM) to take a token direction"
         )
-    W = W_U.detach().to("cpu", dtype)
-    w = getattr(ad.final_norm(), "weight", None)
-    if w is not None:
-        W = W * w.detach().to("cpu", dtype)
-    return W
+    s = ad.final_norm_scale()  # (d,) float64
+    if s is None:
+        return W_U.detach().to("cpu", dtype)
+    return W_U.detach().to("cpu", dtype) * s.to("cpu", dtype)  # s formed in float64, rounded once
 
 
 def embedding(model, dtype=torch.float32) -> torch.Tensor:
