@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
-from dataclasses import replace
+from dataclasses import fields, is_dataclass, replace
 
 import torch
 
@@ -78,11 +78,16 @@ def put(key, spec: LayerSpectrum) -> LayerSpectrum:
     return spec
 
 
-def _fresh(spec: LayerSpectrum) -> LayerSpectrum:
-    """A copy whose tensors the caller may edit without touching the memo."""
-    return replace(
-        spec, eigenvalues=spec.eigenvalues.clone(), eigenvectors=spec.eigenvectors.clone(), basis=spec.basis.clone()
-    )
+def _fresh(x):
+    """A copy the caller may edit without touching the memo: every tensor cloned, every list and
+    dataclass (the heads' and groups' spectra, a group's head list) rebuilt, all the way down."""
+    if isinstance(x, torch.Tensor):
+        return x.clone()
+    if isinstance(x, list):
+        return [_fresh(v) for v in x]
+    if is_dataclass(x) and not isinstance(x, type):
+        return replace(x, **{f.name: _fresh(getattr(x, f.name)) for f in fields(x) if f.init})
+    return x
 
 
 def content_digest(adapter: Adapter, i: int) -> str:
