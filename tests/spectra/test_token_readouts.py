@@ -150,6 +150,9 @@ def test_run_report_says_what_the_direction_is(gpt2, tmp_path):
     assert [t for t, _ in got["top"]] == [t for t, _ in ref.top]
     assert got["score"] == pytest.approx(ref.score) and got["null_hi"] == pytest.approx(ref.null_hi)
     assert len(doc["parts"]) == 4 * (4 + 4)  # 4 layers x (4 heads + 4 groups)
+    for rec, s in zip(doc["layers"], specs):  # the spectral kind, not the readout's direction/plane (issue 52)
+        assert (rec["kind"], rec["k"]) == (s.kind, s.k)
+        assert rec["reads_as"] == ("direction" if s.k == 1 else "plane")
     page = (tmp_path / "r" / "report.html").read_text()
     assert "What the direction is" in page and "Per head and key/value group" in page
     assert f"{ref.null_lo:.3f} - {ref.null_hi:.3f}" in page
