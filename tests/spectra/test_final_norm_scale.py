@@ -101,3 +101,16 @@ def test_gemma_token_direction_is_the_logit_row_the_model_uses(fresh):
     u = eh.direction.token(model, _Tok(), "7", objective="logit").numpy()
     ref = _rows_out(model)[7]
     np.testing.assert_allclose(u, ref / np.linalg.norm(ref), atol=1e-6)  # scaled_unembedding is float32
+
+
+def test_logit_direction_is_float64_from_the_stored_weights():
+    """A float32 model's logit direction is the float64 product of its stored row and scale, not a float32 one."""
+    torch.manual_seed(0)
+    model = T.LlamaForCausalLM(
+        T.LlamaConfig(vocab_size=97, hidden_size=32, intermediate_size=16, num_hidden_layers=1, num_attention_heads=4)
+    ).eval()
+    with torch.no_grad():
+        model.model.norm.weight.normal_(1.0, 0.3)
+    u = eh.direction.token(model, _Tok(), "11", objective="logit").numpy()
+    ref = model.lm_head.weight[11].detach().double().numpy() * model.model.norm.weight.detach().double().numpy()
+    np.testing.assert_allclose(u, ref / np.linalg.norm(ref), rtol=0, atol=1e-15)
