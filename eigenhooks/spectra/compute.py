@@ -362,9 +362,11 @@ def _compute_layer(g: int, i: int, job: _Job, cache: bool, name: str) -> tuple[i
 
 
 def _relabel(spec: LayerSpectrum, layer: int) -> LayerSpectrum:
+    """Another layer's copy of a shared-weight group's spectrum: its own tensors and lists (``memo._fresh``),
+    so editing one layer's in place never reaches the others."""
     from dataclasses import replace
 
-    return replace(spec, layer=layer)
+    return replace(memo._fresh(spec), layer=layer)
 
 
 def _layer_list(adapter: Adapter, layers) -> list[int]:

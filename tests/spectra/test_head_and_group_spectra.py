@@ -191,3 +191,17 @@ def test_returned_heads_and_groups_are_the_callers_own():
         assert torch.equal(h.basis, basis) and torch.equal(h.eigenvalues, eig)
     for g, (heads, basis) in zip(again[0].groups, want_groups):
         assert g.heads == heads and torch.equal(g.basis, basis)
+
+
+def test_shared_weight_layers_get_spectra_of_their_own():
+    """ALBERT's layers share one F, not one object: editing layer 0's spectrum leaves layer 1's (issue 52's kin)."""
+    model, _ = eh.zoo.load("albert-tiny")
+    specs = eh.spectra(model, heads=True)
+    assert len(specs) >= 2 and specs[0].lambda_1 == specs[1].lambda_1
+    basis, heads = specs[1].basis.clone(), len(specs[1].heads)
+    specs[0].basis.mul_(-1)
+    specs[0].eigenvalues.zero_()
+    specs[0].heads.pop()
+    specs[0].groups[0].basis.mul_(-1)
+    assert torch.equal(specs[1].basis, basis) and len(specs[1].heads) == heads
+    assert specs[1].lambda_1 != 0 and not torch.equal(specs[1].groups[0].basis, specs[0].groups[0].basis)
