@@ -210,9 +210,11 @@ class Monitor:
 
     def tokens(self):
         """The per-token records of ``eigenhooks.monitor(..., tokens=True)`` as a pandas DataFrame: one
-        row per (forward, layer, sequence, position) of a valid token (padding left out), with its
-        alignment a(x) at each reading point, ``delta`` = a_mid - a_pre and ``up`` = delta > 0 (what rho
-        counts). ``position`` is the column in that forward's input (under a KV cache, in the step).
+        row per (forward, layer, target, sequence, position) of a valid token (padding left out), for
+        every target, with its alignment a(x) at each reading point (``a_base``: a(LN_t(pre)), post-norm
+        layers only), ``delta`` = a_mid - a_pre (post-norm: a_mid - a_base) and ``up`` = delta > 1e-6:
+        what rho counts, so each (layer, target)'s mean of ``up`` is its rho. ``position`` is the column
+        in that forward's input (under a KV cache, in the step).
 
         Raises:
             ValueError: the monitor was made without ``tokens=True``, so it kept no records.
