@@ -67,7 +67,8 @@ def summary_table(
         fam = [f or family(r) for f, r in zip(families, rows)]
         df["q_null"] = q_values(df["layer"].tolist(), bases, fam, df["p_null"].tolist(), df)
         df["verdict"] = [
-            stats.verdict(q, lift, null_tokens=n) for q, lift, n in zip(df["q_null"], df["lift"], df["null_tokens"])
+            stats.verdict(q, lift, null_tokens=n, read_mid="mid" in config.reading_points)
+            for q, lift, n in zip(df["q_null"], df["lift"], df["null_tokens"])
         ]
     return df
 
