@@ -184,3 +184,13 @@ def test_key_costs_a_fraction_of_a_sha256_of_the_same_bytes():
     sha = best(lambda: hashlib.sha256(O.numpy()).update(V.numpy()))
     key = best(lambda: disk.cache_key(factors, None, {"variant": "ov"}))
     assert key < sha / 4, f"key {key * 1e3:.1f} ms vs SHA-256 of the same bytes {sha * 1e3:.1f} ms"
+
+
+def test_old_sha256_entries_are_listed_to_be_cleared(tmp_path):
+    """Format 4 keys are 32 hex digits; the 40-digit SHA-256 entries of format 3 stay visible to `eigenhooks cache`."""
+    new, old = tmp_path / ("a" * 32 + ".safetensors"), tmp_path / ("b" * 40 + ".safetensors")
+    for p in (new, old, tmp_path / ("c" * 31 + ".safetensors"), tmp_path / "notes.txt"):
+        p.write_bytes(b"x")
+    assert disk.spectrum_files(tmp_path) == [new, old]
+    key = disk.cache_key(Factors.from_stacked(torch.eye(4), torch.eye(4), 2), None, {"variant": "ov"})
+    assert len(key) == 32 and int(key, 16) >= 0
