@@ -94,3 +94,20 @@ def test_tokens_up_is_what_rho_counts_on_a_post_norm_model():
         assert len(rows) == n_valid
         assert rows["up"].mean() == pytest.approx(s.loc[(layer, target), "rho"], abs=0.5 / n_valid), (layer, target)
     assert (df["delta"] == df["a_mid"] - df["a_base"]).all()
+
+
+def test_what_the_monitor_hands_out_is_the_callers_own(watched):
+    """Editing state_dict()'s fingerprint or the token_records list leaves the monitor's (issue 52's kin)."""
+    import copy
+
+    _, _, mon = watched
+    fp = mon.state_dict()["fingerprint"]
+    want = copy.deepcopy(fp)
+    fp["format"] = -1
+    fp["targets"].append("x")
+    assert mon.state_dict()["fingerprint"] == want
+    recs = mon.token_records
+    n = len(recs)
+    recs[0]["layer"] = 99
+    recs.clear()
+    assert len(mon.token_records) == n and mon.token_records[0]["layer"] != 99
