@@ -138,7 +138,7 @@ def _as_rows(directions, d: int) -> torch.Tensor:
         if not bool(torch.isfinite(x).all()):
             rows.append(torch.full((d,), float("nan"), dtype=torch.float64))  # refused below, with the others
             continue
-        r = _real_span(x, d, noise)
+        r = _real_span(x, noise)
         if r.dim() == 2:
             raise ValueError(
                 f"directions[{j}] is complex with independent real and imaginary parts: a plane, not a direction; "

@@ -146,7 +146,7 @@ def as_subspace(u, d: int) -> torch.Tensor:
             f"{u[at].item()}); pass a finite direction"
         )
     if u.is_complex():
-        u = _real_span(u.to(torch.complex128), d, _rounding(u.dtype, d))
+        u = _real_span(u.to(torch.complex128), _rounding(u.dtype, d))
     u = u.double()
     if u.dim() == 1:
         u = u[:, None]
@@ -166,7 +166,7 @@ def _rounding(dtype: torch.dtype, d: int) -> float:
     return eps * (4 + math.sqrt(d) / 16)
 
 
-def _real_span(u: torch.Tensor, d: int, noise: float) -> torch.Tensor:
+def _real_span(u: torch.Tensor, noise: float) -> torch.Tensor:
     """span(Re u, Im u) of a complex (d,) u: (d, 2) for a plane, (d,) for a real vector turned by a phase.
 
     Re and Im parallel (the smaller singular value under the rounding of u's dtype) is one direction,
