@@ -1,8 +1,9 @@
 """What a repeat ``eh.spectra`` call costs on SmolLM2-135M (30 layers, 576 wide, 9 q / 3 kv heads).
 
 A repeat call in the same process is answered by the in-process memo. Its key must say which
-weights the spectrum belongs to; since issue 41 it is a SHA-256 of every byte of the layer's
-O, V and norm (``weights_digest``), so the repeat hashes the attention weights once per layer.
+weights the spectrum belongs to; since issue 41 it is a hash of every byte of the layer's O, V and
+norm (``weights_digest``; SHA-256 until issue 52, xxh3-128 since), so the repeat hashes the
+attention weights once per layer.
 Prints, alternated for ``--rounds`` rounds after a warm-up (medians and minima):
 
   repeat     ``eh.spectra(model)`` again (the memo answers)
@@ -29,7 +30,7 @@ def main() -> None:
     p.add_argument("--model", default="smollm2-135m")
     a = p.parse_args()
     import eigenhooks as eh
-    from eigenhooks.spectra import clear_memo, compute
+    from eigenhooks.spectra import clear_memo, memo
 
     model, _ = eh.zoo.load(a.model)
     os.environ["EIGENHOOKS_CACHE"] = tempfile.mkdtemp(prefix="eh-bench-")  # loaded first: spectra in a fresh folder
@@ -47,11 +48,9 @@ def main() -> None:
 
     def digest():
         for i in range(ad.n_layers):
-            compute._memo_digest(ad, i)
+            memo.digest(ad, i)
 
-    sides = {"repeat": repeat, "disk_hit": disk_hit}
-    if hasattr(compute, "_memo_digest"):
-        sides["digest"] = digest
+    sides = {"repeat": repeat, "disk_hit": disk_hit, "digest": digest}
     for fn in sides.values():
         fn()
     times: dict[str, list[float]] = {k: [] for k in sides}

@@ -1,9 +1,11 @@
 """The spectrum cache on disk (safetensors), keyed by the content of the weights.
 
-One file per (weights, options): the key is a SHA-256 hash of the layer's attention
+One file per (weights, options): the key is a 128-bit xxh3 hash of the layer's attention
 factors in their stored dtype and layout (and the folded norm, for ``ov_ln``) plus every
-option that changes the result. The bytes are hashed in place, never copied: on a
-Llama-8B layer (80 MB of float32) the key takes ~0.05 s.
+option that changes the result. The bytes are hashed in place, never copied, at memory speed:
+on a Llama-8B layer (80 MB of float32) the key takes a few ms (SHA-256 took ~0.05 s). The key
+guards against edits, not adversaries, so a non-cryptographic hash of every byte gives the
+same guarantee (issue 52); downloaded files keep their SHA-256 pins (``zoo``).
 No pickle anywhere. ``EIGENHOOKS_CACHE`` sets the folder (``~`` is expanded; unset or
 empty means ``~/.cache/eigenhooks``).
 
@@ -28,12 +30,13 @@ import warnings
 from pathlib import Path
 
 import torch
+import xxhash
 
 from .eig import Factors, LayerSpectrum
 from .heads import part_tensors, parts_from_tensors
 
 log = logging.getLogger(__name__)
-CACHE_FORMAT = 3  # 2: entries carry their key and a checksum; 3: SHA-256 of the bytes in place
+CACHE_FORMAT = 4  # 2: entries carry their key and a checksum; 3: SHA-256 of the bytes in place; 4: xxh3-128
 _warned: set[str] = set()  # folders already warned about (one warning each per process)
 _warn_lock = threading.Lock()  # spectra are saved from a thread pool
 
@@ -88,14 +91,14 @@ def cache_keys(factors: Factors, extra: torch.Tensor | None, options: list[dict]
         options: for each key, every option that changes the spectrum (variant, rank, top, ...).
 
     Returns:
-        one key of 40 hex digits per options dict; the weights are copied to the host once for all.
+        one key of 32 hex digits per options dict; the weights are copied to the host once for all.
     """
-    hs = [hashlib.sha256() for _ in options]  # ~2x blake2b's speed here (SHA extensions)
+    hs = [xxhash.xxh3_128() for _ in options]  # ~15x SHA-256's speed (memory bound)
     for h, o in zip(hs, options):
         h.update(json.dumps({"format": CACHE_FORMAT, **o}, sort_keys=True).encode())
     for t in (factors.O_heads, factors.V_groups, factors.group_of_head) + ((extra,) if extra is not None else ()):
         _feed(hs, t)
-    return [h.hexdigest()[:40] for h in hs]
+    return [h.hexdigest() for h in hs]
 
 
 def tensors_digest(tensors: list[torch.Tensor], meta: dict | None = None) -> str:
@@ -103,13 +106,13 @@ def tensors_digest(tensors: list[torch.Tensor], meta: dict | None = None) -> str
 
     Exact, not rounded: a monitor's fingerprint uses it for weights and target vectors, which
     every process reads bit for bit the same (unlike eigenvectors, whose last bits depend on the
-    machine). 40 hex digits.
+    machine). 32 hex digits (xxh3-128).
     """
-    h = hashlib.sha256()
+    h = xxhash.xxh3_128()
     h.update(json.dumps(meta or {}, sort_keys=True).encode())
     for t in tensors:
         _feed(h, t)
-    return h.hexdigest()[:40]
+    return h.hexdigest()
 
 
 def _checksum(tensors: dict[str, torch.Tensor], meta: str, key: str) -> str:
@@ -216,14 +219,15 @@ def load_spectrum(key: str, layer: int, folder: Path | None = None) -> LayerSpec
 
 
 def spectrum_files(folder: Path | None = None) -> list[Path]:
-    """The spectrum entries in the cache folder (``<40 hex digits>.safetensors``), for ``eigenhooks cache``."""
+    """The spectrum entries in the cache folder (``<32 hex digits>.safetensors``, or 40 before format 4), for
+    ``eigenhooks cache``."""
     folder = folder or cache_dir()
     if not folder.is_dir():
         return []
     return sorted(p for p in folder.iterdir() if _ENTRY.match(p.name) and p.is_file())
 
 
-_ENTRY = re.compile(r"^[0-9a-f]{40}\.safetensors$")
+_ENTRY = re.compile(r"^(?:[0-9a-f]{32}|[0-9a-f]{40})\.safetensors$")  # 40: SHA-256 keys, listed to be cleared
 
 
 def _read(path: Path, key: str, layer: int) -> LayerSpectrum:

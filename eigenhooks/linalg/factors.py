@@ -75,10 +75,14 @@ class Factors:
         return O @ V
 
     def scaled(self, left: torch.Tensor | None = None, right: torch.Tensor | None = None) -> Factors:
-        """Factors of diag(left) F diag(right): folds a norm's scale in (the ``ov_ln`` variant)."""
+        """Factors of diag(left) F diag(right): folds a norm's scale in (the ``ov_ln`` variant).
+
+        The scaled factor is float64 whatever the model's dtype: a bf16 product w * V would round
+        each entry to 8 bits before the float64 eig ever saw it. The other factor is left as stored.
+        """
         O_heads, V_groups = self.O_heads, self.V_groups
         if left is not None:
-            O_heads = O_heads * left.to(O_heads)[None, :, None]
+            O_heads = O_heads.to(torch.float64) * left.to(O_heads.device, torch.float64)[None, :, None]
         if right is not None:
-            V_groups = V_groups * right.to(V_groups)[None, None, :]
+            V_groups = V_groups.to(torch.float64) * right.to(V_groups.device, torch.float64)[None, None, :]
         return Factors(O_heads, V_groups, self.group_of_head)

@@ -157,7 +157,7 @@ class Layer:
         d_model: this layer's residual width, where it differs from the adapter's (CLIP's text
             and vision towers); None: ``Adapter.d_model``. See ``Adapter.width``.
         norm_offset: added to ``norm.weight`` to give the norm's real scale (Gemma's RMSNorm
-            computes x_hat * (1 + w): offset 1.0). Overrides the norm's ``eigenhooks_offset``.
+            computes x_hat * (1 + w): offset 1.0); the family's ``Family.norm_offset``. See ``norm_scale``.
     """
 
     index: int
@@ -184,6 +184,22 @@ class Layer:
     norm_offset: float = 0.0
 
 
+def norm_scale(norm: nn.Module | None, offset: float = 0.0) -> torch.Tensor | None:
+    """The elementwise scale a norm multiplies its normalised input by: ``weight + offset``, float64.
+
+    The one place that knows a norm's effective scale, for every family and for the final norm as for
+    the blocks': Gemma's, Nemotron's and Qwen3-Next's norms compute x_hat * (1 + w) (offset 1.0, from
+    the family table, or a module's ``eigenhooks_offset``). Float64 whatever the model's dtype: 1 + w
+    in bf16 would round w away. None for a norm without a scale (a folded TransformerLens LNPre).
+    """
+    w = getattr(norm, "weight", None) if norm is not None else None
+    if not isinstance(w, torch.Tensor):
+        return None
+    offset = offset or getattr(norm, "eigenhooks_offset", 0.0)
+    w = w.detach().to(torch.float64)
+    return w + offset if offset else w
+
+
 @dataclass
 class Adapter:
     """A model seen through one family's layout.
@@ -207,6 +223,7 @@ class Adapter:
     n_heads: int
     n_kv_heads: int
     final_norm_module: nn.Module | None = None
+    final_norm_offset: float = 0.0  # added to the final norm's weight (Gemma: 1.0); see ``norm_scale``
     unembed_weight: Callable[[], torch.Tensor | None] = lambda: None
     notes: list[str] = field(default_factory=list)
     probe_runner: Callable | None = None  # backend-specific forward used by the probe
@@ -244,16 +261,10 @@ class Adapter:
         return fn()
 
     def norm_weight(self, layer: int) -> torch.Tensor | None:
-        """The elementwise scale of the norm feeding (pre-norm) or following (post-norm) attention."""
+        """The elementwise scale (d,) of the norm feeding (pre-norm) or following (post-norm) attention,
+        float64 (``norm_scale``), or None for a norm without one."""
         ly = self.layers[layer]
-        norm = ly.norm
-        w = getattr(norm, "weight", None) if norm is not None else None
-        if w is None:
-            return None
-        offset = ly.norm_offset or getattr(norm, "eigenhooks_offset", 0.0)
-        if offset:
-            w = w + offset
-        return w.detach()
+        return norm_scale(ly.norm, ly.norm_offset)
 
     def shared_groups(self) -> list[list[int]]:
         """Lists of layer indices that share the same attention weights."""
@@ -264,6 +275,11 @@ class Adapter:
 
     def final_norm(self) -> nn.Module | None:
         return self.final_norm_module
+
+    def final_norm_scale(self) -> torch.Tensor | None:
+        """The final norm's elementwise scale (d,), float64 (Gemma's 1 + w), or None: what the readout, the
+        full OV circuit and a token's steering direction fold into the unembedding (``norm_scale``)."""
+        return norm_scale(self.final_norm_module, self.final_norm_offset)
 
     def unembedding(self) -> torch.Tensor | None:
         """(vocab, d) unembedding matrix, or None if the model has no LM head."""

@@ -42,14 +42,13 @@ def _attn(blk, cfg, *names: str):
     return a
 
 
-def _pre_norm(norm: str, mid: str, offset: float = 0.0, nonlinear=lambda cfg: False):
+def _pre_norm(norm: str, mid: str, nonlinear=lambda cfg: False):
     """Rows for norm -> attention -> (norm ->) add blocks.
 
     Args:
         norm: the block's attribute holding the norm that feeds attention.
         mid: the block's attribute holding the module that receives the residual right after
             the attention add (the MLP's norm; Gemma 2/3's ``pre_feedforward_layernorm``).
-        offset: added to the norm weight to give its real scale (Gemma: x_hat * (1 + w)).
         nonlinear: cfg -> True where the value path is not linear in x.
     """
 
@@ -66,7 +65,6 @@ def _pre_norm(norm: str, mid: str, offset: float = 0.0, nonlinear=lambda cfg: Fa
                 f,
                 a.o_proj,
                 mid_in=getattr(blk, mid),
-                norm_offset=offset,
                 linear=not nonlinear(cfg),
             )
 
@@ -207,17 +205,20 @@ def _post_only_note(cfg) -> list[str]:
 
 
 def _gemma_note(cfg) -> list[str]:
-    return ["Gemma RMSNorm scales by (1 + weight): ov_ln folds in 1 + weight"]
+    return ["Gemma RMSNorm scales by (1 + weight): ov_ln and the unembedding's final norm fold in 1 + weight"]
 
 
 LLAMA_ROWS = _pre_norm("input_layernorm", "post_attention_layernorm")
 LLAMA = Family(LLAMA_ROWS, "pre", attr("norm"))
-GEMMA = Family(_pre_norm("input_layernorm", "post_attention_layernorm", 1.0), "pre", attr("norm"), notes=_gemma_note)
+GEMMA = Family(
+    _pre_norm("input_layernorm", "post_attention_layernorm"), "pre", attr("norm"), notes=_gemma_note, norm_offset=1.0
+)
 GEMMA2 = Family(
-    _pre_norm("input_layernorm", "pre_feedforward_layernorm", 1.0),
+    _pre_norm("input_layernorm", "pre_feedforward_layernorm"),
     "pre",
     attr("norm"),
     notes=lambda c: _gemma_note(c) + _sandwich_note(c),
+    norm_offset=1.0,
 )
 GRANITE = Family(LLAMA_ROWS, "pre", attr("norm"), notes=_granite_notes)
 
@@ -302,10 +303,11 @@ FAMILIES = {
         notes=_olmo_notes,
     ),
     "nemotron": Family(
-        _pre_norm("input_layernorm", "post_attention_layernorm", 1.0),
+        _pre_norm("input_layernorm", "post_attention_layernorm"),
         "pre",
         attr("norm"),
         notes=lambda c: ["Nemotron LayerNorm1P scales by (1 + weight): ov_ln folds in 1 + weight"],
+        norm_offset=1.0,
     ),
     "apertus": Family(_pre_norm("attention_layernorm", "feedforward_layernorm"), "pre", attr("norm")),
     "gemma": GEMMA,
@@ -317,6 +319,7 @@ FAMILIES = {
         attr("language_model", "norm"),
         lambda c: gqa_dims(c.text_config),
         notes=_gemma3_notes,
+        norm_offset=1.0,
     ),
     "glm4": Family(_pre_norm("input_layernorm", "post_attention_layernorm"), "pre", attr("norm"), notes=_sandwich_note),
     "olmo2": POST_ONLY,

@@ -56,6 +56,8 @@ class Family:
         probe_separately: probe one layer per forward (the layers' probes would interact).
         final_in: the final norm receives the last block's output unchanged.
         stacks: base -> {stack: (root module, mask kwarg or None)} (``Adapter.stacks``); {} for one stack.
+        norm_offset: added to every norm's weight, the blocks' and the final one, to give its real scale
+            (Gemma, Nemotron, Qwen3-Next: x_hat * (1 + w), offset 1.0); see ``base.norm_scale``.
     """
 
     rows: Rows
@@ -68,6 +70,7 @@ class Family:
     probe_separately: bool = False
     final_in: bool = True
     stacks: Callable[[nn.Module], dict] = lambda base: {}
+    norm_offset: float = 0.0
     extra: dict = field(default_factory=dict)
 
 

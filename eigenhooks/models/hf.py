@@ -59,7 +59,8 @@ def hf_adapter(model: nn.Module) -> Adapter:
     groups = _group_ids([r["attn_out"] for r in rows])
     names = _names(model)
     layers = [
-        Layer(index=i, group=g, name=names.get(id(r["attn_in"]), ""), **r) for i, (r, g) in enumerate(zip(rows, groups))
+        Layer(index=i, group=g, name=names.get(id(r["attn_in"]), ""), **{"norm_offset": fam.norm_offset, **r})
+        for i, (r, g) in enumerate(zip(rows, groups))
     ]
     d, H, G = fam.dims(cfg)
     final = fam.final(base)
@@ -81,6 +82,7 @@ def hf_adapter(model: nn.Module) -> Adapter:
         n_heads=H,
         n_kv_heads=G,
         final_norm_module=final,
+        final_norm_offset=fam.norm_offset,
         unembed_weight=_unembedding_of(model),
         notes=notes,
         probe_inputs=fam.inputs,

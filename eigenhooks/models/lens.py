@@ -45,6 +45,12 @@ def _norm_module(ln):
     return ln
 
 
+def _offset(ln) -> float:
+    """1.0 for a bridge norm that scales by 1 + weight (Gemma, Nemotron: TransformerLens's
+    ``uses_weight_offset``; after fold_ln its weight is 0, the identity), else 0.0."""
+    return 1.0 if ln is not None and bool(getattr(ln, "uses_weight_offset", False)) else 0.0
+
+
 class _LensNorm(torch.nn.Module):
     """A view that exposes a TransformerLens norm's scale as ``weight`` (legacy names it ``w``)."""
 
@@ -78,6 +84,7 @@ def lens_adapter(model) -> Adapter:
                 attn_in=attn,
                 attn_out=attn,
                 norm=_LensNorm(ln) if ln is not None else None,
+                norm_offset=_offset(ln),
                 factors=lambda attn=attn: _factors(attn, H),
                 group=i,
                 name=f"blocks.{i}.attn",
@@ -103,6 +110,7 @@ def lens_adapter(model) -> Adapter:
         n_heads=H,
         n_kv_heads=G,
         final_norm_module=getattr(model, "ln_final", None),
+        final_norm_offset=_offset(getattr(model, "ln_final", None)),
         unembed_weight=unembed_weight,
         notes=notes,
         probe_runner=lens_runner,

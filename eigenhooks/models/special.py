@@ -116,17 +116,12 @@ def _jamba(base, cfg):
         yield row(blk, a, a, blk.input_layernorm, f, a.o_proj, mid_in=blk.pre_ff_layernorm, post_in=post)
 
 
-def _mark_offset(norm) -> None:
-    """Record on a (1 + weight) RMSNorm that its scale is weight + 1 (read by ``Adapter.norm_weight``)."""
-    norm.eigenhooks_offset = 1.0
-
-
 def _qwen3_next(base, cfg):
     """Qwen3-Next: the gated full-attention blocks among gated-delta-net blocks.
 
     ``q_proj`` yields (query, gate) per head; the output is O (sigmoid(gate) * V x), so
     the path is marked nonlinear and ``factors`` is F = O V (the gate open). The block
-    norms scale by (1 + weight), recorded as an offset for the ``ov_ln`` variant.
+    norms scale by (1 + weight): the family's ``norm_offset``.
     """
     d, H, G = gqa_dims(cfg)
     blocks = _attention_blocks(base, "qwen3_next", "linear-attention")
@@ -134,7 +129,6 @@ def _qwen3_next(base, cfg):
         a = getattr(blk, "self_attn", None)
         if a is None:
             continue  # a linear-attention (gated delta net) block
-        _mark_offset(blk.input_layernorm)
         f = linear(a.v_proj, a.o_proj, H, G)
         post = _next_input(base, blocks, j, "norm")
         yield row(
@@ -181,5 +175,5 @@ FAMILIES = {
     "gpt_oss": Family(_gpt_oss, "pre", attr("norm"), notes=_sink_note),
     "deepseek_v3": Family(_deepseek_v3, "pre", attr("norm"), notes=_mla_note),
     "jamba": Family(_jamba, "pre", attr("final_layernorm"), notes=lambda c: _hybrid_note("Mamba")),
-    "qwen3_next": Family(_qwen3_next, "pre", attr("norm"), notes=_qwen3_next_note),
+    "qwen3_next": Family(_qwen3_next, "pre", attr("norm"), notes=_qwen3_next_note, norm_offset=1.0),
 }

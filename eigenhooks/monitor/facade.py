@@ -15,6 +15,7 @@ Where hooks vanish or are bypassed, ``MeasurementWarning`` says so and the stati
 
 from __future__ import annotations
 
+import copy
 import inspect
 from dataclasses import fields
 from pathlib import Path
@@ -83,7 +84,8 @@ class Monitor:
 
     @property
     def token_records(self) -> list[dict]:
-        return self._acc.token_records if self._acc is not None else []
+        """The per-token records (``tokens=True``): a list and dicts of the caller's own (the tensors are the monitor's)."""
+        return [dict(r) for r in self._acc.token_records] if self._acc is not None else []
 
     # ---- lifecycle ----
     def _prepare(self) -> Accumulator:
@@ -210,9 +212,11 @@ class Monitor:
 
     def tokens(self):
         """The per-token records of ``eigenhooks.monitor(..., tokens=True)`` as a pandas DataFrame: one
-        row per (forward, layer, sequence, position) of a valid token (padding left out), with its
-        alignment a(x) at each reading point, ``delta`` = a_mid - a_pre and ``up`` = delta > 0 (what rho
-        counts). ``position`` is the column in that forward's input (under a KV cache, in the step).
+        row per (forward, layer, target, sequence, position) of a valid token (padding left out), for
+        every target, with its alignment a(x) at each reading point (``a_base``: a(LN_t(pre)), post-norm
+        layers only), ``delta`` = a_mid - a_pre (post-norm: a_mid - a_base) and ``up`` = delta > 1e-6:
+        what rho counts, so each (layer, target)'s mean of ``up`` is its rho. ``position`` is the column
+        in that forward's input (under a KV cache, in the step).
 
         Raises:
             ValueError: the monitor was made without ``tokens=True``, so it kept no records.
@@ -239,7 +243,7 @@ class Monitor:
         """
         acc = self._prepare()
         layers = {str(i): {k: v.tolist() for k, v in acc.current(i).items()} for i in self._plan.layers}
-        return {"fingerprint": self._layout(), "layers": layers}
+        return {"fingerprint": copy.deepcopy(self._layout()), "layers": layers}  # the caller's own: edits stay there
 
     def record_spec(self) -> RecordSpec:
         """What a record in another process (an engine's worker) is made from: picklable; its

@@ -23,7 +23,7 @@ from ..linalg.cache import tensors_digest
 from ..spectra.compute import weights_digest
 from .measures import MEASURES, owner
 
-FORMAT = 1  # the fingerprint's own version: a state of another format is refused, never guessed
+FORMAT = 2  # the fingerprint's own version: a state of another format is refused, never guessed (2: xxh3)
 SHOWN = 3  # differences named in one message
 
 
@@ -132,7 +132,7 @@ def digest(fp: dict) -> str:
 
 
 def _short(v):
-    return v[:8] if isinstance(v, str) and len(v) == 40 else v
+    return v[:8] if isinstance(v, str) and len(v) in (32, 40) else v
 
 
 def differences(ours: dict, theirs, here: str, there: str) -> list[str]:

@@ -318,7 +318,7 @@ class Forward:
         # post(t) and pre(t+1) are one tensor: its norms and sums are taken once (the memo)
         self.projections[lp.index] = project(lp.bases, points, grid, base, memo=self.memo)
         if self.tokens:
-            self.token_records.append(self._token_record(lp, points, grid.mask))
+            self.token_records.extend(self._token_records(lp, points, base, grid.mask))
 
     def _unflat(self, x: torch.Tensor) -> torch.Tensor:
         """A flat reading (tokens, d) as the padded batch (rows, n, d) of ``flat_grid`` (zeros where no token)."""
@@ -384,14 +384,19 @@ class Forward:
         first = torch.arange(valid.shape[0], device=valid.device).remainder_(c).eq_(0)
         return valid & first[:, None]
 
-    def _token_record(self, lp: LayerPlan, points: dict, mask: torch.Tensor) -> dict:
-        t, meta = lp.targets[0], lp.meta[0]
-        U = t.U.to(points["pre"].device, torch.float32)
-        rec = {"layer": lp.index, "target": meta.name, "forward": self.index, "mask": mask.cpu()}
-        for p in POINTS:
-            if points.get(p) is not None:
-                rec[f"a_{p}"] = stats.alignment(points[p].float(), U).cpu()
-        return rec
+    def _token_records(self, lp: LayerPlan, points: dict, base, mask: torch.Tensor) -> list[dict]:
+        """One record per target: each valid token's a(pre), a(mid), a(post) and, post-norm, a(LN_t(pre)),
+        the baseline rho counts from (``notebook.token_frame``)."""
+        mask, read = mask.cpu(), {**{p: points.get(p) for p in POINTS}, "base": base}
+        out = []
+        for t, meta in zip(lp.targets, lp.meta):
+            U = t.U.to(points["pre"].device, torch.float32)
+            rec = {"layer": lp.index, "target": meta.name, "forward": self.index, "mask": mask}
+            for p, X in read.items():
+                if X is not None:
+                    rec[f"a_{p}"] = stats.alignment(X.float(), U).cpu()
+            out.append(rec)
+        return out
 
     # ---- the end ----
     def unmeasured(self, stacks: dict) -> tuple[list[int], list[int]]:

@@ -6,8 +6,10 @@ apart from the forward's machinery, as functions the monitor's two methods call.
 
 from __future__ import annotations
 
-# the per-token frame's columns, in order
-TOKEN_COLUMNS = ("forward", "layer", "target", "sequence", "position", "a_pre", "a_mid", "a_post", "delta", "up")
+# the per-token frame's columns, in order ('a_base': a(LN_t(pre)), rho's baseline on post-norm layers)
+TOKEN_COLUMNS = (
+    "forward", "layer", "target", "sequence", "position", "a_pre", "a_mid", "a_post", "a_base", "delta", "up"
+)  # fmt: skip
 
 
 def plot(df, target: str | None = None):
@@ -22,23 +24,28 @@ def plot(df, target: str | None = None):
 
 
 def token_frame(token_records: list[dict]):
-    """The per-token records as a pandas DataFrame (``Monitor.tokens``)."""
+    """The per-token records as a pandas DataFrame (``Monitor.tokens``), one row per (forward, layer, target,
+    valid token). ``delta`` and ``up`` are what rho counts: delta = a_mid - a_pre (post-norm: a_mid - a_base,
+    equal normalisation) and up = delta > ``GROWTH_EPS``, so the mean of ``up`` is the summary's rho."""
     import numpy as np
     import pandas as pd
 
+    from .stats import GROWTH_EPS
+
     frames = []
-    for rec in token_records:
+    for order, rec in enumerate(token_records):
         mask = rec["mask"].bool().numpy()  # (batch, pos): the valid tokens
         seq, pos = np.nonzero(mask)
-        cols = {"forward": rec["forward"], "layer": rec["layer"], "target": rec["target"]}
+        cols = {"forward": rec["forward"], "layer": rec["layer"], "target": rec["target"], "_order": order}
         cols.update(sequence=seq, position=pos)
-        for p in ("pre", "mid", "post"):
+        for p in ("pre", "mid", "post", "base"):
             a = rec.get(f"a_{p}")
-            cols[f"a_{p}"] = a.float().numpy()[mask] if a is not None else np.full(len(seq), np.nan)
+            cols[f"a_{p}"] = a.float().numpy()[mask] if a is not None else np.full(len(seq), np.nan, np.float32)
         frames.append(pd.DataFrame(cols))
     if not frames:
         return pd.DataFrame({c: [] for c in TOKEN_COLUMNS})
     df = pd.concat(frames, ignore_index=True)
-    df["delta"] = df["a_mid"] - df["a_pre"]
-    df["up"] = df["delta"] > 0
-    return df[list(TOKEN_COLUMNS)].sort_values(["forward", "layer", "sequence", "position"], ignore_index=True)
+    df["delta"] = df["a_mid"] - df["a_base"].where(df["a_base"].notna(), df["a_pre"])
+    df["up"] = df["delta"] > GROWTH_EPS
+    df = df.sort_values(["forward", "layer", "_order", "sequence", "position"], ignore_index=True)  # plan order
+    return df[list(TOKEN_COLUMNS)]

@@ -90,9 +90,31 @@ def parse_targets(adapter: Adapter, targets) -> tuple[list[TargetDef], dict[str,
     names = [d.name for d in defs]
     if len(set(names)) != len(names):
         raise ValueError(f"target names must be unique, got {names}")
+    for d in defs:  # a custom target never takes a built-in row's name, given or not (its rows would mix)
+        if not d.builtin and _builtin_name(d.name):
+            raise ValueError(
+                f"target name {d.name!r} is a built-in row's name ({_builtin_name(d.name)}); "
+                "give your own target another name"
+            )
     heads = [H.row_name(d.name, h) for d in defs if d.heads for h in range(adapter.n_heads)]
     check_tags(names + heads)  # and their sink tags: 'ov-modulus' and 'ov/modulus' would share one
     return defs, vectors
+
+
+def _builtin_name(name: str) -> str | None:
+    """What built-in row ``name`` is ('the target ("ov", "modulus")', 'head 3 of ("ov_head", "modulus")'), or None."""
+    parts = name.split("/")
+    if len(parts) == 2 and parts[1] in RANKS and (parts[0] in VARIANTS or parts[0] in H.HEAD_KINDS):
+        return f"the target {tuple(parts)!r}"
+    if (
+        len(parts) == 3
+        and parts[0] in H.HEAD_KINDS
+        and parts[1] in RANKS
+        and parts[2][:1] == "h"
+        and parts[2][1:].isdigit()
+    ):
+        return f"head {int(parts[2][1:])} of the head target {tuple(parts[:2])!r}"
+    return None
 
 
 def _parse_target(ad: Adapter, t, vectors: dict) -> TargetDef:

@@ -33,6 +33,7 @@ Z95 = 1.959963984540054
 # row; benchmarks/null_band_width.py, docs/concepts.md "Too few tokens"): p_null is NaN and the verdict says so.
 MIN_NULL_TOKENS = 64
 TOO_FEW = "too few tokens"
+NO_MID = "no mid reading"  # rho compares a(mid) with a(pre): with no 'mid' reading point there is nothing to test
 SAME_SUBSPACE_TOL = 1e-12  # equal subspaces: same k, every principal cosine >= 1 - this
 
 
@@ -288,9 +289,14 @@ def same_subspace(U1: torch.Tensor, U2: torch.Tensor, tol: float = SAME_SUBSPACE
     return bool(torch.linalg.svdvals(U1.to(torch.float64).T @ U2.to(torch.float64)).min() >= 1 - tol)
 
 
-def verdict(q_null: float, lift: float, alpha: float = 0.05, null_tokens: float | None = None) -> str:
+def verdict(
+    q_null: float, lift: float, alpha: float = 0.05, null_tokens: float | None = None, read_mid: bool = True
+) -> str:
     """'toward' / 'away' when q_null < alpha (by the sign of rho - null mean), else 'indistinguishable';
-    'too few tokens' when the null saw fewer than ``MIN_NULL_TOKENS`` (its band is then wider than 0.5)."""
+    'too few tokens' when the null saw fewer than ``MIN_NULL_TOKENS`` (its band is then wider than 0.5);
+    'no mid reading' when the monitor read no 'mid' (``read_mid`` False), which rho needs, whatever the tokens."""
+    if not read_mid:
+        return NO_MID
     if null_tokens is not None and null_tokens < MIN_NULL_TOKENS:
         return TOO_FEW
     if not (math.isfinite(q_null) and math.isfinite(lift)) or q_null >= alpha:

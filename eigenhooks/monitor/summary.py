@@ -67,7 +67,8 @@ def summary_table(
         fam = [family(r) for r in rows]
         df["q_null"] = q_values(df["layer"].tolist(), bases, fam, df["p_null"].tolist())
         df["verdict"] = [
-            stats.verdict(q, lift, null_tokens=n) for q, lift, n in zip(df["q_null"], df["lift"], df["null_tokens"])
+            stats.verdict(q, lift, null_tokens=n, read_mid="mid" in config.reading_points)
+            for q, lift, n in zip(df["q_null"], df["lift"], df["null_tokens"])
         ]
     df.attrs["per_layer"] = [c for m in config.measures for c in df.columns if c.startswith(m.name + ".")]
     return df

@@ -25,8 +25,9 @@ def _tokens(pairs, n: int = 5) -> str:
 
 
 def _readout(r) -> dict:
+    """A readout's fields; ``reads_as`` ('direction' or 'plane') never takes the spectrum's ``kind``."""
     return {
-        "kind": r.kind,
+        "reads_as": r.kind,
         "top": r.top,
         "bottom": r.bottom,
         "score": r.score,

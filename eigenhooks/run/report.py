@@ -65,9 +65,10 @@ LEGEND = {
     "p_null": "two-sided Monte-Carlo p-value against them (floor 2/(K+1), printed ≤floor)",
     "q_null": "its Benjamini-Hochberg q over the table's distinct (layer, subspace) rows",
     "eig rank": "ρ's rank among F's own top eigen-directions (1 = highest)",
-    "verdict": "toward / away when q_null < 0.05, else indistinguishable; too few tokens below 64 null tokens",
+    "verdict": "toward / away when q_null < 0.05, else indistinguishable; too few tokens below 64 null tokens; "
+    "no mid reading when the run read no 'mid' (ρ compares a(mid) with a(pre))",
 }
-VERDICTS = ("toward", "away", "indistinguishable", "too few tokens")
+VERDICTS = ("toward", "away", "indistinguishable", "too few tokens", "no mid reading")
 LEFT = {"target", "kind", "verdict"}
 CSS = """
 body { font-family: system-ui, sans-serif; margin: 1.5em auto; max-width: 1200px; padding: 0 1em; color: #222; }
@@ -88,6 +89,7 @@ td.verdict { font-weight: 600; text-align: left; }
 .tablebox tr td.v-away, .chip.v-away { background: #fbd9cb; color: #7c2d12; }
 .tablebox tr td.v-indistinguishable, .chip.v-indistinguishable { color: #666; font-weight: 400; background: #f1f1f1; }
 .tablebox tr td.v-too-few-tokens, .chip.v-too-few-tokens { color: #666; font-weight: 400; font-style: italic; background: #fdf6d8; }
+.tablebox tr td.v-no-mid-reading, .chip.v-no-mid-reading { color: #666; font-weight: 400; font-style: italic; background: #fdf6d8; }
 .legend { display: grid; grid-template-columns: max-content 1fr; gap: 1px 12px; font-size: 13px; margin: .5em 0 1em; }
 .legend dt { font-weight: 600; } .legend dd { margin: 0; color: #444; }
 .chip { display: inline-block; padding: 0 6px; border-radius: 3px; font-weight: 600; }
@@ -236,7 +238,9 @@ def _fold(summary: str, body: str, rows: int, ident: str) -> str:
 
 def _verdict_counts(df) -> str:
     counts = df["verdict"].value_counts() if "verdict" in df else {}
-    return ", ".join(f'<span class="chip v-{v}">{counts[v]} {v}</span>' for v in VERDICTS if counts.get(v, 0))
+    return ", ".join(
+        f'<span class="chip v-{v.replace(" ", "-")}">{counts[v]} {v}</span>' for v in VERDICTS if counts.get(v, 0)
+    )
 
 
 def _run_table(df) -> str:

@@ -85,10 +85,13 @@ FULL_WIDTH = 160  # at this width or more, and when piped, every column
 
 
 def fmt_verdict(r) -> str:
-    """The verdict; 'too few tokens' with the count the null saw and the minimum it needs."""
-    from ..monitor.stats import MIN_NULL_TOKENS, TOO_FEW
+    """The verdict; 'too few tokens' with the count the null saw and the minimum it needs; 'no mid reading'
+    with what rho needs."""
+    from ..monitor.stats import MIN_NULL_TOKENS, NO_MID, TOO_FEW
 
     v = str(r["verdict"])
+    if v == NO_MID:
+        return f"{v} (ρ needs 'mid')"
     return f"{v} ({int(r['null_tokens'])} < {MIN_NULL_TOKENS})" if v == TOO_FEW else v
 
 

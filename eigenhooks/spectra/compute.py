@@ -208,7 +208,7 @@ def _compute_groups(
                 found[r][g] = spec
         shown.update(completed=len(found[ranks[0]]))
 
-    # every byte of each layer's weights hashed (once for every rule), layers side by side: hashlib lets go of the GIL
+    # every byte of each layer's weights hashed (once for every rule), layers side by side: xxhash lets go of the GIL
     digests = dict(zip(reps, parallel_map(lambda i: memo.digest(adapter, i), reps.values()))) if cache else {}
     # One layer (or one core): compute inline. LAPACK's eigvals is ~40% slower in a worker
     # thread than in the main one (measured with MKL here), so a pool only pays with >1 job.
@@ -303,7 +303,7 @@ def weights_digest(adapter: Adapter, i: int) -> str:
     The bytes as stored (dtype and layout included), so equal digests mean equal weights and a
     digest never depends on how the spectrum was computed. A layer with no weight rule (its F
     comes from the probe) hashes the parameters of its block. Offloaded weights are brought in
-    for this layer only. 40 hex digits.
+    for this layer only. 32 hex digits (xxh3-128).
     """
     ly = adapter.layers[i]
     if ly.factors is None:
@@ -362,9 +362,11 @@ def _compute_layer(g: int, i: int, job: _Job, cache: bool, name: str) -> tuple[i
 
 
 def _relabel(spec: LayerSpectrum, layer: int) -> LayerSpectrum:
+    """Another layer's copy of a shared-weight group's spectrum: its own tensors and lists (``memo._fresh``),
+    so editing one layer's in place never reaches the others."""
     from dataclasses import replace
 
-    return replace(spec, layer=layer)
+    return replace(memo._fresh(spec), layer=layer)
 
 
 def _layer_list(adapter: Adapter, layers) -> list[int]:

@@ -12,6 +12,7 @@ import numpy as np
 import torch
 
 from ..linalg import LayerSpectrum
+from .readout import _is_int, _real_span, _rounding
 
 
 def null_alignment_band(d: int, k: int, draws: int, seed: int) -> tuple[float, float]:
@@ -40,8 +41,8 @@ def rank_directions(specs: list[LayerSpectrum], directions, null_draws: int = 20
     """How well each of your directions lies in each layer's (and head's) principal subspace.
 
     Args:
-        specs: from ``eh.spectra(model, ...)``; with ``heads=True`` every head and key/value group
-            gets rows too.
+        specs: from ``eh.spectra(model, ...)`` (one LayerSpectrum is a list of one); with
+            ``heads=True`` every head and key/value group gets rows too.
         directions: (n, d) real, one direction per row (an SAE's decoder rows, probe weights); a
             (d,) vector is one direction. Rows need not be unit; a zero row is an error.
         null_draws: Haar-random unit directions for each null band.
@@ -55,7 +56,9 @@ def rank_directions(specs: list[LayerSpectrum], directions, null_draws: int = 20
         with a k-dimensional subspace of R^d) and ``above_null`` (alignment > null_hi).
 
     Raises:
-        ValueError: directions of the wrong width, a zero or non-finite row, or no spectra.
+        ValueError: directions of the wrong width, a zero or non-finite row, a complex row that is a
+            plane (a complex row whose real and imaginary parts are parallel is that real direction,
+            its phase dropped, as ``read_tokens`` and the monitor's targets read it), or no spectra.
 
     Example:
         >>> specs = eh.spectra(model, heads=True)  # doctest: +SKIP
@@ -63,18 +66,21 @@ def rank_directions(specs: list[LayerSpectrum], directions, null_draws: int = 20
     """
     import pandas as pd
 
-    if not specs:
-        raise ValueError("no spectra given; pass eh.spectra(model, ...)")
-    X = torch.as_tensor(np.asarray(directions.detach().cpu() if hasattr(directions, "detach") else directions))
-    X = X.to(torch.float64)
-    if X.dim() == 1:
-        X = X[None]
+    specs = _as_spectra(specs)
+    if not _is_int(null_draws) or null_draws < 0:
+        raise ValueError(f"null_draws must be an int >= 0 (0: no null band), got {null_draws!r}")
+    if not _is_int(seed):
+        raise ValueError(f"seed must be an int (the null's seed), got {seed!r}")
     d = specs[0].basis.shape[0]
-    if X.dim() != 2 or X.shape[1] != d:
-        raise ValueError(f"directions must be (n, d={d}), one per row; got {tuple(X.shape)=}")
+    X = _as_rows(directions, d)
     norms = torch.linalg.vector_norm(X, dim=1)
-    if not torch.isfinite(X).all() or bool((norms == 0).any()):
-        raise ValueError(f"directions {torch.nonzero(~(norms > 0)).flatten().tolist()} are zero or non-finite")
+    bad = ~torch.isfinite(X).all(1) | (norms == 0)
+    if bool(bad.any()):
+        rows = torch.nonzero(bad).flatten().tolist()
+        raise ValueError(
+            f"directions {rows[:10]}{' ...' if len(rows) > 10 else ''} (of {len(X)}) are zero or hold NaN or inf; "
+            "pass finite, nonzero rows"
+        )
     Xn = X / norms[:, None]  # (n, d)
     bands: dict[int, tuple[float, float]] = {}
     rows = []
@@ -92,3 +98,54 @@ def rank_directions(specs: list[LayerSpectrum], directions, null_draws: int = 20
                 rows.append((spec.layer, part, index, j, k, aj, int(rank[j]), lo, hi, aj > hi))
     cols = ["layer", "part", "index", "direction", "k", "alignment", "rank", "null_lo", "null_hi", "above_null"]
     return pd.DataFrame(rows, columns=cols)
+
+
+def _as_spectra(specs) -> list[LayerSpectrum]:
+    """specs as a non-empty list of LayerSpectrum (one is a list of one), or a one-line error naming what came."""
+    if isinstance(specs, LayerSpectrum):
+        return [specs]
+    if specs is None or isinstance(specs, (str, bytes)) or not hasattr(specs, "__iter__"):
+        raise ValueError(f"specs: expected eh.spectra(model, ...), a list of LayerSpectrum; got {type(specs).__name__}")
+    specs = list(specs)
+    if not specs:
+        raise ValueError("no spectra given; pass eh.spectra(model, ...)")
+    for i, s in enumerate(specs):
+        if not isinstance(s, LayerSpectrum):
+            raise ValueError(f"specs[{i}] is a {type(s).__name__}, not a LayerSpectrum; pass eh.spectra(model, ...)")
+    return specs
+
+
+def _as_rows(directions, d: int) -> torch.Tensor:
+    """directions as real float64 rows (n, d); a complex row whose Re and Im are parallel is that real direction."""
+    if directions is None or isinstance(directions, (str, bytes)):
+        raise ValueError(f"directions: expected an (n, d={d}) array or tensor of rows, got {type(directions).__name__}")
+    try:
+        X = torch.as_tensor(np.asarray(directions.detach().cpu() if hasattr(directions, "detach") else directions))
+    except (TypeError, ValueError, RuntimeError) as e:
+        raise ValueError(
+            f"directions: expected an (n, d={d}) array of numbers, got {type(directions).__name__} ({e})"
+        ) from None
+    if X.dtype == torch.bool or not (X.is_floating_point() or X.is_complex() or X.dtype in _INTS):
+        raise ValueError(f"directions: expected an (n, d={d}) array of numbers, got dtype {X.dtype}")
+    if X.dim() == 1:
+        X = X[None]
+    if X.dim() != 2 or X.shape[1] != d:
+        raise ValueError(f"directions must be (n, d={d}), one per row; got {tuple(X.shape)=}")
+    if not X.is_complex():
+        return X.to(torch.float64)
+    noise, rows = _rounding(X.dtype, d), []
+    for j, x in enumerate(X.to(torch.complex128)):
+        if not bool(torch.isfinite(x).all()):
+            rows.append(torch.full((d,), float("nan"), dtype=torch.float64))  # refused below, with the others
+            continue
+        r = _real_span(x, noise)
+        if r.dim() == 2:
+            raise ValueError(
+                f"directions[{j}] is complex with independent real and imaginary parts: a plane, not a direction; "
+                "pass its real and imaginary parts as two rows, or read the plane with eh.read_tokens"
+            )
+        rows.append(r)
+    return torch.stack(rows)
+
+
+_INTS = (torch.int8, torch.int16, torch.int32, torch.int64, torch.uint8)

@@ -48,9 +48,9 @@ def circuit_digest(adapter: Adapter) -> str | None:
         return None
     if _missing(adapter) is not None:
         return None
-    norm = getattr(adapter.final_norm(), "weight", None)
-    raw = [embedding_weight(adapter), adapter.unembedding()] + ([norm] if norm is not None else [])
-    return disk.tensors_digest([t.detach() for t in raw], {"circuit": "W_E^T W_U diag(w_final)"})  # hashed in place
+    scale = adapter.final_norm_scale()  # (d,) float64: the weight plus the family's offset
+    raw = [embedding_weight(adapter), adapter.unembedding()] + ([scale] if scale is not None else [])
+    return disk.tensors_digest([t.detach() for t in raw], {"circuit": "W_E^T W_U diag(s_final)"})  # hashed in place
 
 
 def circuit_matrix(adapter: Adapter) -> torch.Tensor | None:

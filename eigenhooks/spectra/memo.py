@@ -1,6 +1,6 @@
 """The in-process spectra memo: one spectrum per (weights, options), keyed by the weights' content.
 
-The key is a SHA-256 of every byte of a layer's O, V and attention norm, never the parameters'
+The key is a 128-bit xxh3 hash of every byte of a layer's O, V and attention norm, never the parameters'
 identity or version: ``p.data`` writes keep ``_version`` and ``data_ptr``, and a sample of entries
 misses most edits, so only every byte says the weights are the same (issue 41). SmolLM2's 30
 layers hash in ~45 ms (docs/scale.md, "In-process memo"). Least recently used entries go first.
@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
-from dataclasses import replace
+from dataclasses import fields, is_dataclass, replace
 
 import torch
 
@@ -78,15 +78,20 @@ def put(key, spec: LayerSpectrum) -> LayerSpectrum:
     return spec
 
 
-def _fresh(spec: LayerSpectrum) -> LayerSpectrum:
-    """A copy whose tensors the caller may edit without touching the memo."""
-    return replace(
-        spec, eigenvalues=spec.eigenvalues.clone(), eigenvectors=spec.eigenvectors.clone(), basis=spec.basis.clone()
-    )
+def _fresh(x):
+    """A copy the caller may edit without touching the memo: every tensor cloned, every list and
+    dataclass (the heads' and groups' spectra, a group's head list) rebuilt, all the way down."""
+    if isinstance(x, torch.Tensor):
+        return x.clone()
+    if isinstance(x, list):
+        return [_fresh(v) for v in x]
+    if is_dataclass(x) and not isinstance(x, type):
+        return replace(x, **{f.name: _fresh(getattr(x, f.name)) for f in fields(x) if f.init})
+    return x
 
 
 def content_digest(adapter: Adapter, i: int) -> str:
-    """``weights_digest`` of weights already in memory (SHA-256 of every byte, read in place)."""
+    """``weights_digest`` of weights already in memory (xxh3-128 of every byte, read in place)."""
     meta = {"digest": "weights", "norm_position": adapter.norm_position}
     if adapter.layers[i].factors is None:
         return disk.tensors_digest(layer_parameters(adapter, i), {**meta, "probe": True})

@@ -10,6 +10,8 @@ a reader sees whether u is more token-like than chance (docs/concepts.md, "Token
 from __future__ import annotations
 
 import logging
+import math
+import numbers
 from dataclasses import dataclass
 
 import torch
@@ -52,8 +54,9 @@ class TokenReadout:
 def scaled_unembedding(model, dtype=torch.float32) -> torch.Tensor:
     """W' (vocab, d): the unembedding with the final norm's scale folded in, on the CPU.
 
-    logits = W_U (w * x_hat) (+ bias), so W' = W_U diag(w) maps the normalised final residual
-    x_hat to the logits (the norm's centring and bias are not linear in x and are left out).
+    logits = W_U (s * x_hat) (+ bias), so W' = W_U diag(s) maps the normalised final residual
+    x_hat to the logits (the norm's centring and bias are not linear in x and are left out). s is the
+    final norm's effective scale, ``Adapter.final_norm_scale`` (Gemma's 1 + w), folded in float64.
 
     Raises:
         ValueError: the model has no unembedding of width d_model.
@@ -66,11 +69,10 @@ def scaled_unembedding(model, dtype=torch.float32) -> torch.Tensor:
             f"{ad.family}: expected an unembedding (vocab, d_model={ad.d_model}), got {got}; "
             "load the model with its LM head (e.g. AutoModelForCausalLM) to take a token direction"
         )
-    W = W_U.detach().to("cpu", dtype)
-    w = getattr(ad.final_norm(), "weight", None)
-    if w is not None:
-        W = W * w.detach().to("cpu", dtype)
-    return W
+    s = ad.final_norm_scale()  # (d,) float64
+    if s is None:
+        return W_U.detach().to("cpu", dtype)
+    return W_U.detach().to("cpu", dtype) * s.to("cpu", dtype)  # s formed in float64, rounded once
 
 
 def embedding(model, dtype=torch.float32) -> torch.Tensor:
@@ -104,30 +106,78 @@ def token_rows(model, side: str, dtype=torch.float64) -> torch.Tensor:
 def as_subspace(u, d: int) -> torch.Tensor:
     """u as an orthonormal (d, 1) direction or (d, 2) plane, float64.
 
-    A real (d,) or (d, 1) vector is a direction; a complex (d,) vector with a nonzero imaginary
-    part, or a (d, 2) matrix, is the plane of its two real columns; a spectrum (LayerSpectrum,
+    A real (d,) or (d, 1) vector is a direction; a (d, 2) matrix is the plane of its two columns; a
+    complex (d,) vector is span(Re u, Im u), as the monitor's targets read it: a plane for a complex
+    eigenvector, one direction (k = 1, the phase dropped, with the sign of the larger part) for a real
+    vector stored as complex or turned by a phase e^{i theta}. A spectrum (LayerSpectrum,
     HeadSpectrum, GroupSpectrum) gives its principal basis.
+
+    Raises:
+        ValueError: u is no numeric vector (None, a string), has the wrong shape, non-finite entries,
+            or is zero (or its two columns are parallel).
     """
     basis = getattr(u, "basis", None)
     if basis is not None:
         u = basis
-    u = torch.as_tensor(u).detach().to("cpu")
+    expected = f"expected a (d={d},) direction, a (d, 2) plane, a complex (d,) vector or a spectrum"
+    if u is None or isinstance(u, (str, bytes)):
+        raise ValueError(f"u: {expected}, got {type(u).__name__} {u!r:.40}")
+    try:
+        u = torch.as_tensor(u).detach().to("cpu")
+    except (TypeError, ValueError, RuntimeError) as e:
+        raise ValueError(f"u: {expected}, got {type(u).__name__} ({e})") from None
+    if u.dtype == torch.bool or not (u.is_floating_point() or u.is_complex() or u.dtype in _INTS):
+        raise ValueError(f"u: {expected}, got a tensor of {u.dtype}")
+    shape = tuple(u.shape)
+    if u.is_complex() and u.dim() == 2 and u.shape[1] == 1:
+        u = u[:, 0]
+    if (
+        (u.dim() not in (1, 2))
+        or u.shape[0] != d
+        or (u.dim() == 2 and u.shape[1] not in (1, 2))
+        or (u.is_complex() and u.dim() != 1)
+    ):
+        raise ValueError(f"u: {expected}, got shape {shape}")
+    bad = ~torch.isfinite(u)
+    if bad.any():
+        at = tuple(int(i) for i in bad.nonzero()[0])
+        raise ValueError(
+            f"u has {int(bad.sum())} of {u.numel()} entries NaN or inf (the first at {at[0] if len(at) == 1 else at}, "
+            f"{u[at].item()}); pass a finite direction"
+        )
     if u.is_complex():
-        u = u.reshape(-1)
-        re, im = u.real.double(), u.imag.double()
-        plane = float(im.norm()) > 1e-9 * float(u.abs().norm())
-        u = torch.stack([re, im], 1) if plane else re
+        u = _real_span(u.to(torch.complex128), _rounding(u.dtype, d))
     u = u.double()
     if u.dim() == 1:
         u = u[:, None]
-    if u.dim() != 2 or u.shape[0] != d or u.shape[1] not in (1, 2) or not torch.isfinite(u).all():
-        raise ValueError(
-            f"expected a (d={d},) direction, a (d, 2) plane or a complex (d,) vector, got {tuple(u.shape)=}"
-        )
     Q, R = torch.linalg.qr(u)
     if float(R.diagonal().abs().min()) <= 1e-12 * max(float(R.abs().max()), 1e-300):
-        raise ValueError(f"the direction is zero or its two columns are parallel ({tuple(u.shape)=}); nothing to read")
+        what = "zero" if float(u.abs().max()) == 0 or u.shape[1] == 1 else "two parallel columns (one direction)"
+        raise ValueError(f"u is {what} (shape {shape}); nothing to read: pass a nonzero direction or a plane")
     return Q * torch.sign(R.diagonal())  # QR may flip a column: keep u's own sign (top is +u's side)
+
+
+_INTS = (torch.int8, torch.int16, torch.int32, torch.int64, torch.uint8)
+
+
+def _rounding(dtype: torch.dtype, d: int) -> float:
+    """How far rounding to ``dtype`` moves a unit vector: 4 eps + sqrt(d)/16 eps (monitor.stats.rounding)."""
+    eps = torch.finfo(dtype).eps if dtype.is_floating_point or dtype.is_complex else 0.0
+    return eps * (4 + math.sqrt(d) / 16)
+
+
+def _real_span(u: torch.Tensor, noise: float) -> torch.Tensor:
+    """span(Re u, Im u) of a complex (d,) u: (d, 2) for a plane, (d,) for a real vector turned by a phase.
+
+    Re and Im parallel (the smaller singular value under the rounding of u's dtype) is one direction,
+    signed as the larger of the two parts, the rule the monitor's complex targets follow.
+    """
+    R = torch.stack([u.real, u.imag], 1)  # (d, 2)
+    W, S, _ = torch.linalg.svd(R, full_matrices=False)
+    if float(S[0]) == 0 or float(S[1]) > noise * float(S[0]):
+        return R
+    ref = u.real if u.real.norm() >= u.imag.norm() else u.imag
+    return W[:, 0] * (1.0 if float(W[:, 0] @ ref) >= 0 else -1.0) * S[0]
 
 
 def _unit_rows(W: torch.Tensor) -> torch.Tensor:
@@ -179,8 +229,15 @@ def read_tokens_many(
     All the vectors' columns go through one (vocab, d) @ (d, n) product, so the rows are read from
     memory once, not once per vector (360 readouts on SmolLM2: one pass over its 49152 x 576 rows).
     """
-    if not isinstance(k, int) or isinstance(k, bool) or k < 1:
+    if not _is_int(k) or k < 1:
         raise ValueError(f"k must be a positive int, got {k!r}")
+    if not _is_int(null_draws) or null_draws < 0:
+        raise ValueError(f"null_draws must be an int >= 0 (0: no null band), got {null_draws!r}")
+    if not _is_int(seed):
+        raise ValueError(f"seed must be an int (the null's seed), got {seed!r}")
+    if isinstance(vectors, (str, bytes)) or not hasattr(vectors, "__iter__"):
+        raise ValueError(f"vectors must be a list of directions, got {type(vectors).__name__}")
+    k, null_draws, seed = int(k), int(null_draws), int(seed)
     Wn = _unit_rows(token_rows(model, side))  # (vocab, d) float64
     k = min(k, Wn.shape[0])
     decode = _decoder(model, tokenizer)
@@ -225,6 +282,13 @@ def read_tokens(
         >>> r.score > r.null_hi  # more token-like than chance?  # doctest: +SKIP
     """
     return read_tokens_many(model, tokenizer, [u], k=k, side=side, null_draws=null_draws, seed=seed)[0]
+
+
+def _is_int(x) -> bool:
+    """An int (numpy's and a 0-d integer tensor's too), never a bool."""
+    if isinstance(x, bool) or (isinstance(x, torch.Tensor) and (x.numel() != 1 or x.is_floating_point())):
+        return False
+    return isinstance(x, numbers.Integral) or (isinstance(x, torch.Tensor) and x.dtype != torch.bool)
 
 
 def _decoder(model, tokenizer):

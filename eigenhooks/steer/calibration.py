@@ -51,7 +51,7 @@ def _vocab_size(model) -> int:
 
 
 def _fingerprint(model) -> object:
-    """SHA-256 of every byte of every parameter (``p.data`` writes keep the version and a sample misses most
+    """xxh3-128 of every byte of every parameter (``p.data`` writes keep the version and a sample misses most
     edits); off the CPU a fresh object, equal to no key: hashing there would cost more than sampling again."""
     params = list(model.parameters())
     return tensors_digest(params) if all(p.device.type == "cpu" for p in params) else object()

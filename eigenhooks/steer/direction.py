@@ -95,8 +95,10 @@ def token(model, tokenizer, text: str, objective: str = "probability") -> torch.
     W = scaled_unembedding(model)
     if not 0 <= t < W.shape[0]:
         raise ValueError(f"token id {t} of {text!r} is outside the unembedding's {W.shape[0]} rows")
-    if objective == "logit":
-        return _unit(W[t].to(torch.float64), f"token {text!r}")
+    if objective == "logit":  # the row again in float64: W is float32, for the probability objective's speed
+        ad = get_adapter(model)
+        row, scale = ad.unembedding()[t].detach().to("cpu", torch.float64), ad.final_norm_scale()
+        return _unit(row if scale is None else row * scale.to("cpu"), f"token {text!r}")
     with torch.enable_grad():
         return probability_direction(W, t)
 

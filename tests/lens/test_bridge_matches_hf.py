@@ -113,3 +113,31 @@ def test_head_vectors_and_readouts_match_hf(family, tokenizer):
             r_tl.score, abs=1e-10
         )
         assert (r_hf.null_lo, r_hf.null_hi) == pytest.approx((r_tl.null_lo, r_tl.null_hi), abs=1e-10)
+
+
+def test_bridge_gemma_norms_scale_by_one_plus_w(tokenizer):
+    """A raw Gemma bridge's ln1 and ln_final scale by 1 + w (issue 52): ov_ln and the readout equal HF's."""
+    import transformers as T
+
+    torch.manual_seed(0)
+    cfg = T.GemmaConfig(
+        vocab_size=1024, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=8,
+    )  # fmt: skip
+    hf = T.GemmaForCausalLM(cfg)
+    g = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for p in hf.parameters():
+            p.copy_(torch.randn(p.shape, generator=g) * 0.3)
+    hf = hf.double().eval()
+    want = eh.spectra(hf, variant="ov_ln", cache=False)
+    u = torch.randn(32, dtype=torch.float64, generator=g)
+    read = eh.read_tokens(hf, tokenizer, u, null_draws=0)
+    bridge = _bridge(hf, tokenizer)
+    for a, b in zip(want, eh.spectra(bridge, variant="ov_ln", cache=False)):
+        torch.testing.assert_close(a.eigenvalues, b.eigenvalues, atol=1e-10, rtol=0)
+    got = eh.read_tokens(bridge, tokenizer, u, null_draws=0)
+    assert [t for t, _ in got.top] == [t for t, _ in read.top]
+    torch.testing.assert_close(
+        torch.tensor([s for _, s in got.top]), torch.tensor([s for _, s in read.top]), atol=1e-6, rtol=0
+    )

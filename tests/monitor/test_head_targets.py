@@ -154,3 +154,23 @@ def test_sink_tags_and_bad_head_targets(gpt2, tmp_path):
     assert "eigenhooks/rho/L03/ov_head-modulus-h3" in seen[-1] and not math.isnan(
         seen[-1]["eigenhooks/rho/L03/ov_head-modulus-h3"]
     )
+
+
+@pytest.mark.parametrize(
+    "name, what",
+    [
+        ("ov_head/modulus/h0", r"head 0 of the head target \('ov_head', 'modulus'\)"),
+        ("ov_head/residual/h3", r"head 3 of the head target \('ov_head', 'residual'\)"),
+        ("ov/residual", r"the target \('ov', 'residual'\)"),
+        ("ov_ln/modulus", r"the target \('ov_ln', 'modulus'\)"),
+    ],
+)
+def test_a_custom_target_never_takes_a_built_in_rows_name(gpt2, name, what):
+    """('ov_head/modulus/h0', u) beside ('ov_head', 'modulus') gave two rows of one name and overwrote head 0
+    in mon.stats and the sink tags (issue 52); a built-in row's name is refused, with or without its target."""
+    u = torch.eye(128, dtype=torch.float64)[:, 0]
+    for targets in ([("ov_head", "modulus"), (name, u)], [("ov", "modulus"), (name, u)]):
+        with pytest.raises(ValueError, match=rf"target name '{name}' is a built-in row's name \({what}\)"):
+            eh.monitor(gpt2, targets=targets)
+    with eh.monitor(gpt2, targets=[("ov_head", "modulus"), ("ov_head/modulus/h0_probe", u)]):  # another name is fine
+        pass

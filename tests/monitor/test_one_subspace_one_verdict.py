@@ -88,6 +88,26 @@ def test_too_few_tokens_says_so(gpt2):
     assert all(c[-1].startswith("too few tokens") and str(M.MIN_NULL_TOKENS) in c[-1] for c in cells)
 
 
+def test_no_mid_reading_says_rho_needs_mid_not_too_few_tokens(gpt2):
+    """reading_points=('pre', 'post') reads 400 tokens and no mid: the verdict says rho needs 'mid' (it said
+    'too few tokens', null_tokens 0, as if the sample were small; issue 52). The same tokens with mid: verdicts."""
+    model, _ = gpt2
+    ids = _ids(4, 100)
+    with eh.monitor(model, reading_points=("pre", "post")) as mon, torch.no_grad():
+        model(input_ids=ids)
+    df = mon.summary()
+    assert (df["n_tokens"] == 400).all() and (df["verdict"] == M.NO_MID).all()
+    from eigenhooks.run.report import _verdict_counts
+    from eigenhooks.run.table import rows
+
+    _, cells = rows(df)
+    assert all(c[-1] == "no mid reading (ρ needs 'mid')" for c in cells)
+    assert 'class="chip v-no-mid-reading"' in _verdict_counts(df)
+    with eh.monitor(model) as mon, torch.no_grad():
+        model(input_ids=ids)
+    assert not mon.summary()["verdict"].isin([M.NO_MID, M.TOO_FEW]).any()
+
+
 def _random_targets(d, n, g):
     out = []
     for j in range(n):

@@ -169,3 +169,39 @@ def test_no_unembedding_says_so_in_one_line(caplog):
         s = eh.spectra(bare, heads=True, cache=False)
     assert all(np.isnan(h.circuit_copying) for h in s[0].heads)
     assert any("circuit copying is NaN" in r.getMessage() for r in caplog.records)
+
+
+def test_returned_heads_and_groups_are_the_callers_own():
+    """Editing what eh.spectra returned never reaches the memo: heads, groups and their tensors (issue 52)."""
+    model = _llama(seed=3)
+    first = eh.spectra(model, heads=True)
+    want = [(h.head, h.basis.clone(), h.eigenvalues.clone()) for h in first[0].heads]
+    want_groups = [(list(g.heads), g.basis.clone()) for g in first[0].groups]
+    for _ in range(2):  # the first call's objects, then a memo hit's
+        got = eh.spectra(model, heads=True)
+        got[0].heads.pop()
+        got[0].heads[0].basis.mul_(-1)
+        got[0].heads[1].eigenvalues.zero_()
+        got[0].groups[0].heads.append(99)
+        got[0].groups[1].basis.mul_(-1)
+        first[0].heads.clear()
+    again = eh.spectra(model, heads=True)
+    assert [h.head for h in again[0].heads] == [h for h, _, _ in want]
+    for h, (_, basis, eig) in zip(again[0].heads, want):
+        assert torch.equal(h.basis, basis) and torch.equal(h.eigenvalues, eig)
+    for g, (heads, basis) in zip(again[0].groups, want_groups):
+        assert g.heads == heads and torch.equal(g.basis, basis)
+
+
+def test_shared_weight_layers_get_spectra_of_their_own():
+    """ALBERT's layers share one F, not one object: editing layer 0's spectrum leaves layer 1's (issue 52's kin)."""
+    model, _ = eh.zoo.load("albert-tiny")
+    specs = eh.spectra(model, heads=True)
+    assert len(specs) >= 2 and specs[0].lambda_1 == specs[1].lambda_1
+    basis, heads = specs[1].basis.clone(), len(specs[1].heads)
+    specs[0].basis.mul_(-1)
+    specs[0].eigenvalues.zero_()
+    specs[0].heads.pop()
+    specs[0].groups[0].basis.mul_(-1)
+    assert torch.equal(specs[1].basis, basis) and len(specs[1].heads) == heads
+    assert specs[1].lambda_1 != 0 and not torch.equal(specs[1].groups[0].basis, specs[0].groups[0].basis)

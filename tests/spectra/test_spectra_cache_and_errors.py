@@ -186,3 +186,36 @@ def test_inline_job_error_propagates(monkeypatch):
     monkeypatch.setattr(compute, "layer_spectra", boom)
     with pytest.raises(RuntimeError, match="eig failed"):
         eh.spectra(model, layers=[0], cache=False)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("family", ["llama", "gemma"])
+def test_ov_ln_folds_the_norm_in_float64_whatever_the_dtype(dtype, family):
+    """ov_ln of a low-precision model is the float64 eig of its stored weights, not of a bf16 w * V (issue 52)."""
+    if family == "gemma":  # a norm of scale 1 + w: the offset is added in float64 too
+        import transformers as T
+
+        torch.manual_seed(0)
+        cfg = T.GemmaConfig(
+            vocab_size=64, hidden_size=32, intermediate_size=16, num_hidden_layers=2, num_attention_heads=4,
+            num_key_value_heads=2, head_dim=8,
+        )  # fmt: skip
+        model = T.GemmaForCausalLM(cfg)
+        with torch.no_grad():
+            for p in model.parameters():
+                p.normal_(0, 0.3)
+        model = model.to(dtype).eval()
+    else:
+        model = build(family, dtype=dtype)
+    for s in eh.spectra(model, variant="ov_ln", cache=False):
+        blk = (model.model if hasattr(model, "model") else model).layers[s.layer]
+        a = blk.self_attn
+        O = a.o_proj.weight.detach().double().numpy()  # (d, H dh)
+        V = a.v_proj.weight.detach().double().numpy()  # (G dh, d)
+        H, G = model.config.num_attention_heads, model.config.num_key_value_heads
+        dh = O.shape[1] // H
+        V_full = np.concatenate([V[(h // (H // G)) * dh : (h // (H // G) + 1) * dh] for h in range(H)])
+        w = blk.input_layernorm.weight.detach().double().numpy() + (1.0 if family == "gemma" else 0.0)
+        lam = np.linalg.eigvals(O @ V_full @ np.diag(w))
+        ref = lam[np.argmax(np.abs(lam))]
+        assert abs(s.lambda_1 - ref) < 1e-12 * abs(ref), (s.lambda_1, ref)

@@ -95,8 +95,10 @@ def test_readout_of_a_spectrum_and_its_errors(gpt2):
         eh.read_tokens(model, tok, s, side="up")
     with pytest.raises(ValueError, match="k must be a positive int"):
         eh.read_tokens(model, tok, s, k=0)
-    with pytest.raises(ValueError, match="zero or its two columns are parallel"):
+    with pytest.raises(ValueError, match="u is zero"):
         eh.read_tokens(model, tok, torch.zeros(model.config.n_embd))
+    with pytest.raises(ValueError, match="u is two parallel columns"):
+        eh.read_tokens(model, tok, torch.ones(model.config.n_embd, 2))
     with pytest.raises(ValueError, match=r"expected a \(d=.*\) direction"):
         eh.read_tokens(model, tok, torch.ones(3))
     with pytest.raises(ValueError, match="load the model with its LM head"):
@@ -128,7 +130,7 @@ def test_rank_directions_against_numpy():
     assert top.alignment == pytest.approx(1.0) and top["rank"] == 1 and top.above_null
     with pytest.raises(ValueError, match=r"directions must be \(n, d=16\)"):
         eh.rank_directions(specs, np.ones((2, 5)))
-    with pytest.raises(ValueError, match="zero or non-finite"):
+    with pytest.raises(ValueError, match=r"directions \[0\] \(of 1\) are zero or hold NaN or inf"):
         eh.rank_directions(specs, np.zeros((1, 16)))
 
 
@@ -150,8 +152,91 @@ def test_run_report_says_what_the_direction_is(gpt2, tmp_path):
     assert [t for t, _ in got["top"]] == [t for t, _ in ref.top]
     assert got["score"] == pytest.approx(ref.score) and got["null_hi"] == pytest.approx(ref.null_hi)
     assert len(doc["parts"]) == 4 * (4 + 4)  # 4 layers x (4 heads + 4 groups)
+    for rec, s in zip(doc["layers"], specs):  # the spectral kind, not the readout's direction/plane (issue 52)
+        assert (rec["kind"], rec["k"]) == (s.kind, s.k)
+        assert rec["reads_as"] == ("direction" if s.k == 1 else "plane")
     page = (tmp_path / "r" / "report.html").read_text()
     assert "What the direction is" in page and "Per head and key/value group" in page
     assert f"{ref.null_lo:.3f} - {ref.null_hi:.3f}" in page
     meta = json.loads((tmp_path / "r" / "meta.json").read_text())
     assert "directions.json" in meta["files"]  # stamped: `eigenhooks report` checks it like the others
+
+
+@pytest.mark.parametrize(
+    "u, match",
+    [
+        ("nan", r"u has 128 of 128 entries NaN or inf \(the first at 0, nan\); pass a finite direction"),
+        ("inf", r"u has 1 of 128 entries NaN or inf \(the first at 7, inf\); pass a finite direction"),
+        (None, r"u: expected a \(d=128,\) direction, .* got NoneType None"),
+        ("a string", r"u: expected a \(d=128,\) direction, .* got str 'a string'"),
+    ],
+)
+def test_read_tokens_says_what_is_wrong_with_u(gpt2, u, match):
+    """One line naming what came and what to pass, never a shape it was not given or a raw TypeError (issue 52)."""
+    model, tok = gpt2
+    if u in ("nan", "inf"):
+        v = torch.randn(128)
+        v[7 if u == "inf" else slice(None)] = float(u)
+        u = v
+    with pytest.raises(ValueError, match=match):
+        eh.read_tokens(model, tok, u, null_draws=5)
+
+
+@pytest.mark.parametrize(
+    "kw, match",
+    [
+        (dict(null_draws="x"), r"null_draws must be an int >= 0 \(0: no null band\), got 'x'"),
+        (dict(null_draws=2.5), r"null_draws must be an int >= 0 .*got 2.5"),
+        (dict(null_draws=-1), r"null_draws must be an int >= 0 .*got -1"),
+        (dict(seed="x"), r"seed must be an int \(the null's seed\), got 'x'"),
+        (dict(k=True), r"k must be a positive int, got True"),
+    ],
+)
+def test_read_tokens_names_a_bad_argument(gpt2, kw, match):
+    model, tok = gpt2
+    with pytest.raises(ValueError, match=match):
+        eh.read_tokens(model, tok, torch.randn(128), **{"null_draws": 5, **kw})
+    assert eh.read_tokens(model, tok, torch.randn(128), null_draws=np.int64(3), seed=np.int64(1)).null_draws == 3
+
+
+@pytest.mark.parametrize("theta", [np.pi / 2, 2.0, -0.7, np.pi])
+def test_a_real_direction_turned_by_a_phase_is_that_direction(gpt2, theta):
+    """u e^{i theta}: Re and Im parallel, so one direction (k = 1, the phase dropped), as monitor targets read it."""
+    model, tok = gpt2
+    u = torch.randn(128, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+    turned = eh.read_tokens(model, tok, u * complex(np.cos(theta), np.sin(theta)), k=5, null_draws=20)
+    real = eh.read_tokens(model, tok, u, k=5, null_draws=20)
+    assert turned.kind == "direction"
+    # the sign is that of the larger part (the monitor's rule): +u unless the larger part is -u
+    larger = np.cos(theta) if abs(np.cos(theta)) >= abs(np.sin(theta)) else np.sin(theta)
+    want = real if larger > 0 else eh.read_tokens(model, tok, -u, k=5, null_draws=20)
+    assert [t for t, _ in turned.top] == [t for t, _ in want.top]
+    np.testing.assert_allclose([s for _, s in turned.top], [s for _, s in want.top], atol=1e-12)
+    assert turned.score == pytest.approx(real.score, abs=1e-12)
+    assert (turned.null_lo, turned.null_hi) == (real.null_lo, real.null_hi)
+    # a real complex eigenvector is still a plane
+    assert eh.read_tokens(model, tok, u + 1j * torch.randn(128, dtype=torch.float64), null_draws=5).kind == "plane"
+
+
+def test_rank_directions_says_what_is_wrong():
+    model = _llama()
+    specs = eh.spectra(model, heads=True, cache=False)
+    X = np.random.default_rng(0).standard_normal((3, 16))
+    Xi = X.copy()
+    Xi[1, 4] = np.inf
+    with pytest.raises(ValueError, match=r"directions \[1\] \(of 3\) are zero or hold NaN or inf"):
+        eh.rank_directions(specs, Xi)
+    for bad in (None, "abc"):
+        with pytest.raises(ValueError, match=r"specs: expected eh.spectra\(model, ...\), a list of LayerSpectrum"):
+            eh.rank_directions(bad, X)
+        with pytest.raises(ValueError, match=r"directions: expected an \(n, d=16\) array or tensor of rows"):
+            eh.rank_directions(specs, bad)
+    with pytest.raises(ValueError, match=r"specs\[1\] is a str, not a LayerSpectrum"):
+        eh.rank_directions([specs[0], "x"], X)
+    with pytest.raises(ValueError, match=r"directions\[0\] is complex .* a plane, not a direction"):
+        eh.rank_directions(specs, X + 1j * np.random.default_rng(1).standard_normal((3, 16)))
+    # one spectrum is a list of one; a phase-turned real row is that row
+    one = eh.rank_directions(specs[1], X, null_draws=50)
+    assert one.equals(eh.rank_directions([specs[1]], X, null_draws=50))
+    turned = eh.rank_directions(specs, X * np.exp(0.4j), null_draws=50)
+    np.testing.assert_allclose(turned.alignment, eh.rank_directions(specs, X, null_draws=50).alignment, atol=1e-12)
