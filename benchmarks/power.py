@@ -345,7 +345,7 @@ def write(args) -> None:
     for col, name, edges, nd in (("d_rho", "Δρ", RHO_BINS, 2), ("d_gamma", "Δγ", DG_BINS, 3)):
         lines += ["", f"Detection rate by the planted {name} (passes pooled over strengths, layers and windows):", ""]
         lines += _bins(det, col, edges, nd)
-    lines += ["", _needed(det), "", _false(det, fp), "", _detectable(d, det), "", END]
+    lines += ["", _needed(det), "", _false(det, fp), "", _detectable(d, det), ""] + _calibration() + ["", END]
     text = "\n".join(lines)
     doc = DOC.read_text()
     if BEGIN in doc:
@@ -446,6 +446,35 @@ def _detectable(d, det) -> str:
         f"{int(over_r.sum())} whose Δρ is at least `detectable_rho`, {_rate(a[over_r, 3])} are called by rho's "
         f"fitted tail (below it: {int((~over_r).sum())}, {_rate(a[~over_r, 3])})."
     )
+
+
+def _calibration() -> list[str]:
+    """The fitted tails' calibration (``calibrate``): share of Haar draws at p < a, over a, per model."""
+    import json
+
+    if not CAL.exists():
+        return ["(No calibration file: run `python benchmarks/power.py calibrate`.)"]
+    cal = json.loads(CAL.read_text())
+    tails = (("dg/8", "Δγ, t_8 (the verdict's)"), ("dg/normal", "Δγ, normal"), ("rho/normal", "ρ, normal"))
+    out = [
+        "Calibration of the fitted tails (`python benchmarks/power.py calibrate`, raw counts in "
+        "`benchmarks/power_calibration.json`): one monitored pass of 4 x 128 tokens per text window, K = "
+        f"{KMAX}; each Haar draw, exchangeable with a random target, is tested against the tail fitted to 128 "
+        "other draws (15 disjoint blocks, each tested on the draws outside it). Share of p < a divided by a "
+        "(1 = exact; below 1 conservative), pooled over windows, layers and k:",
+        "",
+        "| model | windows | (draw, fit) pairs | tail | " + " | ".join(f"a = {a:g}" for a in LEVELS) + " |",
+        "|" + "---|" * (4 + len(LEVELS)),
+    ]
+    models = sorted({k.split("/")[0] for k in cal}, key=lambda m: (m == MODEL, m))
+    for name in models:
+        runs = [v for k, v in cal.items() if k.split("/")[0] == name]
+        n = sum(v["tests"] for v in runs)
+        for key, label in tails:
+            hits = np.sum([v["hits"][key] for v in runs], axis=0)
+            cells = [name, str(len(runs)), str(n), label] + [f"{h / n / a:.2f}" for h, a in zip(hits, LEVELS)]
+            out.append("| " + " | ".join(cells) + " |")
+    return out
 
 
 def _rate(x) -> str:
