@@ -333,7 +333,7 @@ def write(args) -> None:
     det, fp = analyse(d)
     n_pass = d.groupby(["seed", "planted", "s"]).ngroups
     lines = [BEGIN, "## Does the test see anything? Planted effects on SmolLM2", ""]
-    lines.append(_intro(d, det, n_pass))
+    lines += [_intro(d, det, n_pass), "", _verdict(det)]
     by = det.groupby("s")
     heads = ["s", "passes", "Δρ median [range]", "Δγ median [range]"] + [st for st, _ in STATS]
     lines += ["", "| " + " | ".join(heads) + " |", "|" + "---|" * len(heads)]
@@ -371,6 +371,45 @@ def _bins(det, col: str, edges, nd: int) -> list[str]:
         label = f"{lo}{b.right:.{nd}f}" if b.right != edges[-1] else f"≥ {b.left:.{nd}f}"
         out.append("| " + " | ".join([label, str(len(g))] + [f"{g[st].mean():.2f}" for st, _ in STATS]) + " |")
     return out
+
+
+def from_bin(det, st: str, col: str, edges, power: float = 0.8):
+    """The lower edge of the smallest bin of ``col`` from which every bin is detected in >= power of its passes."""
+    import pandas as pd
+
+    rates = det.groupby(pd.cut(det[col], list(edges), right=False), observed=True)[st].mean()
+    ok = None
+    for b, r in list(rates.items())[::-1]:
+        if r < power:
+            break
+        ok = b.left
+    return ok
+
+
+def _verdict(det) -> str:
+    today, rho_big, new = "rho_mc128", f"rho_mc{KMAX}", "dg_t128"
+    f = lambda st, c, e: from_bin(det, st, c, e)  # noqa: E731
+    say = lambda x, nd: "never on this grid" if x is None else f"from {x:.{nd}f}"  # noqa: E731
+    return (
+        "**What it says.** 80% power, read by the planted size (the tables below: the smallest bin from which "
+        f"every bin is called in at least 80% of its passes). Today's test (ρ, Monte-Carlo p at K = 128): "
+        f"Δρ {say(f(today, 'd_rho', RHO_BINS), 2)}: its floor 2/129 keeps a lone layer under BH whatever the "
+        f"effect, and only a planted layer whose downstream layers move too could ever be called. ρ at "
+        f"K = {KMAX}: Δρ {say(f(rho_big, 'd_rho', RHO_BINS), 2)}, Δγ {say(f(rho_big, 'd_gamma', DG_BINS), 3)}; "
+        f"ρ's normal tail at K = 128: Δρ {say(f('rho_fit128', 'd_rho', RHO_BINS), 2)} (ρ is a share in [0, 1] "
+        "whose random-subspace band spans most of it: the threshold a lone row needs sits near or above 1). "
+        f"Δγ with its t_8 tail at K = 128: Δρ {say(f(new, 'd_rho', RHO_BINS), 2)}, Δγ "
+        f"{say(f(new, 'd_gamma', DG_BINS), 3)}, random targets called within BH's rate (below). That is less than half the "
+        "size ρ needs even at K = 1999, at the default K and at no cost to the forward (Δγ comes from sums the "
+        "monitor keeps already), so since 2026-12 it is the verdict's test (docs/concepts.md, \"The verdict's "
+        "test\"), ρ's p kept as `p_rho_mc` and `p_rho_tail`. The eig-rank comparison cannot be a test under BH: "
+        "its p (rank among F's top 16 eigen-subspaces and the target) is at least 1/17 > 0.05. A null matched to "
+        "the update's anisotropy is out: drawn from the updates' covariance, it needs that covariance before the "
+        "draws (a pre-pass), and draws that depend on the data seen differ between forwards and processes, so "
+        "their counts do not merge; the F-null (orth(F g), matched to F, one pass and mergeable) is another "
+        "hypothesis (a random target is not exchangeable with its draws, so random targets cannot calibrate it), "
+        "and a plant along v_1 tilts its draws toward v_1 too (its percentile is kept as `fnull_percentile`)."
+    )
 
 
 def _med(x, nd: int) -> str:
@@ -486,7 +525,8 @@ def _key(table):
 
 
 def _intro(d, det, n_pass) -> str:
-    seeds, layers = sorted(d.seed.unique()), sorted(det.planted.unique()) if len(det) else []
+    seeds = [int(x) for x in sorted(d.seed.unique())]
+    layers = [int(x) for x in sorted(det.planted.unique())] if len(det) else []
     return (
         f"`python benchmarks/power.py run` then `write` (raw rows: `benchmarks/power_results.csv`). {n_pass} "
         f"monitored passes of {SHAPE[0]} x {SHAPE[1]} tokens (text windows {seeds} of the bundled text, null seed "
@@ -494,7 +534,8 @@ def _intro(d, det, n_pass) -> str:
         f"{layers}: O' = O + alpha v_1 wᵀ, lambda_1' = (1 + s) lambda_1, target the unedited v_1. Detection: the "
         f"planted layer's ov/modulus row has q < 0.05 (BH over the pass's distinct (layer, subspace) hypotheses "
         f"of the default targets) in the planted direction. Δρ and Δγ (γ_mid - γ_pre) are the true changes on "
-        f"all tokens against the unedited pass on the same window."
+        f"all tokens against the unedited pass on the same window. Cost: 2.5-36 s of wall time a pass (about 20 "
+        f"minutes in all) on this project's 2-core machine, shared with other work, one heavy job at a time."
     )
 
 
