@@ -24,7 +24,9 @@ the default targets at layers before L (compared with the unedited pass).
 Candidates (each a p-value per row; q by BH over the table):
 - ``rho_mc@K``: today's p_null, rho against the K Haar draws, two-sided Monte-Carlo p (floor 2/(K+1));
 - ``rho_fit@128``: rho against a normal fitted to the first 128 draws (prediction t, K-1 df);
-- ``dg_mc@K``, ``dg_fit@128``: the same for Δγ = gamma_mid - gamma_pre on the null's tokens;
+- ``dg_mc@K``, ``dg_fit@128``: the same for Δγ = gamma_mid - gamma_pre on the null's tokens (the CSV's
+  p_dg_fit128 is the normal tail, too light for Δγ's draws; ``write`` reads Δγ's t_8 tail, ``dg_t128``,
+  the verdict's test since 2026-12, from the rows' dg_mean128 and dg_sd128);
 - eig rank (rank among F's top 16 eigen-subspaces) and the F-null percentile (64 draws) are recorded;
   their p-values have floors 1/17 and 2/65, above 0.05 / m for any m > 1.
 
