@@ -335,7 +335,7 @@ def write(args) -> None:
     det, fp = analyse(d)
     n_pass = d.groupby(["seed", "planted", "s"]).ngroups
     lines = [BEGIN, "## Does the test see anything? Planted effects on SmolLM2", ""]
-    lines += [_intro(d, det, n_pass), "", _verdict(det)]
+    lines += [_intro(d, det, n_pass), "", _verdict(det), "", _unedited(d)]
     by = det.groupby("s")
     heads = ["s", "passes", "Δρ median [range]", "Δγ median [range]"] + [st for st, _ in STATS]
     lines += ["", "| " + " | ".join(heads) + " |", "|" + "---|" * len(heads)]
@@ -411,6 +411,28 @@ def _verdict(det) -> str:
         "their counts do not merge; the F-null (orth(F g), matched to F, one pass and mergeable) is another "
         "hypothesis (a random target is not exchangeable with its draws, so random targets cannot calibrate it), "
         "and a plant along v_1 tilts its draws toward v_1 too (its percentile is kept as `fnull_percentile`)."
+    )
+
+
+def _unedited(d) -> str:
+    """What the verdict's test calls on the unedited model, window by window."""
+    d = _with_p(d)
+    out, tws, aws = [], [], []
+    for seed, g in d[(d.planted == -1) & d.target.isin(["ov/modulus", "ov/residual"])].groupby("seed"):
+        g = g.reset_index(drop=True)
+        hit = g[_q(g, "dg_t128") < ALPHA]
+        tw = sorted({int(x) for x in hit[hit.up_dg].layer})
+        aw = sorted({int(x) for x in hit[~hit.up_dg].layer})
+        old = int((_q(g, "rho_mc128") < ALPHA).sum())
+        tws.append(set(tw))
+        aws.append(set(aw))
+        out.append(
+            f"window {int(seed)}: toward at layers {tw or 'none'}, away at {aw or 'none'} (rows called by today's test: {old})"
+        )
+    return (
+        "**On the unedited model** (the same passes, 512 tokens each, K = 128, BH over 32 hypotheses), the "
+        "verdict's test calls: " + "; ".join(out) + f". In every window: toward at {sorted(set.intersection(*tws))}, "
+        f"away at {sorted(set.intersection(*aws))}."
     )
 
 
