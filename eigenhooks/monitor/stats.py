@@ -224,15 +224,16 @@ def mc_p_value(t: float, draws, tie_seed: int | None = None) -> float:
     return float(min(1.0, 2 * min(lo, hi) / (x.size + 1)))
 
 
-def percentile(t: float, draws) -> float:
-    """Share of draws below t, ties counted half; NaN without draws."""
+def percentile(t: float, draws, eps: float = 0.0) -> float:
+    """Share of draws below t, ties (within ``eps``: rounding) counted half; NaN without draws."""
     import numpy as np
 
     x = np.asarray(draws, dtype=float)
     x = x[np.isfinite(x)]
     if not math.isfinite(t) or x.size == 0:
         return float("nan")
-    return float((np.sum(x < t) + 0.5 * np.sum(x == t)) / x.size)
+    below, tied = np.sum(x < t - eps), np.sum(np.abs(x - t) <= eps)
+    return float((below + 0.5 * tied) / x.size)
 
 
 def bh(p) -> list[float]:
@@ -302,3 +303,57 @@ def verdict(
     if not (math.isfinite(q_null) and math.isfinite(lift)) or q_null >= alpha:
         return "indistinguishable"
     return "toward" if lift > 0 else "away"
+
+
+# The verdict's statistic (docs/concepts.md, "The verdict's test"): Δγ = γ_mid - γ_pre on the null's tokens,
+# read against a Student t fitted to the Haar draws' Δγ, with this many degrees of freedom. The Haar draws' Δγ
+# has heavier tails than a normal (excess kurtosis 0.5-2.5 on SmolLM2); t_8 keeps the share of random targets
+# at p < a at or below a for a from 0.0005 to 0.05 on SmolLM2 and the zoo (benchmarks/power.py calibrate).
+DGAMMA_TAIL_DF = 8
+Z80 = 0.8416212335729143  # the standard normal's 80% quantile: power 0.8
+
+
+def tail_p_value(t: float, draws, df: int | None = None, tie_seed: int | None = None, eps: float = 0.0) -> float:
+    """Two-sided p of t against a location-scale Student t fitted to K null draws (their mean and sd).
+
+    z = |t - mean| / (sd sqrt(1 + 1/K)) is read on Student's t with ``df`` degrees of freedom (None: K - 1,
+    the normal prediction interval's, exact when the draws are normal). Unlike ``mc_p_value`` it has no
+    floor, so a lone row can pass Benjamini-Hochberg over m hypotheses at the default K; its calibration
+    depends on the draws' tails, measured in docs/findings.md. Draws that spread by no more than ``eps``
+    (rounding: an attention step that moves nothing) give p = 1 where t is within eps of them too, else the
+    Monte-Carlo p, exact there.
+    """
+    import numpy as np
+    from scipy.stats import t as student
+
+    x = np.asarray(draws, dtype=float)
+    x = x[np.isfinite(x)]
+    if not math.isfinite(t) or x.size < 3:
+        return float("nan")
+    sd = float(x.std(ddof=1))
+    if not sd > eps:
+        return 1.0 if abs(t - float(x.mean())) <= eps else mc_p_value(t, x, tie_seed)
+    z = abs(t - float(x.mean())) / (sd * math.sqrt(1 + 1 / x.size))
+    nu = x.size - 1 if df is None else min(df, x.size - 1)
+    return float(min(1.0, 2 * student.sf(z, nu)))
+
+
+def detectable(t: float, mean: float, sd: float, K: int, m: int, df: int | None = None, se: float = 0.0,
+               alpha: float = 0.05) -> float:  # fmt: skip
+    """The smallest increase of a row's statistic t that ``tail_p_value`` would call with 80% power, the row
+    alone among m hypotheses.
+
+    Benjamini-Hochberg over m hypotheses calls a lone row when its p <= alpha / m, i.e. when t is beyond
+    mean + c sd sqrt(1 + 1/K), c Student's t quantile at alpha / (2m) (``df`` degrees of freedom; None:
+    K - 1), mean and sd those of the K draws. ``se``, the statistic's own sampling error (0 where the run's
+    sums do not give it), adds z_0.8 se. 0 when t is past that already; NaN without draws or hypotheses.
+    More than one real effect makes BH more lenient, so this is what a lone effect needs.
+    """
+    from scipy.stats import t as student
+
+    if not (math.isfinite(t) and math.isfinite(mean) and math.isfinite(sd)) or K < 3 or m < 1:
+        return float("nan")
+    nu = K - 1 if df is None else min(df, K - 1)
+    c = float(student.isf(alpha / (2 * m), nu))
+    need = mean + c * sd * math.sqrt(1 + 1 / K) + Z80 * (se if math.isfinite(se) else 0.0)
+    return max(0.0, need - t)

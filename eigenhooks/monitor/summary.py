@@ -68,8 +68,9 @@ def summary_table(
         df["q_null"] = q_values(df["layer"].tolist(), bases, fam, df["p_null"].tolist())
         df["verdict"] = [
             stats.verdict(q, lift, null_tokens=n, read_mid="mid" in config.reading_points)
-            for q, lift, n in zip(df["q_null"], df["lift"], df["null_tokens"])
+            for q, lift, n in zip(df["q_null"], df["dgamma_lift"], df["null_tokens"])
         ]
+        detectable_columns(df, hypotheses(df["layer"].tolist(), bases, fam), fam)
     df.attrs["per_layer"] = [c for m in config.measures for c in df.columns if c.startswith(m.name + ".")]
     return df
 
@@ -110,6 +111,31 @@ def q_values(layers: list, bases: list[torch.Tensor], families: list[str], p: li
         for i, qi in zip(reps, stats.bh([p[i] for i in reps])):
             q[i] = qi
     return [q[j] for j in first]
+
+
+def detectable_columns(df, first: list[int], families: list[str]) -> None:
+    """``detectable_dgamma`` and ``detectable_rho``: the smallest planted Δγ (the verdict's test) and Δρ (rho's
+    fitted tail, ``p_rho_tail``) each row would have been called at with 80% power, alone among its family's m
+    hypotheses (those with a p), from the run's own sums (``stats.detectable``). Δρ's includes rho's
+    cluster-robust error on the null's tokens; Δγ's has no error term (the run keeps no per-sequence Δγ), so
+    its power there is about a half; docs/findings.md measures both on planted effects. Δρ's is inf where
+    even rho = 1 would not be called."""
+    import numpy as np
+
+    ok = df["p_null"].notna().to_numpy()
+    m = {f: sum(1 for i, j in enumerate(first) if i == j and families[i] == f and ok[i]) for f in set(families)}
+    K = df["null_draws"].to_numpy()
+    mf = [m[f] for f in families]
+    dg, rho = [], []
+    for r, K_, m_ in zip(df.to_dict("records"), K, mf):
+        dg.append(
+            stats.detectable(r["dgamma"], r["null_dgamma_mean"], r["null_dgamma_sd"], K_, m_, stats.DGAMMA_TAIL_DF)
+        )
+        se = (r["lift_ci_hi"] - r["lift_ci_lo"]) / (2 * stats.Z95)
+        x = stats.detectable(r["rho_null_tokens"], r["null_rho_mean"], r["null_rho_sd"], K_, m_, None, se)
+        rho.append(np.inf if x == x and r["rho_null_tokens"] + x > 1 else x)
+    df["detectable_dgamma"] = np.where(ok, dg, np.nan)
+    df["detectable_rho"] = np.where(ok, rho, np.nan)
 
 
 def save_table(summary: Callable, path) -> Path:

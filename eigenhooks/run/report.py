@@ -62,7 +62,8 @@ LEGEND = {
     "null_stride-th token of each sequence; in brackets the target's ρ on those same tokens, which pct, p and "
     "the verdict test (it can differ from ρ on all tokens when there are few)",
     "pct": "ρ's percentile among those random subspaces",
-    "p_null": "two-sided Monte-Carlo p-value against them (floor 2/(K+1), printed ≤floor)",
+    "p_null": "two-sided p of Δγ = γ mid − γ pre on the null's tokens against a t_8 fitted to the random "
+    "subspaces' Δγ (the verdict's test; rho's Monte-Carlo p is p_rho_mc in summary.csv)",
     "q_null": "its Benjamini-Hochberg q over the table's distinct (layer, subspace) rows",
     "eig rank": "ρ's rank among F's own top eigen-directions (1 = highest)",
     "verdict": "toward / away when q_null < 0.05, else indistinguishable; too few tokens below 64 null tokens; "

@@ -2,6 +2,7 @@
 
 import numpy as np
 import pytest
+import scipy.stats
 import torch
 
 import eigenhooks as eh
@@ -53,15 +54,21 @@ def test_null_subsample_compares_target_and_draws_on_the_same_tokens(gpt2):
     # the draws, from the reducer's own frames, on the same tokens: the same quantiles and p
     red = mon._plan.layers[layer].bases
     H = red.Bn64[:, slice(*red.cols["haar"])].float()
-    draws = []
+    draws, dgs = [], []
     for j in range(red.null_draws):
         Q = H[:, j * red.frame_width : j * red.frame_width + int(row["k"])]
         u = (alignment(mid, Q) - alignment(pre, Q)) > 1e-6
         draws.append(float(u[sel].double().mean()))
-    draws = np.array(draws)
+        dgs.append(float((alignment(mid, Q) - alignment(pre, Q))[sel].double().mean()))
+    draws, dgs = np.array(draws), np.array(dgs)
+    # the verdict's test, written out: Δγ on the same tokens against a t_8 fitted to the draws' Δγ
+    dg = float((alignment(mid, U) - alignment(pre, U))[sel].double().mean())
+    assert abs(row["dgamma"] - dg) < 1e-6 and abs(row["null_dgamma_mean"] - dgs.mean()) < 1e-6
+    z = abs(dg - dgs.mean()) / (dgs.std(ddof=1) * np.sqrt(1 + 1 / dgs.size))
+    assert row["p_null"] == pytest.approx(2 * scipy.stats.t.sf(z, 8), rel=1e-3)
     assert abs(draws.mean() - row["null_rho_mean"]) < 1e-9
     assert abs(np.quantile(draws, 0.025) - row["null_rho_lo"]) < 1e-9
-    p = row["p_null"]
+    p = row["p_rho_mc"]
     lo, hi = mc_p_value(row["rho_null_tokens"], draws, None), _p_without_ties(row["rho_null_tokens"], draws)
     assert hi - 1e-12 <= p <= lo + 1e-12  # ties broken at random: between the two tie conventions
 

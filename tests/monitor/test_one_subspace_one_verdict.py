@@ -13,6 +13,7 @@ import torch
 
 import eigenhooks as eh
 from eigenhooks.monitor import stats as M
+from eigenhooks.monitor.measures import TGT_FIELDS
 from eigenhooks.monitor.summary import HEADS, LAYERS, q_values
 
 from .summaries import bh_by_hand
@@ -117,15 +118,17 @@ def _random_targets(d, n, g):
 
 
 def test_random_targets_are_calibrated_row_and_table(gpt2):
-    """Random targets have no special role: p_null < 0.05 for about 5% of rows, and under this global
-    null (no effect anywhere) a table rejects anything, which is its false discovery rate, in at most
-    5% of tables. Each table: 3 random targets x 4 layers, its own null seed and tokens, K = 999 draws
-    (at K = 128 the floor 2/129 keeps BH over 12 rows from ever rejecting); 160 tables. BH per target
-    (the old family) rejects in a table about 3 times as often."""
+    """Random targets have no special role: rho's Monte-Carlo p (p_rho_mc, the verdict's p before 2026-12)
+    is < 0.05 for about 5% of rows, and under this global null (no effect anywhere) a table rejects
+    anything, which is its false discovery rate, in at most 5% of tables, by BH over it and by the
+    verdict's q_null (Δγ's fitted tail, p_null: at most 5% of rows at p < 0.05). Each table: 3 random
+    targets x 4 layers, its own null seed and tokens, K = 999 draws (at K = 128 the floor 2/129 keeps BH
+    over 12 rows of p_rho_mc from ever rejecting); 160 tables. BH per target (the old family) rejects in
+    a table about 3 times as often."""
     model, _ = gpt2
     g = torch.Generator().manual_seed(7)
     tables, rows_hit, rows_n, per_target = 160, 0, 0, 0
-    any_hit = 0
+    any_hit = tail_hit = tail_any = 0
     torch.set_num_threads(1)
     for r in range(tables):
         targets = _random_targets(model.config.n_embd, 3, g)
@@ -135,15 +138,46 @@ def test_random_targets_are_calibrated_row_and_table(gpt2):
             with torch.no_grad():
                 model(input_ids=_ids(2, 40, seed=1000 + r))
         df = mon.summary()
-        assert df["p_null"].notna().all()
-        rows_hit += int((df["p_null"] < 0.05).sum())
+        assert df["p_null"].notna().all() and df["p_rho_mc"].notna().all()
+        rows_hit += int((df["p_rho_mc"] < 0.05).sum())
         rows_n += len(df)
-        any_hit += bool((df["q_null"] < 0.05).any())
-        per_target += any((np.asarray(M.bh(grp["p_null"])) < 0.05).any() for _, grp in df.groupby("target"))
+        any_hit += bool((np.asarray(M.bh(df["p_rho_mc"])) < 0.05).any())  # random targets: no equal subspaces
+        per_target += any((np.asarray(M.bh(grp["p_rho_mc"])) < 0.05).any() for _, grp in df.groupby("target"))
+        tail_hit += int((df["p_null"] < 0.05).sum())
+        tail_any += bool((df["q_null"] < 0.05).any())
     share, fdr, old = rows_hit / rows_n, any_hit / tables, per_target / tables
+    tail_share, tail_fdr = tail_hit / rows_n, tail_any / tables
     se_row, se_tab = math.sqrt(0.05 * 0.95 / rows_n), math.sqrt(0.05 * 0.95 / tables)
     print(
         f"\n[gpt2-tiny calibration] rows p<0.05: {share:.3f}; tables with a q<0.05: {fdr:.3f} (per-target BH: {old:.3f})"
+        f"; the verdict's p (Δγ, t tail): rows p<0.05: {tail_share:.3f}, tables with a q_null<0.05: {tail_fdr:.3f}"
     )
     assert abs(share - 0.05) <= 3 * se_row + 0.01  # rows of one table share tokens and draws: a little slack
     assert fdr <= 0.05 + 2 * se_tab
+    assert tail_share <= 0.05 + 3 * se_row + 0.01 and tail_fdr <= 0.05 + 2 * se_tab
+
+
+def test_tail_p_values_are_calibrated_in_the_far_tail(gpt2):
+    """The verdict's p (Δγ against a t_8 fitted to the Haar draws) where BH reads it, at p ~ 0.05 / m: each of
+    K = 1999 Haar draws is a random target (exchangeable with one), tested against a t fitted to 128 other
+    draws (15 disjoint blocks, each tested on the draws outside it). The share at p < a stays at or below a
+    (within its binomial error) for a = 0.001 .. 0.05, on the zoo's gpt2-tiny over 3 texts x 4 layers."""
+    model, _ = gpt2
+    levels = np.array([0.001, 0.002, 0.01, 0.05])
+    hits, n = np.zeros(levels.size), 0
+    for seed in range(3):
+        with eh.monitor(model, null_seed=seed, null_stride=1, null_draws=1999, fnull_draws=0, eig_top=0) as mon:
+            with torch.no_grad():
+                model(input_ids=_ids(2, 100, seed=2000 + seed))
+        for layer in mon._plan.layers:
+            st = mon._acc.current(layer)
+            t = dict(zip(TGT_FIELDS, st["tgt"][0].tolist()))
+            dg = st["null_mid"][0].numpy() / t["n_sub"] - st["null_pre"][0].numpy() / t["n_pre_sub"]
+            for b in range(0, 1999 - 128, 128):
+                fit, test = dg[b : b + 128], np.concatenate([dg[:b], dg[b + 128 :]])
+                p = np.array([M.tail_p_value(x, fit, M.DGAMMA_TAIL_DF) for x in test])
+                hits += (p[:, None] < levels).sum(0)
+                n += test.size
+    share = hits / n
+    print(f"\n[gpt2-tiny far tail] share p<a / a at a={levels.tolist()}: {np.round(share / levels, 2).tolist()}")
+    assert (share <= levels + 3 * np.sqrt(levels / n) + 0.2 * levels).all()

@@ -11,8 +11,9 @@ from the spectra and the seeds and every state sum from the recorded readings. C
     off by about sqrt(d) * 2^-24 <= 1e-6 for d <= 128 (a(x) is in [0, 1]), and sums them in float32
     (relative error ~log2(N) * 2^-24); the reference is float64 throughout;
 (b) every column of ``summary()``, with the reference's state loaded into a fresh monitor of the
-    same settings: the columns made from counts alone (p_null, q_null, eig_rank, the percentiles,
-    the verdict, rho, the null quantiles ...) exactly, the means of alignments to the same RTOL.
+    same settings: the columns made from counts alone (p_rho_mc, eig_rank, the percentiles, rho, the
+    null quantiles ...) exactly, the means of alignments and what is made from them (Δγ, the verdict's
+    p_null and q_null) to the same RTOL, and the verdict exactly.
     The two gamma percentiles rank float sums among the draws' sums: exact while no draw lies
     within rounding of the target's, as on these inputs.
 
@@ -58,16 +59,20 @@ RATIONAL = {"clu_w2", "clu_wn"}  # made from u_s - (up-counts summed over draws)
 # summary columns made from counts alone: equal counts give equal numbers
 EXACT_COLUMNS = [
     "n_tokens", "n_nonfinite", "n_sequences", "rho", "rho_null_tokens", "null_tokens", "null_rho_mean",
-    "null_rho_lo", "null_rho_hi", "rho_percentile", "p_null", "q_null", "lift", "eig_rank", "eig_rho_median",
-    "fnull_rho_mean", "fnull_percentile", "p_binom", "rho_norm_only", "rho_ci_lo", "rho_ci_hi", "design_effect",
-    "gamma_pre_percentile", "gamma_mid_percentile", "null_draws", "k", "layer", "null_seed",
+    "null_rho_lo", "null_rho_hi", "rho_percentile", "p_rho_mc", "p_rho_tail", "null_rho_sd", "lift", "eig_rank",
+    "eig_rho_median", "fnull_rho_mean", "fnull_percentile", "p_binom", "rho_norm_only", "rho_ci_lo", "rho_ci_hi",
+    "design_effect", "gamma_pre_percentile", "gamma_mid_percentile", "dgamma_percentile", "null_draws", "k",
+    "layer", "null_seed",
 ]  # fmt: skip
-NEAR_EXACT_COLUMNS = ["lift_ci_lo", "lift_ci_hi"]  # from the rational cluster sums
+NEAR_EXACT_COLUMNS = ["lift_ci_lo", "lift_ci_hi", "detectable_rho"]  # from the rational cluster sums
 TEXT_COLUMNS = ["target", "variant", "rank", "kind", "verdict"]
 FLOAT_COLUMNS = [  # means of alignments, cosines and consensus (to RTOL), and the spectrum's numbers
     "gamma_pre", "gamma_mid", "gamma_post", "delta_mean", "null_gamma_pre_mean", "null_gamma_pre_lo",
     "null_gamma_pre_hi", "null_gamma_mid_mean", "cos_pre", "cos_mid", "cos_post", "consensus_pre",
     "consensus_mid", "consensus_post", "lambda_1_re", "lambda_1_im", "abs_lambda_1", "gap_ratio",
+    # the verdict's test: Δγ of the target and of each draw are differences of alignment means
+    "dgamma", "null_dgamma_mean", "null_dgamma_sd", "null_dgamma_lo", "null_dgamma_hi", "dgamma_lift", "p_null",
+    "q_null", "detectable_dgamma",
 ]  # fmt: skip
 
 

@@ -88,7 +88,9 @@ class Haar(Builtin):
         return [ubar if whole else torch.stack([ubar[..., j] for j in k0], -1)]
 
     def summary(self, row, out: dict) -> dict:
-        """The Haar null's band, p_null (too few null tokens: NaN), percentiles, the lift and its interval."""
+        """The Haar null's band, p_null (Δγ against a t fitted to the draws' Δγ; too few null tokens: NaN),
+        today's Monte-Carlo p of rho (p_rho_mc) and its fitted tail (p_rho_tail), percentiles, the lifts and
+        the interval of rho's."""
         import numpy as np
 
         from .. import stats
@@ -103,6 +105,11 @@ class Haar(Builtin):
         nmid = state["null_mid"][ki].numpy() / ns if ns > 0 else np.array([])
         npre = state["null_pre"][ki].numpy() / nps if nps > 0 else np.array([])
         q = lambda x, a: float(np.quantile(x, a)) if x.size else nan  # noqa: E731
+        enough = ns >= stats.MIN_NULL_TOKENS
+        # the verdict's statistic: Δγ = γ_mid - γ_pre on the null's tokens, the target's and each draw's
+        dg = div(t["sum_mid_sub"], ns) - div(t["sum_pre_sub"], nps)
+        null_dg = nmid - npre if nmid.size and nmid.size == npre.size else np.array([])
+        eps = stats.GROWTH_EPS  # alignments are float32: Δγ's that differ by less are rounding
         col = dict(
             null_tokens=int(ns),
             rho_null_tokens=rho_s,
@@ -110,7 +117,16 @@ class Haar(Builtin):
             null_rho_lo=q(null_rho, 0.025),
             null_rho_hi=q(null_rho, 0.975),
             rho_percentile=stats.percentile(rho_s, null_rho),
-            p_null=stats.mc_p_value(rho_s, null_rho, row.tie_seed) if ns >= stats.MIN_NULL_TOKENS else nan,
+            p_null=stats.tail_p_value(dg, null_dg, stats.DGAMMA_TAIL_DF, row.tie_seed, eps) if enough else nan,
+            p_rho_mc=stats.mc_p_value(rho_s, null_rho, row.tie_seed) if enough else nan,
+            p_rho_tail=stats.tail_p_value(rho_s, null_rho, None, row.tie_seed) if enough else nan,
+            null_rho_sd=float(null_rho.std(ddof=1)) if null_rho.size > 1 else nan,
+            dgamma=dg,
+            null_dgamma_mean=float(null_dg.mean()) if null_dg.size else nan,
+            null_dgamma_sd=float(null_dg.std(ddof=1)) if null_dg.size > 1 else nan,
+            null_dgamma_lo=q(null_dg, 0.025),
+            null_dgamma_hi=q(null_dg, 0.975),
+            dgamma_percentile=stats.percentile(dg, null_dg, eps),
             null_gamma_pre_mean=float(npre.mean()) if npre.size else nan,
             null_gamma_pre_lo=q(npre, 0.025),
             null_gamma_pre_hi=q(npre, 0.975),
@@ -119,6 +135,7 @@ class Haar(Builtin):
             gamma_mid_percentile=stats.percentile(div(t["sum_mid_sub"], ns), nmid),
         )
         col["lift"] = rho_s - col["null_rho_mean"]
+        col["dgamma_lift"] = dg - col["null_dgamma_mean"]
         col.update(
             stats.cluster_ci(t, out["rho"], col["lift"], float(null_rho.var(ddof=1)) if null_rho.size > 1 else 0.0, K)
         )
