@@ -107,7 +107,7 @@ def __getattr__(name: str):
 
 
 def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(__all__))
+    return sorted((set(globals()) | set(__all__)) - {"importlib", "sys", "types", "warnings"})  # names, not tools
 
 
 class _Package(types.ModuleType):
