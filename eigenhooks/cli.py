@@ -313,7 +313,7 @@ def steer(
         with _steer(m, u, method=method, signed=False if symmetric else None, **kw) as s:
             with torch.no_grad():
                 after = torch.softmax(m(**batch).logits[0, -1].double(), -1)
-            rep = s.report(target_token=None if random_head else target)
+            rep = s.summary(target_token=None if random_head else target)
         _check_steered(before, after, alpha, gap_ratio)
     except Exception as e:
         _fail(e, debug, "steer")

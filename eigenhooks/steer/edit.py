@@ -328,7 +328,7 @@ class Steer:
             h.remove()
         return _last_logits(out), hold["final"]
 
-    def report(self, target_token: int | None = None) -> SteerReport:
+    def summary(self, target_token: int | None = None) -> SteerReport:
         """The steered layer's new spectrum and, for the last run inside the block, the final
         residuals' mean |cos| with u and (given a token id, e.g. ``eh.direction.token_id(tok, " Paris")``)
         its next-token probability, before and after. Called after the block, it reports that block's
@@ -446,7 +446,7 @@ def steer(
     Example:
         >>> with eh.steer(model, u, gap_ratio=0.1) as s:    # doctest: +SKIP
         ...     out = model(**batch)
-        >>> s.report().cos_v1_u                               # doctest: +SKIP
+        >>> s.summary().cos_v1_u                               # doctest: +SKIP
         1.0
     """
     return Steer(
