@@ -17,16 +17,28 @@ from ..spectra.readout import read_tokens_many
 
 log = logging.getLogger(__name__)
 FILE = "directions.json"
-PART_COLUMNS = ["layer", "part", "|lambda_1|", "kind", "k", "copying", "circuit copying", "v_1 top tokens"]
+PART_COLUMNS = ["layer", "part", "|lambda_1|", "kind", "k", "copying", "circuit copying", "score", "null 95%", "p", "q"]
+PART_COLUMNS += ["v_1 top tokens (␣ a space)"]
+PART_WRAP = (PART_COLUMNS[-1],)  # a terminal narrower than the table wraps the tokens, never a number
+PART_DROP = ("p", "copying", "|lambda_1|", "null 95%", "k")  # then these go, in this order
 
 
 def _tokens(pairs, n: int = 5) -> str:
     return " ".join(repr(t) for t, _ in pairs[:n])
 
 
+def _plain(pairs, n: int = 5) -> str:
+    """Tokens for a terminal: a space shown as ␣, a newline as ⏎, a tab as ⇥, so that a line wraps between
+    tokens, never inside one."""
+    marks = {" ": "␣", "\n": "⏎", "\t": "⇥"}
+    show = lambda c: c if c.isprintable() and not c.isspace() else marks.get(c, repr(c)[1:-1])  # '\r', '\x0c'
+    return " ".join("".join(map(show, t)) or "∅" for t, _ in pairs[:n])
+
+
 def _readout(r) -> dict:
+    """A readout's fields; ``reads_as`` ('direction' or 'plane') never takes the spectrum's ``kind``."""
     return {
-        "kind": r.kind,
+        "reads_as": r.kind,
         "top": r.top,
         "bottom": r.bottom,
         "score": r.score,
@@ -89,16 +101,25 @@ def part_records(model, tokenizer, specs, k: int = 5, null_draws: int = 100, rea
 
 
 def part_table(records: list[dict]) -> tuple[list[str], list[list]]:
-    """The CLI's per-head (and per-group) table of ``part_records``."""
+    """The CLI's per-head (and per-group) table of ``part_records``; q is Benjamini-Hochberg over the
+    readouts of ``records``."""
+    from ..monitor.stats import bh
+    from .table import fmt_p
+
+    reads = [r["readout"] for r in records if r["readout"]]
+    qs = dict(zip(map(id, reads), bh([r.get("p", float("nan")) for r in reads])))
     rows = []
     for r in records:
         part = f"head {r['index']}" if r["part"] == "head" else f"group {r['index']} {r['heads']}"
-        top = _tokens(r["readout"]["top"]) if r["readout"] else "-"
-        if r["readout"] and r["readout"]["null_draws"]:
-            top += f"  ({r['readout']['score']:.3f}; null {r['readout']['null_lo']:.3f}-{r['readout']['null_hi']:.3f})"
+        read = r["readout"]
+        if read:
+            band = f"{read['null_lo']:.3f}-{read['null_hi']:.3f}" if read["null_draws"] else "-"
+            said = [f"{read['score']:.3f}", band, fmt_p(read.get("p")), fmt_p(qs[id(read)]), _plain(read["top"])]
+        else:
+            said = ["-", "-", "-", "-", "-"]
         rows.append(
             [r["layer"], part, f"{r['abs_lambda_1']:.4f}", r["kind"], r["k"], f"{r['copying_score']:+.3f}"]
-            + [f"{r['circuit_copying']:+.3f}", top]
+            + [f"{r['circuit_copying']:+.3f}", *said]
         )
     return PART_COLUMNS, rows
 
@@ -206,10 +227,11 @@ def section(run_dir: Path, fold: int = 8, heads=None) -> str:
     if doc is None:
         return f"<h2>What the direction is</h2><p>directions.json is unreadable.</p>{verdicts}"
     n = doc.get("readouts_corrected")
-    head = ["layer", "kind", "score", "null band (95%)", "p", f"q (BH over {n})", "v_1 top tokens", "v_1 bottom tokens"]
+    head = ["layer", "kind", "reads as", "score", "null band (95%)", "p", f"q (BH over {n})", "v_1 top tokens"]
+    head += ["v_1 bottom tokens"]
     rows = "".join(
         "<tr>"
-        + _cells([r["layer"], r["kind"], *_score_cells(r)])
+        + _cells([r["layer"], r["kind"], reads_as(r), *_score_cells(r)])
         + _token_cell(r["top"])
         + (_token_cell(r["bottom"]) if r["bottom"] else "<td>(a plane: no sign)</td>")
         + "</tr>"
@@ -231,6 +253,11 @@ Benjamini-Hochberg over every readout below (docs/concepts.md). A cut token list
 <details><summary>Per head and key/value group ({len(shown_parts(doc["parts"]))} rows)</summary>
 <div class="tablebox"><table id="part-readouts"><tr>{pth}</tr>{parts}</table></div></details>
 {verdicts}"""
+
+
+def reads_as(r: dict) -> str:
+    """'direction' or 'plane': a readout's ``reads_as`` (its ``kind`` in a directions.json written before)."""
+    return r.get("reads_as") or r["kind"]
 
 
 def _score_cells(r: dict) -> list[str]:

@@ -17,6 +17,7 @@ import html
 import math
 
 from ..monitor.summary import head_rows, layer_rows
+from .direction_report import reads_as
 
 ALPHA = 0.05
 SHOWN = 6  # findings listed on the first screen; the rest folded below them
@@ -131,7 +132,7 @@ def _needed(reads: list[tuple[str, dict]], n: int) -> str:
 
     said = []
     for kind in ("direction", "plane"):
-        r = next((r for _, r in reads if r["kind"] == kind and r.get("null_mean") is not None), None)
+        r = next((r for _, r in reads if reads_as(r) == kind and r.get("null_mean") is not None), None)
         if r is None:
             continue
         need = score_needed(
@@ -171,12 +172,12 @@ def power_line(df) -> str:
 
 
 def _finding_table(hits: list[tuple[str, dict]]) -> str:
-    head = ["subspace", "kind", "score", "null band (95%)", "p", "q", "top tokens"]
+    head = ["subspace", "reads as", "score", "null band (95%)", "p", "q", "top tokens"]
     th = "".join(f"<th>{h}</th>" for h in head)
 
     def row(w, r):
         toks = _tokens(r, 10)
-        cells = [w, r["kind"], _f(r["score"]), f"{_f(r['null_lo'])}–{_f(r['null_hi'])}", _p(r["p"]), _p(r["q"])]
+        cells = [w, reads_as(r), _f(r["score"]), f"{_f(r['null_lo'])}–{_f(r['null_hi'])}", _p(r["p"]), _p(r["q"])]
         tds = "".join(f"<td>{html.escape(c)}</td>" for c in cells)
         short = _tokens(r, 4)
         return f'<tr>{tds}<td class="tokens" title="{html.escape(toks)}">{html.escape(short)}</td></tr>'

@@ -10,7 +10,6 @@ a reader sees whether u is more token-like than chance (docs/concepts.md, "Token
 from __future__ import annotations
 
 import logging
-import math
 from dataclasses import dataclass
 
 import torch
@@ -54,9 +53,9 @@ class TokenReadout:
     null_lo: float
     null_hi: float
     null_draws: int
-    null_mean: float = math.nan
-    null_sd: float = math.nan
-    p: float = math.nan
+    null_mean: float = float("nan")
+    null_sd: float = float("nan")
+    p: float = float("nan")
     d: int = 0
 
 

@@ -30,7 +30,7 @@ def _summary(verdicts_layers, verdicts_heads=(), K=128):
 def _read(score, kind="direction", d=576):
     m = 1 if kind == "direction" else 2
     mean, sd = (0.143, 0.0128) if m == 1 else (0.165, 0.015)
-    return dict(kind=kind, top=[[" Paris", 0.5], [" London", 0.4]], bottom=[[" the", -0.2]] if m == 1 else [],
+    return dict(reads_as=kind, top=[[" Paris", 0.5], [" London", 0.4]], bottom=[[" the", -0.2]] if m == 1 else [],
                 score=score, null_lo=0.118, null_hi=0.168, null_draws=100, null_mean=mean, null_sd=sd,
                 p=tail_p(score, mean, sd, 100, d, m), d=d)  # fmt: skip
 
