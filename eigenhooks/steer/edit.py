@@ -69,6 +69,18 @@ def check_strength(alpha, gap_ratio) -> tuple[float | None, float | None]:
     return (None if alpha is None else float(alpha)), (None if gap_ratio is None else float(gap_ratio))
 
 
+def check_steered(before, after, alpha, gap_ratio) -> None:
+    """Refuse a steering that drove the model's next-token probabilities to NaN or inf (a table of NaN)."""
+    if not bool(torch.isfinite(before).all()):
+        raise ValueError("the model's own next-token probabilities are not finite (NaN or inf in its weights?)")
+    if not bool(torch.isfinite(after).all()):
+        strength = f"alpha={alpha:g}" if alpha is not None else f"gap_ratio={gap_ratio:g}"
+        raise ValueError(
+            f"steering with {strength} drove the model's outputs to NaN or inf (too strong for its activations' "
+            "range): give a smaller alpha, or gap_ratio instead"
+        )
+
+
 @dataclass
 class SteerReport:
     """What a steering did: the steered layer's spectrum and, after a run, its effect.
