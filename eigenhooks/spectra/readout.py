@@ -16,6 +16,7 @@ import torch
 
 from ..models import Adapter, get_adapter
 from ..models.probe import input_embeddings
+from . import readout_views
 from .tail import tail_p
 
 log = logging.getLogger(__name__)
@@ -57,6 +58,16 @@ class TokenReadout:
     null_sd: float = float("nan")
     p: float = float("nan")
     d: int = 0
+
+    def __repr__(self) -> str:  # score, band, p and the first tokens, in two or three lines
+        return readout_views.readout_repr(self)
+
+    def to_frame(self):
+        """The listed tokens as a pandas DataFrame (end, rank, token, score); score, band and p in ``attrs``."""
+        return readout_views.to_frame(self)
+
+    def _repr_html_(self) -> str:
+        return readout_views.repr_html(self)
 
 
 def scaled_unembedding(model, dtype=torch.float32) -> torch.Tensor:

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 import torch
 
 from ..linalg.eig import Factors, layer_spectrum
+from ..linalg.views import fmt_lambda
 from ..models import Adapter, UnsupportedModelError, get_adapter, layer_index
 from . import rank1
 from .calibration import token_logits, value_activations
@@ -106,9 +107,28 @@ class SteerReport:
     prob_before: float | None = None
     prob_after: float | None = None
 
+    def __repr__(self) -> str:  # two lines: the spectrum's change, then the effect of the last run
+        how = f"{self.method}{', signed' if self.signed else ''}"
+        lines = [
+            f"SteerReport(layer {self.layer}, {how}, alpha {self.alpha:.4g}: λ1 {fmt_lambda(self.lambda_1_before)} -> "
+            f"{fmt_lambda(self.lambda_1)}, gap ratio {self.gap_ratio_before:.3f} -> {self.gap_ratio:.3f}, "
+            f"cos(v1', u) {self.cos_v1_u:.4f}"
+        ]
+        said = []
+        if self.alignment_before is not None:
+            said.append(f"final residuals' mean |cos| with u {self.alignment_before:.3f} -> {self.alignment_after:.3f}")
+        if self.prob_before is not None:
+            said.append(f"target token's probability {self.prob_before:.3g} -> {self.prob_after:.3g}")
+        lines.append("  " + ("; ".join(said) if said else "no run inside the block yet") + ")")
+        return "\n".join(lines)
+
 
 class Steer:
     """Context manager made by ``eigenhooks.steer``; see there."""
+
+    def __repr__(self) -> str:
+        state = "active" if getattr(self, "_active", False) else "inactive"
+        return f"Steer(layer={self.layer}, mode={self.mode!r}, method={self.method!r}, signed={self.signed}, {state})"
 
     def __init__(
         self,
