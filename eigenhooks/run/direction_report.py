@@ -126,7 +126,11 @@ def part_table(records: list[dict]) -> tuple[list[str], list[list]]:
 
 def cli_heads(model, tokenizer, specs, records: list[dict]) -> tuple[list[str], list[list]]:
     """``eigenhooks spectrum --heads``: adds each layer's heads and groups to its JSON record; the table to print."""
-    parts = part_records(model, tokenizer, specs)
+    from ..progress import bar
+
+    with bar("token readouts of every head and group", 1) as b:  # a few seconds on SmolLM2's 360
+        parts = part_records(model, tokenizer, specs)
+        b.advance()
     for rec in records:
         rec["heads"] = [p for p in parts if p["layer"] == rec["layer"] and p["part"] == "head"]
         rec["groups"] = [p for p in parts if p["layer"] == rec["layer"] and p["part"] == "group"]
