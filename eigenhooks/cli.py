@@ -479,6 +479,9 @@ def main() -> None:
         typer.echo("eigenhooks: interrupted", err=True)
         sys.exit(_startup.EXIT_INTERRUPTED)
     except SystemExit as e:
+        if e.code in (0, None) and _startup.undelivered():  # a Ctrl-C in a destructor, the command done first
+            typer.echo("eigenhooks: interrupted", err=True)
+            sys.exit(_startup.EXIT_INTERRUPTED)
         _startup.say_if_silent(e)  # typer ends a Ctrl-C it caught with exit 130 and no word
         raise
     finally:
