@@ -238,6 +238,9 @@ def run(
     df, title = res.summary, f"{model}: alignment per layer ({int(res.summary['n_tokens'].iloc[0])} tokens)"
     print_run_table(title, layer_rows(df), wide=wide)
     print_head_table(f"{model}: alignment per head, the whole layer's update in each head's subspace", df)
+    from .run.findings import print_stood_out
+
+    print_stood_out(df, res.out)  # the report's first screen, in a few lines
     if res.tokens_per_s:
         typer.echo(f"throughput: {res.tokens_per_s:,.0f} tokens/s (monitored forwards)")
     if res.report_error:  # the warning above said why and what to run

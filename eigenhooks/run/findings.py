@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import html
 import math
+import re
 
 from ..monitor.summary import head_rows, layer_rows
 from .direction_report import reads_as
@@ -203,3 +204,35 @@ def stood_out(df, doc: dict | None) -> str:
         if line:
             items.append(f"<li>{html.escape(line)}</li>")
     return f'<section id="stood-out"><h2>What stood out</h2><ul>{"".join(items)}</ul></section>'
+
+
+def _plain(line: str) -> str:
+    return html.unescape(re.sub(r"<[^>]+>", "", line))
+
+
+def stood_out_text(df, doc: dict | None, shown: int = 5) -> list[str]:
+    """The first screen in plain lines, for the terminal after ``eigenhooks run`` (the report has it all)."""
+    lines = [_plain(x) for x in verdict_lines(df)]
+    said, hits = readout_findings(doc)
+    if said:
+        lines.append(_plain(said).rstrip(":") + ("; the strongest:" if hits else ""))
+        for w, r in hits[:shown]:
+            lines.append(
+                f"  {w}: {reads_as(r)}, score {_f(r['score'])} (null {_f(r['null_lo'])}–{_f(r['null_hi'])}), "
+                f"q {_p(r['q'])}; {_tokens(r, 4)}"
+            )
+        if len(hits) > shown:
+            lines.append(f"  and {len(hits) - shown} more (report.html)")
+    lines += [x for x in (copying_line(doc), power_line(df)) if x]
+    return lines
+
+
+def print_stood_out(df, run_dir) -> None:
+    """``stood_out_text`` of a run folder on stdout, under "what stood out:"."""
+    import typer
+
+    from . import direction_report
+
+    typer.echo("what stood out:")
+    for line in stood_out_text(df, direction_report.read(run_dir)):
+        typer.echo(f" {line}" if line.startswith("  ") else f"- {line}")

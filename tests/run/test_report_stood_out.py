@@ -99,3 +99,15 @@ def test_nothing_above_x_when_the_power_column_is_there(col):
     assert "Nothing above" not in stood_out(df, None)
     df[col] = [0.12, 0.2, 0.31]
     assert "Nothing above 0.120–0.310" in stood_out(df, None)
+
+
+def test_the_command_says_what_stood_out_below_its_tables(tmp_path):
+    from typer.testing import CliRunner
+
+    from eigenhooks.cli import app
+
+    r = CliRunner().invoke(app, ["run", "gpt2-tiny", "--heads", "--max-tokens", "300", "--out", str(tmp_path / "r")])
+    assert r.exit_code == 0, r.output
+    said = r.stdout[r.stdout.index("what stood out:") :].splitlines()
+    assert said[1].startswith("- 8 layer rows") and said[2].startswith("- 16 head rows")
+    assert any("token" in x and "readouts" in x for x in said) and any("no null" in x for x in said)
