@@ -8,7 +8,8 @@
   readout the report shows (``direction_report.correct``: ~390 on SmolLM2), with score, band, p and q;
   where none did, the score a readout would have needed;
 - the strongest copying heads by circuit copying, said to have no null;
-- "nothing above X" from the power study's smallest-detectable-effect column, when the summary has one.
+- where no row stood out, "nothing above X" from the power study's detectable_dgamma and detectable_rho
+  columns (issue 51) when the summary has them, else the q a lone row could reach at this run's K.
 """
 
 from __future__ import annotations
@@ -22,8 +23,8 @@ from .direction_report import reads_as
 
 ALPHA = 0.05
 SHOWN = 6  # findings listed on the first screen; the rest folded below them
-# the power study's (issue 51) smallest detectable effect per row, by the first of these names present
-DETECTABLE = ("rho_detectable", "detectable_rho", "mde_rho", "rho_mde")
+# the power study's (issue 51) smallest effect each row would have been called at with 80% power
+DETECTABLE = {"detectable_dgamma": "Δγ", "detectable_rho": "Δρ"}
 
 
 def _f(v, digits: int = 3) -> str:
@@ -67,7 +68,7 @@ def verdict_lines(df) -> list[str]:
             more = f" and {len(items) - SHOWN} more (the tables below)" if len(items) > SHOWN else ""
             said += " Stood out: " + "; ".join(items[:SHOWN]) + more + "."
         else:
-            said += " " + _reach(rows, name)
+            said += " " + (_nothing_above(rows, name) or _reach(rows, name))
         lines.append(said)
     return lines
 
@@ -162,14 +163,20 @@ def copying_line(doc: dict | None, n: int = 5) -> str:
     )
 
 
-def power_line(df) -> str:
-    """'Nothing above X': the smallest effect each layer row would have detected, when the run has it."""
-    col = next((c for c in DETECTABLE if c in df.columns), None)
-    rows = layer_rows(df)
-    if col is None or rows[col].dropna().empty:
+def _nothing_above(rows, name: str) -> str:
+    """'Nothing above X': the smallest effects the rows would have been called at, when the run has them."""
+    said = []
+    for col, what in DETECTABLE.items():
+        x = rows[col].replace([math.inf, -math.inf], math.nan).dropna() if col in rows else []
+        if len(x):
+            lo, hi = float(x.min()), float(x.max())
+            said.append(f"{what} {_f(lo)}" + (f"–{_f(hi)}" if hi > lo else ""))
+    if not said:
         return ""
-    lo, hi = float(rows[col].min()), float(rows[col].max())
-    return f"Nothing above {_f(lo)}–{_f(hi)}: the smallest Δρ a layer row would have detected at 80% power ({col})."
+    return (
+        f"No {name} row differs from its null: nothing above {' or '.join(said)} (the smallest effect each row "
+        "would have been called at, 80% power)."
+    )
 
 
 def _finding_table(hits: list[tuple[str, dict]]) -> str:
@@ -200,9 +207,9 @@ def stood_out(df, doc: dict | None) -> str:
                     f"</summary>{_finding_table(hits[SHOWN:])}</details>"
                 )
         items.append(f'<li id="stood-out-readouts">{body}</li>')
-    for line in (copying_line(doc), power_line(df)):
-        if line:
-            items.append(f"<li>{html.escape(line)}</li>")
+    line = copying_line(doc)
+    if line:
+        items.append(f"<li>{html.escape(line)}</li>")
     return f'<section id="stood-out"><h2>What stood out</h2><ul>{"".join(items)}</ul></section>'
 
 
@@ -223,7 +230,7 @@ def stood_out_text(df, doc: dict | None, shown: int = 5) -> list[str]:
             )
         if len(hits) > shown:
             lines.append(f"  and {len(hits) - shown} more (report.html)")
-    lines += [x for x in (copying_line(doc), power_line(df)) if x]
+    lines += [x for x in (copying_line(doc),) if x]
     return lines
 
 

@@ -8,7 +8,6 @@ from __future__ import annotations
 import math
 
 import pandas as pd
-import pytest
 
 from eigenhooks.run import direction_report
 from eigenhooks.run.findings import DETECTABLE, stood_out
@@ -93,12 +92,16 @@ def test_nothing_above_its_null_says_the_score_it_would_have_needed():
     )
 
 
-@pytest.mark.parametrize("col", DETECTABLE[:1])
-def test_nothing_above_x_when_the_power_column_is_there(col):
-    df = _summary(["indistinguishable"] * 3)
-    assert "Nothing above" not in stood_out(df, None)
-    df[col] = [0.12, 0.2, 0.31]
-    assert "Nothing above 0.120–0.310" in stood_out(df, None)
+def test_nothing_above_x_when_the_power_columns_are_there():
+    df = _summary(["indistinguishable"] * 3, ["indistinguishable"] * 2)
+    assert "Nothing above" not in stood_out(df, None) and "nothing above" not in stood_out(df, None)
+    assert set(DETECTABLE) == {"detectable_dgamma", "detectable_rho"}  # the power study's names (issue 51)
+    df["detectable_dgamma"] = [0.012, 0.02, 0.031, 0.05, 0.05]
+    df["detectable_rho"] = [0.12, 0.2, math.inf, 0.4, 0.4]  # inf: not even rho = 1 would be called
+    page = stood_out(df, None)
+    assert "No layer row differs from its null: nothing above Δγ 0.012–0.031 or Δρ 0.120–0.200" in page
+    assert "nothing above Δγ 0.050 or Δρ 0.400" in page  # the head rows, their own family
+    assert "--null-draws" not in page  # the Monte-Carlo floor's sentence is for runs without them
 
 
 def test_the_command_says_what_stood_out_below_its_tables(tmp_path):
