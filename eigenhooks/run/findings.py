@@ -140,9 +140,11 @@ def _needed(reads: list[tuple[str, dict]], n: int) -> str:
         need = score_needed(
             ALPHA / n, r["null_mean"], r["null_sd"], r["null_draws"], r["d"], 1 if kind == "direction" else 2
         )
-        said.append(
-            f"a {kind} would have needed a score of {_f(need)} (its null's 95% band {_f(r['null_lo'])}–{_f(r['null_hi'])})"
-        )
+        band = f"its null's 95% band {_f(r['null_lo'])}–{_f(r['null_hi'])}"
+        if need > 1:  # a score is a mean of cosines or projection norms: at most 1
+            said.append(f"no {kind} could have ({band}; in d = {r['d']} the tail bound allows no score up to 1)")
+        else:
+            said.append(f"a {kind} would have needed a score of {_f(need)} ({band})")
     return f"after Benjamini-Hochberg over {n} readouts: " + ("; ".join(said) or "no null was drawn")
 
 

@@ -92,6 +92,14 @@ def test_nothing_above_its_null_says_the_score_it_would_have_needed():
     )
 
 
+def test_a_score_past_one_is_said_to_be_out_of_reach():
+    doc = _doc([0.15] * 10, [0.14] * 30)
+    for r in doc["layers"] + [p["readout"] for p in doc["parts"]]:
+        r["d"] = 8  # a tiny width: the bound needs more than a cosine can give
+    page = stood_out(_summary(["indistinguishable"] * 2), doc)
+    assert "no direction could have (its null's 95% band 0.118–0.168; in d = 8 the tail bound allows no score" in page
+
+
 def test_nothing_above_x_when_the_power_columns_are_there():
     df = _summary(["indistinguishable"] * 3, ["indistinguishable"] * 2)
     assert "Nothing above" not in stood_out(df, None) and "nothing above" not in stood_out(df, None)
