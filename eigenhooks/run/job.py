@@ -298,7 +298,9 @@ def _reduce(st: _Study, sink: Path | None) -> None:
     D.gather_jsonl(sink, sink if st.folder is not None else None)
 
 
-def _forwards(st: _Study, batches: TokenBatches, ctx, backend: str, progress: bool | None, total: int | None) -> None:
+def _forwards(
+    st: _Study, batches: TokenBatches, ctx, backend: str, progress: bool | None, total: int | None = None
+) -> None:
     import warnings
 
     from ..monitor import MeasurementWarning
