@@ -174,7 +174,8 @@ def fit_table(
     """
     from rich.console import Console
 
-    def build(keep: list[int], caption: str | None, wrapping: bool):
+    def build(keep: list[int], caption: str | None, wrapping: bool, squeeze: int = 0):
+        from rich.cells import cell_len
         from rich.table import Table
         from rich.text import Text
 
@@ -183,9 +184,11 @@ def fit_table(
             c = columns[i]
             whole = max([len(c)] + [len(r[i]) for r in cells])
             soft = wrapping and c in wrap
+            word = max(cell_len(w) for x in [c] + [r[i] for r in cells] for w in x.split() or [""])
             table.add_column(
                 Text(c), justify="left" if c in LEFT_COLUMNS or c in wrap else "right",
                 no_wrap=not soft, overflow="fold", min_width=None if soft else whole,
+                width=max(8, word - squeeze) if soft and squeeze else None,  # a token longer than the room: folded
             )  # fmt: skip
         for r in cells:
             table.add_row(*[Text(r[i]) for i in keep])  # Text: a token or a name is never read as markup
@@ -208,7 +211,11 @@ def fit_table(
         table = build(keep, None, True)
     if dropped:
         said = f"{len(dropped)} more columns ({', '.join(dropped)}): --json, or a wider terminal"
-        table = build(keep, f"{caption}; {said}" if caption else said, True)
+        caption = f"{caption}; {said}" if caption else said
+        table = build(keep, caption, True)
+    excess = measure.measure(table).minimum - width
+    if excess > 0 and any(columns[i] in wrap for i in keep):  # a token wider than the room left folds
+        table = build(keep, caption, True, excess)
     return table, dropped
 
 
