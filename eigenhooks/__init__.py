@@ -77,7 +77,7 @@ def __getattr__(name: str):
 
 
 def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(__all__))
+    return sorted((set(globals()) | set(__all__)) - {"importlib", "sys", "types", "warnings"})  # names, not tools
 
 
 __all__ = [n for n in _PUBLIC if n not in ("run", "integrations")] + ["__version__"]

@@ -78,28 +78,53 @@ def say_if_silent(e: SystemExit) -> None:
 
 
 _dropped_by = []  # the unraisable hook that ``done`` replaced, for ``end``
+DELIVER_AFTER = 0.02  # seconds before a Ctrl-C caught in a destructor is raised again in the main thread
+_pending: list[threading.Timer] = []  # such a Ctrl-C, not delivered yet
+_pending_lock = threading.Lock()
+
+
+def _deliver() -> None:
+    import _thread
+
+    with _pending_lock:  # kept pending until the command ends: raised inside a hook, it is dropped again
+        if _pending:  # else the command ended first and ``undelivered`` took it
+            _thread.interrupt_main()
 
 
 def _keep(unraisable) -> None:
     """A Ctrl-C that lands in a destructor (``__del__``) or a weakref callback stops the command.
     CPython prints it as "Exception ignored in ..." and drops it, and the command ran on to rc 0 (seen
     here: ``eigenhooks verify`` hit it in regex's ``Group.__del__``); it goes back to the main thread
-    as a KeyboardInterrupt instead."""
+    as a KeyboardInterrupt instead, or, when the command ends before that thread runs (a loaded
+    machine), ``undelivered`` says so and the command exits 130 all the same."""
     if isinstance(unraisable.exc_value, KeyboardInterrupt):
-        import _thread
-
         # from another thread, a moment later: raised in this hook, it would be dropped again
-        timer = threading.Timer(0.02, _thread.interrupt_main)
+        timer = threading.Timer(DELIVER_AFTER, _deliver)
         timer.daemon = True
+        with _pending_lock:
+            _pending.append(timer)
         timer.start()
     else:
         _dropped_by[-1](unraisable)
+
+
+def undelivered() -> bool:
+    """Whether a Ctrl-C was caught in a destructor during the command (raised again in the main thread
+    or not: it may have landed in another hook and been dropped again); it is then taken here, never
+    raised later, and a command that ended 0 exits 130."""
+    with _pending_lock:
+        for t in _pending:
+            t.cancel()
+        found = bool(_pending)
+        _pending.clear()
+    return found
 
 
 def end() -> None:
     """The command is over: the unraisable hook it found back, and its exit code its own."""
     if _dropped_by and sys.unraisablehook is _keep:
         sys.unraisablehook = _dropped_by.pop()
+    undelivered()  # a timer still waiting never interrupts what runs after the command
     forget_interrupt()
 
 

@@ -18,7 +18,7 @@ from .monitor.config import DEFAULTS as D
 from .monitor.summary import layer_rows
 from .run.checks import interrupted
 from .run.commandline import ReadableTyper, VersionOpt, as_flags, one_line_warnings, quiet_libraries
-from .run.table import emit, fmt_complex, fmt_mb, print_head_table, print_run_table
+from .run.table import emit, fmt_complex, fmt_mb, print_head_table, print_run_table, steered_rows
 
 app = ReadableTyper(add_completion=False, no_args_is_help=True, help="Power-method alignment of transformer tokens.")
 
@@ -91,7 +91,7 @@ def spectrum(
     """Per-layer spectrum of F = O V: lambda_1, |lambda_1|, kind, gap ratio and k."""
     try:
         from . import spectra
-        from .run.direction_report import cli_heads
+        from .run.direction_report import PART_DROP, PART_WRAP, cli_heads
         from .zoo.loading import load_model
 
         m, tok = load_model(model, backend=backend)
@@ -117,7 +117,8 @@ def spectrum(
     parts = cli_heads(m, tok, specs, records) if heads else None  # per head and group, with v_1's top tokens
     emit(f"{model}: spectrum of F ({variant}, ranked by {rank})", SPECTRUM_COLUMNS, rows, as_json, records)
     if parts and not as_json:
-        emit(f"{model}: what each head and kv group writes", *parts, False, [])
+        title = f"{model}: what each head and kv group writes (q: Benjamini-Hochberg over these readouts)"
+        emit(title, *parts, False, [], wrap=PART_WRAP, drop=PART_DROP)
 
 
 @app.command()
@@ -238,6 +239,9 @@ def run(
     df, title = res.summary, f"{model}: alignment per layer ({int(res.summary['n_tokens'].iloc[0])} tokens)"
     print_run_table(title, layer_rows(df), wide=wide)
     print_head_table(f"{model}: alignment per head, the whole layer's update in each head's subspace", df)
+    from .run.findings import print_stood_out
+
+    print_stood_out(df, res.out)  # the report's first screen, in a few lines
     if res.tokens_per_s:
         typer.echo(f"throughput: {res.tokens_per_s:,.0f} tokens/s (monitored forwards)")
     if res.report_error:  # the warning above said why and what to run
@@ -263,8 +267,21 @@ def steer(
     model: ModelArg = "gpt2-tiny",
     toward: Annotated[str, typer.Option(help="a token (e.g. ' return') or a .npy file with a unit vector")] = " return",
     prompt: Annotated[list[str] | None, typer.Option(help="prompt(s); repeat the flag for several")] = None,
-    gap_ratio: Annotated[float | None, typer.Option(help="the steered layer's gap ratio (default 0.1)")] = None,
-    alpha: Annotated[float | None, typer.Option(help="strength on the paper's scale, instead of --gap-ratio")] = None,
+    gap_ratio: Annotated[
+        float | None,
+        typer.Option(
+            help="the steered layer's gap ratio |λ2|/|λ1| with u principal, in (0, 1): the smaller, the stronger. "
+            "The default 0.1 makes u dominate the layer, a strong push (SmolLM2: ' Paris' 0.03 -> 1.00); "
+            "0.9 is gentler (0.47)"
+        ),
+    ] = None,
+    alpha: Annotated[
+        float | None,
+        typer.Option(
+            help="instead of --gap-ratio, the strength on the paper's scale: 0 changes nothing, 5 nudges "
+            "(SmolLM2: ' Paris' 0.03 -> 0.12), 20 pushes (0.96)"
+        ),
+    ] = None,
     layer: Annotated[int, typer.Option(help="attention layer (default the last)")] = -1,
     mode: Annotated[str, typer.Option(help="edit or hook")] = "edit",
     method: Annotated[str, typer.Option(help="exact (F'u = lambda u) or paper (O + alpha u w^T)")] = "exact",
@@ -275,13 +292,19 @@ def steer(
     allow_shared: Annotated[bool, typer.Option("--allow-shared", help="steer a shared-weight layer")] = False,
     debug: DebugOpt = False,
 ) -> None:
-    """Top-k next tokens before and after a rank-1 steering of one layer, and the alignment change."""
+    """Next-token probabilities before and after a rank-1 steering of one layer, and the alignment change.
+
+    By default (--gap-ratio 0.1) u becomes the layer's principal direction by far, a strong push that can
+    take the next token to u's token almost surely; --gap-ratio 0.9 or a small --alpha (e.g. 5) steers gently.
+    The table lists the top-k tokens before and after, and the --toward token, each with its probability
+    before and after.
+    """
     try:
         import torch
 
         from . import steer as _steer
         from .steer import direction as _direction
-        from .steer.edit import check_strength
+        from .steer.edit import check_steered, check_strength
         from .zoo.loading import UNTRAINED_HEAD, load_model
 
         alpha, gap_ratio = check_strength(alpha, gap_ratio)  # before loading: a bad strength is no weight error
@@ -314,23 +337,12 @@ def steer(
         with _steer(m, u, method=method, signed=False if symmetric else None, **kw) as s:
             with torch.no_grad():
                 after = torch.softmax(m(**batch).logits[0, -1].double(), -1)
-            rep = s.report(target_token=None if random_head else target)
-        _check_steered(before, after, alpha, gap_ratio)
+            rep = s.summary(target_token=None if random_head else target)
+        check_steered(before, after, alpha, gap_ratio)
     except Exception as e:
         _fail(e, debug, "steer")
         return
-    pb, ib = before.topk(top_k)
-    pa, ia = after.topk(top_k)
-    rows = [
-        [
-            i + 1,
-            repr(tok.decode([int(ib[i])])),
-            f"{float(pb[i]):.3f}",
-            repr(tok.decode([int(ia[i])])),
-            f"{float(pa[i]):.3f}",
-        ]
-        for i in range(top_k)
-    ]
+    rows = steered_rows(tok, before, after, top_k, target)
     if random_head:
         why = (
             "is not in the checkpoint and was initialised randomly when loading"
@@ -339,7 +351,9 @@ def steer(
         )
         typer.echo(f"no token table: {model}'s LM head {why}, so its token probabilities mean nothing")
     else:
-        emit(f"{model}: next token for {prompts[0]!r}", ["#", "before", "p", "after", "p"], rows, False, [])
+        strength = f"alpha {alpha:g}" if alpha is not None else f"gap ratio {gap_ratio:g}"
+        title = f"{model}: next token for {prompts[0]!r}, steered at {strength}"
+        emit(title, ["next token", "p before", "p after", "change"], rows, False, [], wrap=("next token",))
     typer.echo(
         f"layer {rep.layer} ({rep.method}{', signed' if rep.signed else ''}): alpha {rep.alpha:.3f}; "
         f"lambda_1 {fmt_complex(rep.lambda_1_before)} -> {fmt_complex(rep.lambda_1)}, "
@@ -348,20 +362,6 @@ def steer(
     typer.echo(f"final residuals' mean |cos| with u: {rep.alignment_before:.3f} -> {rep.alignment_after:.3f}")
     if rep.prob_before is not None:
         typer.echo(f"p({toward!r}) at the last position: {rep.prob_before:.2e} -> {rep.prob_after:.2e}")
-
-
-def _check_steered(before, after, alpha, gap_ratio) -> None:
-    """Refuse a steering that drove the model's next-token probabilities to NaN or inf (a table of NaN)."""
-    import torch
-
-    if not bool(torch.isfinite(before).all()):
-        raise ValueError("the model's own next-token probabilities are not finite (NaN or inf in its weights?)")
-    if not bool(torch.isfinite(after).all()):
-        strength = f"alpha={alpha:g}" if alpha is not None else f"gap_ratio={gap_ratio:g}"
-        raise ValueError(
-            f"steering with {strength} drove the model's outputs to NaN or inf (too strong for its activations' "
-            "range): give a smaller alpha, or gap_ratio instead"
-        )
 
 
 def _toward_npy(model, path: str):
@@ -483,6 +483,9 @@ def main() -> None:
         typer.echo("eigenhooks: interrupted", err=True)
         sys.exit(_startup.EXIT_INTERRUPTED)
     except SystemExit as e:
+        if e.code in (0, None) and _startup.undelivered():  # a Ctrl-C in a destructor, the command done first
+            typer.echo("eigenhooks: interrupted", err=True)
+            sys.exit(_startup.EXIT_INTERRUPTED)
         _startup.say_if_silent(e)  # typer ends a Ctrl-C it caught with exit 130 and no word
         raise
     finally:

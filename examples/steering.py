@@ -17,7 +17,7 @@ batch = tok(["def f(x):\n    y = x + 1\n   "], return_tensors="pt")
 for method in ("exact", "paper"):
     with eh.steer(model, u, gap_ratio=0.1, method=method) as s, torch.no_grad():
         model(**batch)
-        rep = s.report(target_token=target)
+        rep = s.summary(target_token=target)
     print(
         f"{method:5s}: alpha {rep.alpha:.2f}, lambda_1 {rep.lambda_1_before:.3f} -> {rep.lambda_1:.3f}, "
         f"gap ratio {rep.gap_ratio_before:.3f} -> {rep.gap_ratio:.3f}, cos(v1', u) {rep.cos_v1_u:.6f}, "

@@ -12,6 +12,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from . import views
+
 RANKS = ("modulus", "residual")
 KINDS = ("real-dominant", "complex-dominant", "near-degenerate")
 DEFAULT_THRESHOLD = 0.99
@@ -61,15 +63,25 @@ class PartSpectrum:
         nz = mu[mu.abs() > ZERO_TOL * max(float(mu.abs().max()), 1e-300)] if mu.numel() else mu
         return complex(nz[0]) if nz.numel() else 0j
 
+    def __repr__(self) -> str:  # a line, tensors by shape (views.py)
+        return views.part_repr(self)
 
-@dataclass(kw_only=True)
+    def to_frame(self):
+        """This part's row as a pandas DataFrame (layer, part, kind, lambda_1, |lambda_1|, k, gap, copying)."""
+        return views.to_frame(self)
+
+    def _repr_html_(self) -> str:
+        return views.repr_html(self)
+
+
+@dataclass(kw_only=True, repr=False)
 class HeadSpectrum(PartSpectrum):
     """Spectrum of query head ``head``'s F_h = O_h V_{g(h)}, g(h) the key/value group it reads."""
 
     head: int
 
 
-@dataclass(kw_only=True)
+@dataclass(kw_only=True, repr=False)
 class GroupSpectrum(PartSpectrum):
     """Spectrum of key/value group ``group``'s F_g = sum over its query heads ``heads`` of O_h V_g.
 
@@ -126,6 +138,21 @@ class LayerSpectrum:
         """The ranking score: |lambda| or |1 + lambda|."""
         lam = torch.as_tensor(lam)
         return (lam if self.rank == "modulus" else 1 + lam).abs()
+
+    def __repr__(self) -> str:  # a line, tensors by shape (views.py): 30 layers fit a screen
+        return views.layer_repr(self)
+
+    def to_frame(self):
+        """This layer's row, and one per head and group when it has them, as a pandas DataFrame.
+
+        Example:
+            >>> import pandas as pd  # doctest: +SKIP
+            >>> pd.concat([s.to_frame() for s in eh.spectra(model, heads=True)])  # doctest: +SKIP
+        """
+        return views.to_frame(self)
+
+    def _repr_html_(self) -> str:
+        return views.repr_html(self)
 
 
 def rank_scores(eigenvalues: torch.Tensor, rank: str) -> torch.Tensor:

@@ -61,7 +61,7 @@ def draw_rho(ax, df, target: str) -> None:
 
     x = df["layer"].to_numpy()
     ax.fill_between(x, df["null_rho_lo"], df["null_rho_hi"], color="grey", alpha=0.3, label="null ρ 95% band")
-    ax.plot(x, df["null_rho_mean"], color="grey", lw=0.8, ls="--")
+    ax.plot(x, df["null_rho_mean"], color="grey", lw=0.8, ls="--", label="null ρ mean")
     lo = (df["rho"] - df["rho_ci_lo"]).clip(lower=0).fillna(0)
     hi = (df["rho_ci_hi"] - df["rho"]).clip(lower=0).fillna(0)
     ax.errorbar(x, df["rho"], yerr=[lo, hi], fmt="o", ms=4, color="C0", capsize=3, label="ρ, 95% CI", zorder=4)
@@ -78,7 +78,7 @@ def draw_rho(ax, df, target: str) -> None:
                 x[sel], tested[sel], marker=mk, s=MARK_SIZE, color=col, transform=beside, zorder=3,
                 label=f"{verdict} (q < 0.05)",
             )  # fmt: skip
-    ax.axhline(0.5, color="k", lw=0.6, ls=":")
+    ax.axhline(0.5, color="k", lw=0.6, ls=":", label="ρ = 0.5: as many tokens tilt away as toward")
     ax.set_ylim(*RHO_YLIM)
     ax.set_ylabel("ρ = P(alignment grows)")
     ax.set_title(f"{target}: ρ per layer against the Haar null", fontsize=10)
@@ -160,14 +160,16 @@ def eigenvalue_planes(spectra, max_cols: int = 4):
     for ax, s in zip(axes.flat, spectra):
         ev = s.eigenvalues.numpy()
         t = [2 * math.pi * i / 200 for i in range(201)]
-        ax.plot([math.cos(a) for a in t], [math.sin(a) for a in t], color="grey", lw=0.6)
-        ax.scatter(ev.real, ev.imag, s=6, alpha=0.6)
-        ax.scatter([s.lambda_1.real], [s.lambda_1.imag], s=40, color="red", marker="*", label="lambda_1")
-        ax.axhline(0, color="k", lw=0.3)
-        ax.axvline(0, color="k", lw=0.3)
+        ax.plot([math.cos(a) for a in t], [math.sin(a) for a in t], color="grey", lw=0.6, label="unit circle |λ| = 1")
+        ax.scatter(ev.real, ev.imag, s=6, alpha=0.6, label="eigenvalues of F")
+        ax.scatter([s.lambda_1.real], [s.lambda_1.imag], s=40, color="red", marker="*", label="λ1")
+        ax.axhline(0, color="k", lw=0.3, label="real and imaginary axes")
+        ax.axvline(0, color="k", lw=0.3, label="_the imaginary axis: one entry with the real one")
         ax.set_title(f"layer {s.layer}\n{s.kind}", fontsize=9)  # two lines: "complex-dominant" fits a 2-inch panel
         ax.set_aspect("equal", adjustable="datalim")
-    fig.tight_layout()
+    if n:  # one legend for every panel, above them
+        fig.legend(*axes.flat[0].get_legend_handles_labels(), loc="upper center", ncol=4, fontsize=8, frameon=False)
+    fig.tight_layout(rect=(0, 0, 1, 1 - 0.35 / (side * rows)))  # room for the legend's line
     return fig
 
 

@@ -17,11 +17,22 @@ from ..spectra.readout import read_tokens_many
 
 log = logging.getLogger(__name__)
 FILE = "directions.json"
-PART_COLUMNS = ["layer", "part", "|lambda_1|", "kind", "k", "copying", "circuit copying", "v_1 top tokens"]
+PART_COLUMNS = ["layer", "part", "|lambda_1|", "kind", "k", "copying", "circuit copying", "score", "null 95%", "p", "q"]
+PART_COLUMNS += ["v_1 top tokens (␣ a space)"]
+PART_WRAP = (PART_COLUMNS[-1],)  # a terminal narrower than the table wraps the tokens, never a number
+PART_DROP = ("p", "copying", "|lambda_1|", "null 95%", "k")  # then these go, in this order
 
 
 def _tokens(pairs, n: int = 5) -> str:
     return " ".join(repr(t) for t, _ in pairs[:n])
+
+
+def _plain(pairs, n: int = 5) -> str:
+    """Tokens for a terminal: a space shown as ␣, a newline as ⏎, a tab as ⇥, so that a line wraps between
+    tokens, never inside one."""
+    marks = {" ": "␣", "\n": "⏎", "\t": "⇥"}
+    show = lambda c: c if c.isprintable() and not c.isspace() else marks.get(c, repr(c)[1:-1])  # '\r', '\x0c'
+    return " ".join("".join(map(show, t)) or "∅" for t, _ in pairs[:n])
 
 
 def _readout(r) -> dict:
@@ -34,6 +45,10 @@ def _readout(r) -> dict:
         "null_lo": r.null_lo,
         "null_hi": r.null_hi,
         "null_draws": r.null_draws,
+        "null_mean": r.null_mean,
+        "null_sd": r.null_sd,
+        "p": r.p,
+        "d": r.d,
     }
 
 
@@ -86,28 +101,40 @@ def part_records(model, tokenizer, specs, k: int = 5, null_draws: int = 100, rea
 
 
 def part_table(records: list[dict]) -> tuple[list[str], list[list]]:
-    """The CLI's per-head (and per-group) table of ``part_records``."""
+    """The CLI's per-head (and per-group) table of ``part_records``; q is Benjamini-Hochberg over the
+    readouts of ``records``."""
+    from ..monitor.stats import bh
+    from .table import fmt_p
+
+    reads = [r["readout"] for r in records if r["readout"]]
+    qs = dict(zip(map(id, reads), bh([r.get("p", float("nan")) for r in reads])))
     rows = []
     for r in records:
         part = f"head {r['index']}" if r["part"] == "head" else f"group {r['index']} {r['heads']}"
-        top = _tokens(r["readout"]["top"]) if r["readout"] else "-"
-        if r["readout"] and r["readout"]["null_draws"]:
-            top += f"  ({r['readout']['score']:.3f}; null {r['readout']['null_lo']:.3f}-{r['readout']['null_hi']:.3f})"
+        read = r["readout"]
+        if read:
+            band = f"{read['null_lo']:.3f}-{read['null_hi']:.3f}" if read["null_draws"] else "-"
+            said = [f"{read['score']:.3f}", band, fmt_p(read.get("p")), fmt_p(qs[id(read)]), _plain(read["top"])]
+        else:
+            said = ["-", "-", "-", "-", "-"]
         rows.append(
             [r["layer"], part, f"{r['abs_lambda_1']:.4f}", r["kind"], r["k"], f"{r['copying_score']:+.3f}"]
-            + [f"{r['circuit_copying']:+.3f}", top]
+            + [f"{r['circuit_copying']:+.3f}", *said]
         )
     return PART_COLUMNS, rows
 
 
 def cli_heads(model, tokenizer, specs, records: list[dict]) -> tuple[list[str], list[list]]:
     """``eigenhooks spectrum --heads``: adds each layer's heads and groups to its JSON record; the table to print."""
-    parts = part_records(model, tokenizer, specs)
+    from ..progress import bar
+
+    with bar("token readouts of every head and group", 1) as b:  # a few seconds on SmolLM2's 360
+        parts = part_records(model, tokenizer, specs)
+        b.advance()
     for rec in records:
         rec["heads"] = [p for p in parts if p["layer"] == rec["layer"] and p["part"] == "head"]
         rec["groups"] = [p for p in parts if p["layer"] == rec["layer"] and p["part"] == "group"]
-    gqa = any(len(p["heads"]) > 1 for p in parts if p["part"] == "group")
-    return part_table([p for p in parts if gqa or p["part"] == "head"])  # without GQA a group is its head
+    return part_table(shown_parts(parts))
 
 
 def write(run_dir: Path, model, tokenizer, k: int = 10, null_draws: int = 100) -> None:
@@ -132,12 +159,32 @@ def write(run_dir: Path, model, tokenizer, k: int = 10, null_draws: int = 100) -
             ],
             "parts": part_records(model, tokenizer, specs, reads=reads),
         }
+        doc["readouts_corrected"] = correct(doc)
     except Exception as e:  # noqa: BLE001 - the section is optional; the run's numbers are not
         log.warning("what the direction is: not written (%s: %s)", type(e).__name__, e)
         return
     tmp = Path(run_dir) / f".{FILE}.tmp"
     tmp.write_text(json.dumps(doc, allow_nan=True, default=float))
     tmp.replace(Path(run_dir) / FILE)
+
+
+def shown_parts(parts: list[dict]) -> list[dict]:
+    """The parts the tables show: every head, and the key/value groups when there is GQA (without it a
+    group is its head)."""
+    gqa = any(len(p.get("heads", [])) > 1 for p in parts if p["part"] == "group")
+    return [p for p in parts if gqa or p["part"] == "head"]
+
+
+def correct(doc: dict) -> int:
+    """Benjamini-Hochberg q over every readout the report shows (each layer's v_1, each head, each group
+    under GQA), written into each readout as ``q``; returns how many were corrected over."""
+    from ..monitor.stats import bh
+
+    reads = [r for r in doc["layers"]] + [p["readout"] for p in shown_parts(doc["parts"]) if p["readout"]]
+    ps = [r.get("p", float("nan")) for r in reads]
+    for r, q in zip(reads, bh(ps)):
+        r["q"] = q
+    return sum(1 for p in ps if p == p)  # not NaN
 
 
 def _cells(values) -> str:
@@ -162,6 +209,17 @@ of their own (docs/concepts.md, "Head targets"). Every column is in summary.csv.
 """
 
 
+def read(run_dir: Path) -> dict | None:
+    """directions.json as written, with each shown readout's BH ``q``; None when missing or unreadable."""
+    try:
+        doc = json.loads((Path(run_dir) / FILE).read_text())
+    except (OSError, ValueError):
+        return None
+    if "readouts_corrected" not in doc and all("p" in r for r in doc.get("layers", [])):
+        doc["readouts_corrected"] = correct(doc)
+    return doc
+
+
 def section(run_dir: Path, fold: int = 8, heads=None) -> str:
     """The report's "What the direction is" (HTML), or '' when the run wrote no directions.json and
     measured no head targets (``heads``: the summary's head rows)."""
@@ -169,38 +227,60 @@ def section(run_dir: Path, fold: int = 8, heads=None) -> str:
     path = Path(run_dir) / FILE
     if not path.is_file():
         return f"<h2>What the direction is</h2>{verdicts}" if verdicts else ""
-    try:
-        doc = json.loads(path.read_text())
-    except (OSError, ValueError) as e:
-        return f"<h2>What the direction is</h2><p>directions.json is unreadable: {html.escape(str(e))}</p>{verdicts}"
-    head = ["layer", "kind", "v_1 top tokens", "v_1 bottom tokens", "score", "null band (95%)", "above null"]
+    doc = read(run_dir)
+    if doc is None:
+        return f"<h2>What the direction is</h2><p>directions.json is unreadable.</p>{verdicts}"
+    n = doc.get("readouts_corrected")
+    head = ["layer", "kind", "reads as", "score", "null band (95%)", "p", f"q (BH over {n})", "v_1 top tokens"]
+    head += ["v_1 bottom tokens"]
     rows = "".join(
         "<tr>"
-        + _cells(
-            [
-                r["layer"],
-                r["kind"],
-                _tokens(r["top"], 10),
-                _tokens(r["bottom"], 10) if r["bottom"] else "(a plane: no sign)",
-                f"{r['score']:.3f}",
-                f"{r['null_lo']:.3f} - {r['null_hi']:.3f}",
-                "yes" if r["score"] > r["null_hi"] else "no",
-            ]
-        )
+        + _cells([r["layer"], r["kind"], reads_as(r), *_score_cells(r)])
+        + _token_cell(r["top"])
+        + (_token_cell(r["bottom"]) if r["bottom"] else "<td>(a plane: no sign)</td>")
         + "</tr>"
         for r in doc["layers"]
     )
-    cols, prow = part_table(doc["parts"])
-    parts = "".join("<tr>" + _cells(r) + "</tr>" for r in prow)
+    pcols = ["layer", "part", "|λ1|", "kind", "k", "copying", "circuit copying", "score", "null band (95%)", "p", "q"]
+    parts = "".join(_part_row(r) for r in shown_parts(doc["parts"]))
     th = "".join(f"<th>{html.escape(c)}</th>" for c in head)
-    pth = "".join(f"<th>{html.escape(c)}</th>" for c in cols)
+    pth = "".join(f"<th>{html.escape(c)}</th>" for c in pcols) + "<th>top tokens</th>"
     return f"""<h2>What the direction is</h2>
 <p>Each layer's v_1 ({doc["variant"]}, {doc["rank"]}) read as tokens: the cosine with each row of the
 unembedding (final norm's scale folded in). The score is the larger of the top-10 mean and minus the
 bottom-10 mean (a plane: the mean of the top-10 projection norms); the band is the same score for
-Haar-random directions. A score inside the band is no more token-like than chance (docs/concepts.md).</p>
+Haar-random directions. A score inside the band is no more token-like than chance. p bounds the chance
+that a random direction scores as high (its null's concentration tail), q corrects it by
+Benjamini-Hochberg over every readout below (docs/concepts.md). A cut token list shows in full on hover.</p>
 <details{" open" if len(doc["layers"]) <= fold else ""}><summary>v_1 per layer ({len(doc["layers"])} rows)</summary>
-<div class="tablebox"><table><tr>{th}</tr>{rows}</table></div></details>
-<details><summary>Per head and key/value group ({len(prow)} rows)</summary>
-<div class="tablebox"><table><tr>{pth}</tr>{parts}</table></div></details>
+<div class="tablebox"><table id="v1-readouts"><tr>{th}</tr>{rows}</table></div></details>
+<details><summary>Per head and key/value group ({len(shown_parts(doc["parts"]))} rows)</summary>
+<div class="tablebox"><table id="part-readouts"><tr>{pth}</tr>{parts}</table></div></details>
 {verdicts}"""
+
+
+def reads_as(r: dict) -> str:
+    """'direction' or 'plane': a readout's ``reads_as`` (its ``kind`` in a directions.json written before)."""
+    return r.get("reads_as") or r["kind"]
+
+
+def _score_cells(r: dict) -> list[str]:
+    """score, null band, p and q of a readout ('–' where a directions.json from before p-values has none)."""
+    from .table import fmt_p
+
+    return [f"{r['score']:.3f}", f"{r['null_lo']:.3f}–{r['null_hi']:.3f}", fmt_p(r.get("p")), fmt_p(r.get("q"))]
+
+
+def _token_cell(pairs, n: int = 10) -> str:
+    """Tokens cut to the cell's width (CSS), the whole list on hover."""
+    text = html.escape(_tokens(pairs, n))
+    return f'<td class="tokens" title="{text}">{text}</td>'
+
+
+def _part_row(r: dict) -> str:
+    part = f"head {r['index']}" if r["part"] == "head" else f"group {r['index']} {r['heads']}"
+    cells = [r["layer"], part, f"{r['abs_lambda_1']:.4f}", r["kind"], r["k"]]
+    cells += [f"{r['copying_score']:+.3f}", f"{r['circuit_copying']:+.3f}"]
+    read = r["readout"]
+    cells += _score_cells(read) if read else ["–"] * 4
+    return "<tr>" + _cells(cells) + (_token_cell(read["top"], 5) if read else "<td>–</td>") + "</tr>"

@@ -86,6 +86,7 @@ class _Study:
         self.tokens_per_rank: list[int] | None = None
         self.forwards_per_rank: list[int] | None = None  # set once the ranks are gathered
         self.seconds = 0.0
+        self.streamed = False  # a --dataset: its length is not known before the forwards
 
     def stage(self, name: str) -> None:
         if self.folder is not None:
@@ -174,6 +175,7 @@ def run(
         )
         folder.open(meta)
     st = _Study(folder)
+    st.streamed = dataset is not None
     status, error = "complete", None
     try:
         targets = TARGETS + (HEAD_TARGETS if heads else ())
@@ -228,7 +230,7 @@ def _study(
     st: _Study, model, texts, torch_dtype, ctx, backend, max_tokens, batch_size, seed, nulls, progress, targets
 ) -> None:  # fmt: skip
     from ..monitor import monitor
-    from ..spectra.compute import spectra
+    from ..spectra.compute import spectra_by_rank
     from ..zoo.loading import load_model
 
     torch.manual_seed(seed)
@@ -240,7 +242,7 @@ def _study(
     if st.folder is not None:
         st.folder.meta.update(_model_meta(st.model))
     st.stage("spectra")
-    st.specs = {rank: spectra(st.model, variant=v, rank=rank) for v, rank in TARGETS}
+    st.specs = spectra_by_rank(st.model, "ov", tuple(rank for _, rank in TARGETS))  # one eig per layer for both
     st.stage("forwards")
     batches = TokenBatches(st.tok, texts, max_tokens, _seq_len(st.model), batch_size)
     sink = _sink(st, ctx)
@@ -248,7 +250,8 @@ def _study(
         st.mon = monitor(st.model, targets=list(targets), sink=sink, **nulls)
         t0 = time.perf_counter()
         try:
-            _forwards(st, batches, ctx, backend, progress if ctx.rank == 0 else False)
+            total = None if st.streamed else batches.count()  # the text's tokens; a dataset streams: a count only
+            _forwards(st, batches, ctx, backend, progress if ctx.rank == 0 else False, total)
         finally:
             st.seconds = time.perf_counter() - t0
         if ctx.rank == 0:
@@ -259,13 +262,20 @@ def _study(
     finally:
         if st.folder is None and sink is not None:
             sink.unlink(missing_ok=True)
-    st.stage("summary")
-    st.summary = st.mon.summary()
-    check_finite(st.summary, model)
-    if st.folder is not None:
-        st.stage("plots")
-        _plots(st.folder.path, st, backend)
-        direction_report.write(st.folder.path, st.model, st.tok)  # the report's "What the direction is"
+    show = progress if ctx.rank == 0 else False
+    with bar("the run folder: summary table", 3 if st.folder is not None else 1, show) as b:
+        st.stage("summary")
+        st.summary = st.mon.summary()
+        check_finite(st.summary, model)
+        b.advance()
+        if st.folder is not None:
+            st.stage("plots")
+            b.update(description="the run folder: plots")
+            _plots(st.folder.path, st, backend)
+            b.advance()
+            b.update(description="the run folder: token readouts of every layer, head and group")
+            direction_report.write(st.folder.path, st.model, st.tok)  # the report's "What the direction is"
+            b.advance()
 
 
 def _sink(st: _Study, ctx) -> Path | None:
@@ -288,7 +298,9 @@ def _reduce(st: _Study, sink: Path | None) -> None:
     D.gather_jsonl(sink, sink if st.folder is not None else None)
 
 
-def _forwards(st: _Study, batches: TokenBatches, ctx, backend: str, progress: bool | None) -> None:
+def _forwards(
+    st: _Study, batches: TokenBatches, ctx, backend: str, progress: bool | None, total: int | None = None
+) -> None:
     import warnings
 
     from ..monitor import MeasurementWarning
@@ -296,7 +308,7 @@ def _forwards(st: _Study, batches: TokenBatches, ctx, backend: str, progress: bo
     dev = next(st.model.parameters()).device
     fed, i = 0, -1
     with warnings.catch_warnings(), st.mon, torch.no_grad():  # the filters set below end with the block
-        for i, ids in enumerate(_progress(batches, progress, batches.max_tokens)):
+        for i, ids in enumerate(_progress(batches, progress, total)):
             if st.first is None:
                 st.first = ids[:1]
             if i % ctx.world != ctx.rank:
@@ -432,9 +444,11 @@ def _plots(out: Path, st: _Study, backend: str) -> None:
     plt.close("all")
 
 
-def _progress(batches: TokenBatches, show: bool | None, total: int):
-    """The batches, moving the progress wing's bar (stderr, where a person looks) by the tokens fed."""
-    with bar("monitored forward passes (tokens)", total, show) as b:
+def _progress(batches: TokenBatches, show: bool | None, total: int | None):
+    """The batches, moving the progress wing's bar (stderr, where a person looks) by the tokens fed: out of
+    the text's tokens (at most --max-tokens), or a count alone when a dataset streams."""
+    said = "monitored forwards: tokens of the text" if total is not None else "monitored forwards: tokens streamed"
+    with bar(said, total, show) as b:
         for x in batches:
             yield x
             b.update(completed=batches.n_tokens)

@@ -20,6 +20,7 @@ from pathlib import Path
 
 from ..monitor.summary import head_rows, layer_rows
 from . import direction_report
+from .findings import stood_out
 from .integrity import cut_rows, damage
 
 PLOTS = (
@@ -103,6 +104,11 @@ table.meta th { width: 11em; text-align: left; vertical-align: top; }
 table.meta td { text-align: left; white-space: normal; overflow-wrap: anywhere; }
 table.meta pre { margin: 0; white-space: pre-wrap; overflow-wrap: anywhere; font-size: 12px; }
 figcaption, .note { color: #555; font-size: 13px; }
+#stood-out { background: #f6f8fb; border: 1px solid #d6dde8; padding: .2em 1em .4em; margin: .8em 0; }
+#stood-out h2 { margin: .4em 0 .2em; font-size: 1.25em; }
+#stood-out ul { margin: .2em 0; padding-left: 1.2em; } #stood-out li { margin: .3em 0; font-size: 14px; }
+table.findings { margin: .3em 0; font-size: 12.5px; }
+td.tokens { text-align: left; max-width: 16em; overflow: hidden; text-overflow: ellipsis; }
 """
 
 
@@ -271,6 +277,23 @@ def _run_table(df) -> str:
     return _fold(said, box + _legend(), len(cells), "per-layer-fold")
 
 
+EXTRA_WIDTH = 120  # characters of headers side by side in one raw table: about 950 px at 13 px
+
+
+def column_groups(columns: list[str], width: int = EXTRA_WIDTH) -> list[list[str]]:
+    """``columns`` in runs whose headers (each at least 8 characters wide, as its numbers) fit ``width``."""
+    groups: list[list[str]] = [[]]
+    used = 0
+    for c in columns:
+        w = max(len(c), 8) + 2
+        if groups[-1] and used + w > width:
+            groups.append([])
+            used = 0
+        groups[-1].append(c)
+        used += w
+    return groups
+
+
 def _extra_table(df) -> str:
     from .table import fmt_num, fmt_p
 
@@ -278,19 +301,23 @@ def _extra_table(df) -> str:
     if not extra:
         return ""
     fmt = lambda c, v: fmt_p(v) if c.startswith("p_") else (_fmt(v) if not isinstance(v, float) else fmt_num(v, 4))
-    head = '<th class="key" scope="col">layer · target</th>' + "".join(f"<th>{html.escape(c)}</th>" for c in extra)
-    body = "".join(
-        f'<tr><td class="key">{int(r["layer"])} · {html.escape(str(r["target"]))}</td>'
-        + "".join(f"<td>{fmt(c, r[c])}</td>" for c in extra)
-        + "</tr>"
-        for r in df.to_dict("records")
-    )
-    box = (
-        '<p class="note">Raw columns of summary.csv (all of them are in the file); this box scrolls sideways.</p>'
-        f'<div class="tablebox" id="extra-box"><table id="extra"><thead><tr>{head}</tr></thead>'
-        f"<tbody>{body}</tbody></table></div>"
-    )
-    return "<h3>More columns</h3>" + _fold(f"{len(df)} rows x {len(extra)} columns", box, len(df), "extra-fold")
+    records = df.to_dict("records")
+    boxes = []
+    for i, cols in enumerate(column_groups(extra)):  # side by side they would scroll sideways: one under another
+        head = '<th class="key" scope="col">layer · target</th>' + "".join(f"<th>{html.escape(c)}</th>" for c in cols)
+        body = "".join(
+            f'<tr><td class="key">{int(r["layer"])} · {html.escape(str(r["target"]))}</td>'
+            + "".join(f"<td>{fmt(c, r[c])}</td>" for c in cols)
+            + "</tr>"
+            for r in records
+        )
+        boxes.append(
+            f'<div class="tablebox" id="extra-box-{i}"><table id="extra-{i}" class="extra"><thead><tr>{head}</tr></thead>'
+            f"<tbody>{body}</tbody></table></div>"
+        )
+    note = f'<p class="note">Raw columns of summary.csv (all of them are in the file), in {len(boxes)} tables.</p>'
+    said = f"{len(df)} rows x {len(extra)} columns"
+    return "<h3>More columns</h3>" + _fold(said, note + "".join(boxes), len(df), "extra-fold")
 
 
 def _legend() -> str:
@@ -337,7 +364,8 @@ def _page(run_dir: Path, meta: dict, df, model: str, status: str, problems: list
 <body data-images="{len(figs)}" data-damaged="{len(problems)}">
 <h1>eigenhooks run</h1>
 {_banner(problems)}
-<p>Model <b>{html.escape(model)}</b>, {html.escape(status)}. {len(df)} rows: {_verdict_counts(df)}.</p>
+<p>Model <b>{html.escape(model)}</b>, {html.escape(status)}.</p>
+{stood_out(df, direction_report.read(run_dir))}
 <h2>Plots</h2>
 {"".join(figs)}
 <h2>Per layer</h2>

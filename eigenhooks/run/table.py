@@ -141,29 +141,103 @@ def fmt_complex(z: complex, digits: int = 4) -> str:
     return f"{z.real:.{digits}f}{z.imag:+.{digits}f}i"
 
 
-def emit(title: str, columns: list[str], rows: list[list], as_json: bool, records: list[dict]) -> None:
-    """Print rows as a rich table for people, or ``records`` as JSON for programs (NaN as null). User text
-    in a title or cell is printed as it is, never read as rich markup."""
+def emit(
+    title: str,
+    columns: list[str],
+    rows: list[list],
+    as_json: bool,
+    records: list[dict],
+    wrap: tuple[str, ...] = (),
+    drop: tuple[str, ...] = (),
+    console=None,
+) -> None:
+    """Print rows as a table for people (``print_table``), or ``records`` as JSON for programs (NaN as
+    null). User text in a title or cell is printed as it is, never read as rich markup."""
     import json
-    import sys
 
     import typer
 
     if as_json:
         typer.echo(json.dumps(json_safe(records), indent=2, allow_nan=False))  # NaN -> null: valid JSON
         return
-    from rich.console import Console
-    from rich.table import Table
-    from rich.text import Text
+    print_table(title, columns, [[str(x) for x in r] for r in rows], wrap=wrap, drop=drop, console=console)
 
-    # Text, not str: a title or cell holding user text (a folder, a prompt, a token) is printed as it
-    # is, never read as rich markup ('[/]' would raise, '[bold red]' would vanish)
-    table = Table(title=Text(title), header_style="bold")
-    for c in columns:
-        table.add_column(Text(c), justify="left" if c in ("kind", "rank", "name", "path") else "right", no_wrap=True)
-    for r in rows:
-        table.add_row(*[Text(str(x)) for x in r])
-    Console(width=None if sys.stdout.isatty() else 200).print(table)  # piped: whole rows (rich would cut to 80)
+
+LEFT_COLUMNS = ("kind", "rank", "name", "path", "target", "verdict", "check", "dtype", "before", "after")
+
+
+def fit_table(
+    title: str, columns: list[str], cells: list[list[str]], width: int | None, wrap=(), drop=(), caption=None
+):
+    """A rich Table of ``cells`` that a terminal ``width`` columns wide shows without cutting a cell.
+
+    Every column keeps its widest cell and its header whole, except those in ``wrap`` (token lists), which
+    wrap at spaces; when even that is too wide, the columns of ``drop`` go, in that order, and the caption
+    names them. ``width`` None (piped): every column at its natural width. Returns (table, dropped).
+    """
+    from rich.console import Console
+
+    def build(keep: list[int], caption: str | None, wrapping: bool, squeeze: int = 0):
+        from rich.cells import cell_len
+        from rich.table import Table
+        from rich.text import Text
+
+        table = Table(title=Text(title), caption=caption, header_style="bold", collapse_padding=True)
+        for i in keep:
+            c = columns[i]
+            whole = max([len(c)] + [len(r[i]) for r in cells])
+            soft = wrapping and c in wrap
+            word = max(cell_len(w) for x in [c] + [r[i] for r in cells] for w in x.split() or [""])
+            table.add_column(
+                Text(c), justify="left" if c in LEFT_COLUMNS or c in wrap else "right",
+                no_wrap=not soft, overflow="fold", min_width=None if soft else whole,
+                width=max(8, word - squeeze) if soft and squeeze else None,  # a token longer than the room: folded
+            )  # fmt: skip
+        for r in cells:
+            table.add_row(*[Text(r[i]) for i in keep])  # Text: a token or a name is never read as markup
+        return table
+
+    keep = list(range(len(columns)))
+    table = build(keep, caption, False)
+    if width is None:
+        return table, []
+    measure = Console(width=10_000, file=io.StringIO())
+    if measure.measure(table).maximum <= width:
+        return table, []
+    dropped: list[str] = []
+    table = build(keep, caption, True)
+    for c in drop:
+        if measure.measure(table).minimum <= width:
+            break
+        dropped.append(c)
+        keep = [i for i, x in enumerate(columns) if x not in dropped]
+        table = build(keep, None, True)
+    if dropped:
+        said = f"{len(dropped)} more columns ({', '.join(dropped)}): --json, or a wider terminal"
+        caption = f"{caption}; {said}" if caption else said
+        table = build(keep, caption, True)
+    excess = measure.measure(table).minimum - width
+    if excess > 0 and any(columns[i] in wrap for i in keep):  # a token wider than the room left folds
+        table = build(keep, caption, True, excess)
+    return table, dropped
+
+
+def print_table(
+    title: str, columns: list[str], cells: list[list[str]], wrap=(), drop=(), console=None, caption=None
+) -> None:
+    """Print a table: on a terminal, fitted to its width (``fit_table``: nothing cut, token lists wrapped,
+    whole columns dropped and named last); piped, every column at its natural width, as long as the rows are."""
+    import sys
+
+    from rich.console import Console
+
+    console = console or Console()
+    table, _ = fit_table(title, columns, cells, console.width if console.is_terminal else None, wrap, drop, caption)
+    need = Console(width=10_000, file=io.StringIO()).measure(table)
+    width = need.maximum if not console.is_terminal else max(console.width, need.minimum)
+    if width != console.width:  # piped, or too wide to fit: whole rows, never a cut number
+        console = Console(width=width, file=console.file or sys.stdout, force_terminal=console.is_terminal)
+    console.print(table)
 
 
 def _rich_table(title: str, heads: list[str], cells: list[list[str]], caption: str | None = None):
@@ -207,11 +281,9 @@ def run_table(title: str, summary, width: int, wide: bool = False):
 def print_run_table(title: str, summary, wide: bool = False, console=None) -> None:
     """Print the run table: compact on a terminal narrower than it (``--wide``: every column, the
     lines then wrap), every column at ``FULL_WIDTH`` or more and when piped."""
-    import sys
-
     from rich.console import Console
 
-    console = console or Console(width=None if sys.stdout.isatty() else 200)
+    console = console or Console()  # a terminal's width; piped (not a terminal): every column, below
     table, _ = run_table(title, summary, console.width, wide=wide or not console.is_terminal)
     width = Console(width=10_000, file=io.StringIO()).measure(table).maximum
     if width > console.width:  # --wide or piped: whole rows, never a cut number
@@ -221,18 +293,26 @@ def print_run_table(title: str, summary, wide: bool = False, console=None) -> No
 
 def print_head_table(title: str, summary, console=None) -> None:
     """Print ``head_table`` (nothing when the summary has no head targets)."""
-    import sys
-
-    from rich.console import Console
-
     heads, cells = head_table(summary)
     if not cells:
         return
     n = len(head_rows(summary))
     caption = f"{n} head rows: every column (p_null, q_null, the null band ...) in summary.csv, column head"
-    console = console or Console(width=None if sys.stdout.isatty() else 200)
-    console.print(_rich_table(title, heads, cells, caption))
+    print_table(title, heads, cells, wrap=(heads[2],), console=console, caption=caption)
 
 
 def fmt_mb(n: int) -> str:
     return f"{n / 2**20:.1f} MB"
+
+
+def steered_rows(tok, before, after, top_k: int, target: int | None) -> list[list[str]]:
+    """One row per token in the top-k before or after, and the --toward token: its probability before and
+    after, most probable after first; the --toward token marked."""
+    ids = [int(i) for i in before.topk(top_k).indices] + [int(i) for i in after.topk(top_k).indices]
+    ids = sorted(set(ids + ([target] if target is not None else [])), key=lambda i: -float(after[i]))
+    rows = []
+    for i in ids:
+        name = repr(tok.decode([i])) + ("  (--toward)" if i == target else "")
+        pb, pa = float(before[i]), float(after[i])
+        rows.append([name, f"{pb:.3f}", f"{pa:.3f}", f"{pa - pb:+.3f}"])
+    return rows

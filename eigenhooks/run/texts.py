@@ -265,12 +265,34 @@ class TokenBatches:
         self.n_tokens = 0
         self.n_unknown = 0
         self._unk = _unknown_id(tokenizer)
+        self._ahead: list[list[int]] = []  # texts tokenized by ``count``, not yet batched
+
+    def count(self) -> int:
+        """How many tokens the batches will hold: the texts' tokens, at most ``max_tokens``. Tokenizes the
+        texts ahead (only as far as ``max_tokens`` reaches; iterating then uses them), so a progress bar
+        can show the real total."""
+        n, texts = 0, iter(self.texts)
+        while n < self.max_tokens:
+            t = next(texts, None)
+            if t is None:
+                break
+            self._ahead.append(self.tokenizer(t, add_special_tokens=False)["input_ids"])
+            n += len(self._ahead[-1])
+        self.texts = texts  # what is left, read lazily as before
+        return min(n, self.max_tokens)
+
+    def _ids(self) -> Iterator[list[int]]:
+        """Each text's token ids: those ``count`` tokenized first, then the rest as they come."""
+        while self._ahead:
+            yield self._ahead.pop(0)
+        for t in self.texts:
+            yield self.tokenizer(t, add_special_tokens=False)["input_ids"]
 
     def __iter__(self) -> Iterator[torch.Tensor]:
         buf: list[int] = []  # tokens not yet in a batch: < batch_size * seq_len + one text
         block = self.batch_size * self.seq_len
-        for t in self.texts:
-            ids = self.tokenizer(t, add_special_tokens=False)["input_ids"][: self.max_tokens - self.n_tokens]
+        for ids in self._ids():
+            ids = ids[: self.max_tokens - self.n_tokens]
             self.n_tokens += len(ids)
             if self._unk is not None:
                 self.n_unknown += sum(i == self._unk for i in ids)

@@ -214,7 +214,10 @@ def _compute_groups(
     # thread than in the main one (measured with MKL here), so a pool only pays with >1 job.
     many = progress if progress is not None or len(reps) >= 8 else False  # a bar for 8+ layers, unless asked
     pool = _Inline() if workers == 1 else ThreadPoolExecutor(workers)
-    with bar(f"spectra of {len(reps)} layers", len(reps), many) as shown, _blas_threads(cores // workers), pool as ex:
+    first = next(iter(options.values()))  # the bar says which spectra: a run computes several sets
+    said = f"spectra of {len(reps)} layers ({first['variant']}; {' and '.join(ranks)}"
+    said += "; every head and group)" if first.get("heads") else ")"
+    with bar(said, len(reps), many) as shown, _blas_threads(cores // workers), pool as ex:
         for g, i in reps.items():
             missing = []
             for r in ranks:

@@ -18,6 +18,8 @@ import torch
 
 from ..models import Adapter, get_adapter
 from ..models.probe import input_embeddings
+from . import readout_views
+from .tail import tail_p
 
 log = logging.getLogger(__name__)
 SIDES = ("out", "in")
@@ -38,6 +40,11 @@ class TokenReadout:
         null_lo, null_hi: the 2.5% and 97.5% quantiles of ``score`` over ``null_draws`` Haar-random
             directions (or 2-planes) in the same rows.
         null_draws: how many random draws made the band.
+        null_mean, null_sd: the draws' mean and standard deviation.
+        p: an upper bound on the chance that a Haar-random subspace scores at least ``score``, from
+            concentration of measure (``eigenhooks.spectra.tail``): fine enough for a correction over
+            hundreds of readouts, however few the draws; NaN without draws.
+        d: the dimension of the rows read against.
     """
 
     side: str
@@ -49,6 +56,20 @@ class TokenReadout:
     null_lo: float
     null_hi: float
     null_draws: int
+    null_mean: float = float("nan")
+    null_sd: float = float("nan")
+    p: float = float("nan")
+    d: int = 0
+
+    def __repr__(self) -> str:  # score, band, p and the first tokens, in two or three lines
+        return readout_views.readout_repr(self)
+
+    def to_frame(self):
+        """The listed tokens as a pandas DataFrame (end, rank, token, score); score, band and p in ``attrs``."""
+        return readout_views.to_frame(self)
+
+    def _repr_html_(self) -> str:
+        return readout_views.repr_html(self)
 
 
 def scaled_unembedding(model, dtype=torch.float32) -> torch.Tensor:
@@ -196,8 +217,15 @@ def _stats(Wn: torch.Tensor, Q: torch.Tensor, k: int) -> torch.Tensor:
 
 def null_band(Wn: torch.Tensor, m: int, k: int, draws: int, seed: int) -> tuple[float, float]:
     """2.5% and 97.5% quantiles of the statistic over ``draws`` Haar-random m-subspaces of R^d."""
+    return null_summary(Wn, m, k, draws, seed)[:2]
+
+
+def null_summary(Wn: torch.Tensor, m: int, k: int, draws: int, seed: int) -> tuple[float, float, float, float]:
+    """(2.5% quantile, 97.5% quantile, mean, standard deviation) of the statistic over ``draws``
+    Haar-random m-subspaces of R^d; NaN without draws."""
+    nan = float("nan")
     if draws < 1:
-        return float("nan"), float("nan")
+        return nan, nan, nan, nan
     g = torch.Generator().manual_seed(seed)
     d = Wn.shape[1]
     out = []
@@ -206,7 +234,8 @@ def null_band(Wn: torch.Tensor, m: int, k: int, draws: int, seed: int) -> tuple[
         G = torch.randn(c, d, m, generator=g, dtype=torch.float64)
         out.append(_stats(Wn, torch.linalg.qr(G.to(Wn.dtype))[0], k))  # Haar: QR of a Gaussian
     s = torch.cat(out).double()
-    return float(torch.quantile(s, 0.025)), float(torch.quantile(s, 0.975))
+    sd = float(s.std()) if draws > 1 else nan
+    return float(torch.quantile(s, 0.025)), float(torch.quantile(s, 0.975)), float(s.mean()), sd
 
 
 def read_rows(P: torch.Tensor, k: int, decode) -> tuple[list, list, float]:
@@ -242,7 +271,7 @@ def read_tokens_many(
     k = min(k, Wn.shape[0])
     decode = _decoder(model, tokenizer)
     Qs = [as_subspace(u, Wn.shape[1]) for u in vectors]  # (d, m) each
-    nulls = {m: null_band(Wn, m, k, null_draws, seed) for m in sorted({Q.shape[1] for Q in Qs})}
+    nulls = {m: null_summary(Wn, m, k, null_draws, seed) for m in sorted({Q.shape[1] for Q in Qs})}
     cols = torch.cat(Qs, 1) if Qs else torch.zeros(Wn.shape[1], 0, dtype=Wn.dtype)  # (d, sum of m)
     P = torch.cat([Wn @ cols[:, i : i + 256] for i in range(0, cols.shape[1], 256)], 1) if Qs else None
     out, at = [], 0
@@ -250,7 +279,10 @@ def read_tokens_many(
         m = Q.shape[1]
         top, bottom, score = read_rows(P[:, at : at + m], k, decode)  # (vocab, m) of this vector
         at += m
-        out.append(TokenReadout(side, "direction" if m == 1 else "plane", k, top, bottom, score, *nulls[m], null_draws))
+        lo, hi, mean, sd = nulls[m]
+        p = tail_p(score, mean, sd, null_draws, Wn.shape[1], m)
+        kind = "direction" if m == 1 else "plane"
+        out.append(TokenReadout(side, kind, k, top, bottom, score, lo, hi, null_draws, mean, sd, p, Wn.shape[1]))
     return out
 
 

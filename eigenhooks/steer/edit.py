@@ -22,6 +22,7 @@ from dataclasses import dataclass
 import torch
 
 from ..linalg.eig import Factors, layer_spectrum
+from ..linalg.views import fmt_lambda
 from ..models import Adapter, UnsupportedModelError, get_adapter, layer_index
 from . import rank1
 from .calibration import token_logits, value_activations
@@ -69,6 +70,18 @@ def check_strength(alpha, gap_ratio) -> tuple[float | None, float | None]:
     return (None if alpha is None else float(alpha)), (None if gap_ratio is None else float(gap_ratio))
 
 
+def check_steered(before, after, alpha, gap_ratio) -> None:
+    """Refuse a steering that drove the model's next-token probabilities to NaN or inf (a table of NaN)."""
+    if not bool(torch.isfinite(before).all()):
+        raise ValueError("the model's own next-token probabilities are not finite (NaN or inf in its weights?)")
+    if not bool(torch.isfinite(after).all()):
+        strength = f"alpha={alpha:g}" if alpha is not None else f"gap_ratio={gap_ratio:g}"
+        raise ValueError(
+            f"steering with {strength} drove the model's outputs to NaN or inf (too strong for its activations' "
+            "range): give a smaller alpha, or gap_ratio instead"
+        )
+
+
 @dataclass
 class SteerReport:
     """What a steering did: the steered layer's spectrum and, after a run, its effect.
@@ -94,9 +107,28 @@ class SteerReport:
     prob_before: float | None = None
     prob_after: float | None = None
 
+    def __repr__(self) -> str:  # two lines: the spectrum's change, then the effect of the last run
+        how = f"{self.method}{', signed' if self.signed else ''}"
+        lines = [
+            f"SteerReport(layer {self.layer}, {how}, alpha {self.alpha:.4g}: λ1 {fmt_lambda(self.lambda_1_before)} -> "
+            f"{fmt_lambda(self.lambda_1)}, gap ratio {self.gap_ratio_before:.3f} -> {self.gap_ratio:.3f}, "
+            f"cos(v1', u) {self.cos_v1_u:.4f}"
+        ]
+        said = []
+        if self.alignment_before is not None:
+            said.append(f"final residuals' mean |cos| with u {self.alignment_before:.3f} -> {self.alignment_after:.3f}")
+        if self.prob_before is not None:
+            said.append(f"target token's probability {self.prob_before:.3g} -> {self.prob_after:.3g}")
+        lines.append("  " + ("; ".join(said) if said else "no run inside the block yet") + ")")
+        return "\n".join(lines)
+
 
 class Steer:
     """Context manager made by ``eigenhooks.steer``; see there."""
+
+    def __repr__(self) -> str:
+        state = "active" if getattr(self, "_active", False) else "inactive"
+        return f"Steer(layer={self.layer}, mode={self.mode!r}, method={self.method!r}, signed={self.signed}, {state})"
 
     def __init__(
         self,
@@ -328,7 +360,7 @@ class Steer:
             h.remove()
         return _last_logits(out), hold["final"]
 
-    def report(self, target_token: int | None = None) -> SteerReport:
+    def summary(self, target_token: int | None = None) -> SteerReport:
         """The steered layer's new spectrum and, for the last run inside the block, the final
         residuals' mean |cos| with u and (given a token id, e.g. ``eh.direction.token_id(tok, " Paris")``)
         its next-token probability, before and after. Called after the block, it reports that block's
@@ -446,7 +478,7 @@ def steer(
     Example:
         >>> with eh.steer(model, u, gap_ratio=0.1) as s:    # doctest: +SKIP
         ...     out = model(**batch)
-        >>> s.report().cos_v1_u                               # doctest: +SKIP
+        >>> s.summary().cos_v1_u                               # doctest: +SKIP
         1.0
     """
     return Steer(

@@ -102,3 +102,27 @@ def test_an_interrupt_a_destructor_caught_still_stops_the_command(monkeypatch, c
     err = capsys.readouterr().err
     assert code == 130 and err.strip().splitlines() == ["eigenhooks: interrupted"], (code, err)
     assert sys.unraisablehook.__module__ != "eigenhooks._startup"  # the hook it found is back
+
+
+@pytest.mark.parametrize("late", [1.0, 3.0])
+def test_a_destructors_interrupt_stops_the_command_however_late_its_thread_runs(monkeypatch, capsys, late):
+    """On a loaded machine the thread that raises it again can run after the command ended (it failed
+    so: rc 0, nothing said): the command still exits 130 in one line, and no interrupt comes later."""
+    from eigenhooks import _startup
+    from eigenhooks.zoo import store
+
+    class Destroyed:
+        def __del__(self):
+            raise KeyboardInterrupt
+
+    def interrupted_at_the_end(**_):
+        Destroyed()  # the last thing the command does
+        return []
+
+    monkeypatch.setattr(_startup, "DELIVER_AFTER", late)
+    monkeypatch.setattr(store, "clear_cache", interrupted_at_the_end)
+    code = _main(monkeypatch, "cache", "clear")
+    err = capsys.readouterr().err
+    assert code == 130 and err.strip().splitlines() == ["eigenhooks: interrupted"], (code, err)
+    time.sleep(late + 0.2)  # a timer left running would interrupt this test now
+    assert not _startup.undelivered()

@@ -158,7 +158,7 @@ def test_monitor_and_steer_on_towers_of_different_widths(wide_clip):
     with eh.steer(wide_clip, torch.ones(24, dtype=torch.float64) / 24**0.5, layer=1, calibration=inputs) as s:
         with torch.no_grad():
             wide_clip(**inputs)
-        rep = s.report()
+        rep = s.summary()
     assert abs(rep.cos_v1_u) > 0.999 and rep.alignment_after > rep.alignment_before  # read on the vision tower
     assert all(torch.equal(before[k], v) for k, v in wide_clip.state_dict().items())
     with pytest.raises(ValueError, match="16"):
@@ -194,7 +194,7 @@ def test_steer_report_on_a_vision_tower_has_no_token_probability():
     with eh.steer(model, u, calibration={"pixel_values": pixels(2)}) as s:
         with torch.no_grad():
             model(pixel_values=pixels())
-        rep = s.report(target_token=0)
+        rep = s.summary(target_token=0)
     assert rep.prob_before is None and rep.prob_after is None
     assert rep.alignment_after > rep.alignment_before and abs(rep.cos_v1_u) > 0.999
 
@@ -209,7 +209,7 @@ def test_steer_a_vision_layer_of_clipmodel_ignores_the_text_mask():
     with eh.steer(model, u, layer=1, calibration=cal) as s:
         with torch.no_grad():
             model(**cal)
-        rep = s.report(target_token=0)
+        rep = s.summary(target_token=0)
     assert abs(rep.cos_v1_u) > 0.999 and rep.prob_after is None
     assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
 

@@ -140,7 +140,7 @@ def test_steer_restores_weights(name, built):
     with eh.steer(model, u / u.norm(), layer=-1, gap_ratio=0.1, calibration=cal, allow_shared=True) as s:
         with torch.no_grad():
             model(**inputs)
-    assert abs(s.report().cos_v1_u) > 0.999
+    assert abs(s.summary().cos_v1_u) > 0.999
     after = model.state_dict()
     assert all(torch.equal(before[k], after[k]) for k in before)
     with torch.no_grad():

@@ -30,10 +30,23 @@ window.addEventListener("load", function () {
   m.folds = {};
   ["per-layer-fold", "extra-fold"].forEach(function (id) {
     var d = document.getElementById(id); m.folds[id] = r(d); m.folds[id].open = d.open;
-    m.folds[id].rows = d.querySelectorAll("tbody tr").length; });
+    m.folds[id].rows = d.querySelector("table").querySelectorAll("tbody tr").length;
+    m.folds[id].tables = d.querySelectorAll("table").length; });
   m.firstTable = r(document.querySelector("table"));
   document.querySelectorAll("details").forEach(function (d) { d.open = true; });
   m.pageW1 = document.documentElement.scrollWidth;
+  m.cells = 0; m.off = [];  // every table cell, folded ones opened: inside the window and its box
+  document.querySelectorAll("td, th").forEach(function (c) {
+    m.cells += 1;
+    var b = c.getBoundingClientRect(), limit = document.documentElement.clientWidth;
+    for (var el = c.parentElement; el && el !== document.body; el = el.parentElement) {
+      if (getComputedStyle(el).overflowX !== "visible") limit = Math.min(limit, el.getBoundingClientRect().right);
+    }
+    var cut = c.scrollWidth > c.clientWidth + 1 && c.title.length < c.innerText.length;  // cut: whole on hover
+    if (b.right > limit + 1 || cut) m.off.push([c.innerText.slice(0, 60), b.right, limit, cut]);
+  });
+  m.sideways = Array.from(document.querySelectorAll("div")).filter(function (d) {
+    return d.scrollWidth > d.clientWidth + 1; }).map(function (d) { return d.id; });
   m.meta = Array.from(document.querySelectorAll("table.meta td")).map(function (td) {
     var x = r(td); x.scrollW = td.scrollWidth; x.clientW = td.clientWidth; x.text = td.innerText;
     var pre = td.querySelector("pre"); if (pre) { x.pre = r(pre); x.preScrollW = pre.scrollWidth; x.preClientW = pre.clientWidth; }
@@ -47,9 +60,29 @@ window.addEventListener("load", function () {
 def thirty(tmp_path_factory):
     root = tmp_path_factory.mktemp("r30")
     model = thirty_layer_folder(root / "model")
-    res = run(str(model), max_tokens=1024, out=root / "run", progress=False)
+    res = run(str(model), max_tokens=1024, out=root / "run", progress=False, heads=True)
     assert res.status == "complete" and res.summary["layer"].nunique() == 30
     return root / "run"
+
+
+@pytest.fixture
+def long_tokens(thirty, tmp_path):
+    """The thirty-layer run with every token of directions.json 40 characters long: the widest readout
+    tables a tokenizer could give, and the report written again from them."""
+    import shutil
+
+    from eigenhooks.run.report import build_report
+
+    out = tmp_path / "long"
+    shutil.copytree(thirty, out)
+    doc = json.loads((out / "directions.json").read_text())
+    reads = [r for r in doc["layers"]] + [p["readout"] for p in doc["parts"] if p["readout"]]
+    for r in reads:
+        for side in ("top", "bottom"):
+            r[side] = [[f"{t!r:_<40}", v] for t, v in r[side]]
+    (out / "directions.json").write_text(json.dumps(doc))
+    build_report(out)
+    return out
 
 
 def _measure(run_dir, tmp_path):
@@ -83,8 +116,10 @@ def test_the_report_opens_on_the_plots_and_fits_the_window(thirty, tmp_path):
     assert m["firstTable"]["top"] >= imgs[-1]["bottom"]
     for fold in m["folds"].values():
         assert fold["top"] >= imgs[-1]["bottom"] and fold["open"] is False and fold["rows"] == 60
-    # no sideways scroll, folded or open (the raw columns scroll inside their own box)
+    assert m["folds"]["extra-fold"]["tables"] >= 2  # the raw columns split into tables that fit, not a scroll
+    # no sideways scroll, folded or open; every cell inside the window and its box, a cut one whole on hover
     assert m["pageW0"] <= m["vw"] and m["pageW1"] <= m["vw"]
+    assert m["cells"] > 3000 and m["off"] == [] and m["sideways"] == []
     assert all(i["right"] <= m["vw"] for i in imgs)
     # every metadata value on screen: wrapped, or folded with its whole JSON wrapped inside
     meta = json.loads((thirty / "meta.json").read_text())
@@ -120,6 +155,16 @@ def _png_width(path) -> int:
     from PIL import Image
 
     return Image.open(path).size[0]
+
+
+def test_no_cell_is_off_screen_with_every_fold_open_and_long_tokens(long_tokens, tmp_path):
+    """Every table cell of the report inside the 1280 px window and inside its box, folds opened, when
+    every token is 40 characters long: long token lists are cut, whole on hover, never a sideways scroll."""
+    m = _measure(long_tokens, tmp_path)
+    assert m["cells"] > 3000 and m["pageW1"] <= m["vw"]
+    assert m["off"] == [] and m["sideways"] == [], m["off"][:5]
+    page = (long_tokens / "report.html").read_text()
+    assert 'class="tokens" title="' in page and "_" * 20 in page  # the whole list is there, for the hover
 
 
 def test_verdict_markers_sit_beside_their_points_inside_the_axes():

@@ -157,7 +157,7 @@ def test_run_report_says_what_the_direction_is(gpt2, tmp_path):
         assert rec["reads_as"] == ("direction" if s.k == 1 else "plane")
     page = (tmp_path / "r" / "report.html").read_text()
     assert "What the direction is" in page and "Per head and key/value group" in page
-    assert f"{ref.null_lo:.3f} - {ref.null_hi:.3f}" in page
+    assert f"{ref.null_lo:.3f}–{ref.null_hi:.3f}" in page and "q (BH over " in page
     meta = json.loads((tmp_path / "r" / "meta.json").read_text())
     assert "directions.json" in meta["files"]  # stamped: `eigenhooks report` checks it like the others
 

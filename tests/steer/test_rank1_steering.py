@@ -58,7 +58,7 @@ def test_exact_makes_u_an_eigenvector_through_the_forward(family):
             F_u = probe_matrices(eh.get_adapter(model), [s.layer])[s.layer] @ u
         torch.testing.assert_close(F_u, s.change.lam * u, atol=1e-9 * abs(s.change.lam), rtol=0)
         assert abs(float((spec.basis.T @ u).norm()) - 1) < 1e-9
-        assert abs(spec.gap_ratio - gap) < 1e-9 and abs(s.report().gap_ratio - gap) < 1e-9
+        assert abs(spec.gap_ratio - gap) < 1e-9 and abs(s.summary().gap_ratio - gap) < 1e-9
 
 
 def test_quotient_eigenvalues_match_numpy():
@@ -81,7 +81,7 @@ def test_paper_method_is_approximate_and_symmetric():
     model = build("llama", dtype=torch.float64, std=0.2)
     u = _unit(16, 1)
     with eh.steer(model, u, gap_ratio=0.1, method="paper") as s:
-        cos = s.report().cos_v1_u
+        cos = s.summary().cos_v1_u
     assert 0.9 < cos < 0.9999  # principal, but not exactly u: the exact method is needed for that
     outs = []
     for v in (u, -u):  # u wᵀ is the same matrix for -u: the paper cannot tell them apart
@@ -287,7 +287,7 @@ def test_real_exact_eigenvector_and_bit_identical_weights(smollm2, capsys):
         with eh.steer(model, u, gap_ratio=0.1) as s:
             spec = eh.spectra(model, layers=[-1], cache=False)[0]
         cos.append(float((spec.basis.T @ u).norm()))
-        assert abs(spec.gap_ratio - 0.1) < 1e-4 and spec.k == 1 and s.report().cos_v1_u >= 0.9999
+        assert abs(spec.gap_ratio - 0.1) < 1e-4 and spec.k == 1 and s.summary().cos_v1_u >= 0.9999
     after = model.state_dict()
     assert all(torch.equal(before[k], after[k]) for k in before)
     with capsys.disabled():

@@ -1,4 +1,4 @@
-"""Steering as a user meets it: ``s.report()`` after the block, no warning on the way, and a
+"""Steering as a user meets it: ``s.summary()`` after the block, no warning on the way, and a
 calibration that samples with the KV cache (checked against its plain twin) and shows progress."""
 
 import math
@@ -34,9 +34,9 @@ def test_report_after_the_block_gives_what_was_measured_inside(gpt2):
         warnings.simplefilter("error")
         with eh.steer(model, u, layer=-1, gap_ratio=0.1) as s:
             model(**_batch(tok))
-            inside = s.report(target_token=t)
-        after = s.report(target_token=t)
-        again = s.report(target_token=t)
+            inside = s.summary(target_token=t)
+        after = s.summary(target_token=t)
+        again = s.summary(target_token=t)
     assert torch.equal(model.transformer.h[-1].attn.c_proj.weight, W)  # the model is restored
     for name in ("alignment_before", "alignment_after", "prob_before", "prob_after"):
         assert getattr(after, name) is not None and math.isfinite(getattr(after, name)), name
@@ -49,7 +49,8 @@ def test_report_after_the_block_gives_what_was_measured_inside(gpt2):
     assert after.prob_before == pytest.approx(float(p), rel=1e-6)
     with eh.steer(model, u) as s2:  # a block with no call has nothing to report, inside or after
         pass
-    assert s2.report().alignment_before is None
+    assert s2.summary().alignment_before is None
+    assert not hasattr(s2, "report")  # one verb, as the monitor's summary(): no alias
 
 
 def test_a_second_entry_reports_its_own_run(gpt2):
@@ -58,10 +59,10 @@ def test_a_second_entry_reports_its_own_run(gpt2):
     s = eh.steer(model, u)
     with s:
         model(**_batch(tok))
-    first = s.report().alignment_after
+    first = s.summary().alignment_after
     with s:
         model(**tok(["x = 1"], return_tensors="pt"))
-    assert s.report().alignment_after != first
+    assert s.summary().alignment_after != first
 
 
 def _input_lengths(model, fn):

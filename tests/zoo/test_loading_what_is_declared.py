@@ -90,8 +90,8 @@ def test_steer_report_refuses_token_probabilities_of_an_untrained_head(tmp_path)
         with pytest.raises(
             ValueError, match="no token probabilities: BertForMaskedLM's LM head is not in its checkpoint"
         ):
-            s.report(target_token=tok.convert_tokens_to_ids("cat"))
-        rep = s.report()  # the spectrum and the alignment still mean something
+            s.summary(target_token=tok.convert_tokens_to_ids("cat"))
+        rep = s.summary()  # the spectrum and the alignment still mean something
     assert rep.prob_before is None and rep.alignment_after is not None
 
 
