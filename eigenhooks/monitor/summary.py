@@ -65,12 +65,16 @@ def summary_table(
         df["head"] = df["head"].astype("Int64")
     if len(df):
         fam = [family(r) for r in rows]
+        # one subspace, one p: rows of one hypothesis (equal subspaces at a layer, e.g. a target given back with
+        # its sign flipped) take its first row's p, which the float sums of Δγ only match to rounding
+        first = hypotheses(df["layer"].tolist(), bases, fam)
+        df["p_null"] = [df["p_null"].iat[j] for j in first]
         df["q_null"] = q_values(df["layer"].tolist(), bases, fam, df["p_null"].tolist())
         df["verdict"] = [
             stats.verdict(q, lift, null_tokens=n, read_mid="mid" in config.reading_points)
             for q, lift, n in zip(df["q_null"], df["dgamma_lift"], df["null_tokens"])
         ]
-        detectable_columns(df, hypotheses(df["layer"].tolist(), bases, fam), fam)
+        detectable_columns(df, first, fam)
     df.attrs["per_layer"] = [c for m in config.measures for c in df.columns if c.startswith(m.name + ".")]
     return df
 

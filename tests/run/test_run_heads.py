@@ -52,12 +52,18 @@ def test_summary_has_a_row_per_layer_and_head(runs):
     # the layer rows are those of the run without --heads
     plain = pd.read_csv(plain_dir / "summary.csv")
     layer = df[df["head"].isna()].drop(columns="head").reset_index(drop=True)
-    pd.testing.assert_frame_equal(layer, plain, check_dtype=False)
+    # Δγ's columns (the verdict's p among them) are float32 sums whose order changes when the head targets'
+    # projections are stacked beside the layer targets': equal to rounding; every other column exactly
+    floaty = [c for c in plain.columns if c in ("p_null", "q_null") or "dgamma" in c or c.startswith("detectable")]
+    pd.testing.assert_frame_equal(layer.drop(columns=floaty), plain.drop(columns=floaty), check_dtype=False)
+    pd.testing.assert_frame_equal(layer[floaty], plain[floaty], check_dtype=False, rtol=1e-4)
+    assert (layer["verdict"] == plain["verdict"]).all()
     assert inspect(heads_dir)[2] == []  # the folder checks out (grid of layers x targets, meta.json's record)
 
 
 def test_terminal_shows_heads_compactly(runs):
     heads_dir, _, out = runs
+    out = out.split("what stood out:")[0]  # the tables; the findings below them name the rows that stood out
     df = pd.read_csv(heads_dir / "summary.csv")
     assert "alignment per head" in out and "16 head rows" in out and "summary.csv" in out
     lines = [ln for ln in out.splitlines() if "ov_head/modulus" in ln]
@@ -72,7 +78,8 @@ def test_report_shows_per_head_verdicts(runs):
     heads_dir, plain_dir, _ = runs
     page = (heads_dir / "report.html").read_text()
     assert "Per-head verdicts" in page and page.count("ov_head/modulus") >= 4
-    assert "ov_head/modulus/h" not in page.split("What the direction is")[0]  # the per-layer table: layers only
+    # the per-layer table (after the first screen's findings, which name the rows that stood out): layers only
+    assert "ov_head/modulus/h" not in page.split("What the direction is")[0].split('<section id="stood-out">')[-1].split("</section>", 1)[-1]
     assert "Per-head verdicts" not in (plain_dir / "report.html").read_text()
     meta = json.loads((heads_dir / "meta.json").read_text())
     assert meta["status"] == "complete"
