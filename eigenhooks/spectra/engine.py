@@ -2,7 +2,7 @@
 
 The engine's own weights are merged, sharded across workers and, on the CPU backend, repacked (a
 worker's parameters show shape ``(0,)``), so ``spectra(llm)`` reads the checkpoint instead: the folder
-from the engine's model config, the tensors its architecture's layout names (``models.vllm``), cast to
+from the engine's model config, the tensors its architecture's layout names (``models.vllm_weights``), cast to
 the dtype the engine computes in. ``verify(llm)`` cannot run the identical-token probe through the
 engine (its attention runs only inside a scheduled forward, with the engine's batch metadata) and
 says so in one line, naming the check that can be run: ``verify`` on the transformers model loaded
@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 
 from ..models import Adapter, get_adapter
-from ..models import vllm as layouts
+from ..models import vllm_weights as layouts
 from ..zoo import checkpoint
 
 _ADAPTERS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # engine -> its checkpoint adapter
@@ -66,10 +66,10 @@ def folder_adapter(folder: str | Path, dtype: torch.dtype | None = None, archite
         folder: a folder saved with ``save_pretrained`` (config.json and safetensors files).
         dtype: the dtype to read the weights in (the engine's; None: as stored).
         architecture: the vLLM architecture (default: the first of config.json's ``architectures``).
-        dims: ``models.vllm.attention_dims`` of the config (default: read from config.json).
+        dims: ``models.vllm_weights.attention_dims`` of the config (default: read from config.json).
 
     Raises:
-        UnsupportedModelError: an architecture ``models.vllm.ARCHITECTURES`` does not know.
+        UnsupportedModelError: an architecture ``models.vllm_weights.ARCHITECTURES`` does not know.
         ModelLoadError: no config.json, no safetensors, or a tensor the layout names is missing.
     """
     folder = Path(folder)

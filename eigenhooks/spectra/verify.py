@@ -12,7 +12,7 @@ import torch
 
 from ..models import Adapter, get_adapter
 from ..models.probe import apply_attention_many, probe_matrices
-from ..models.vllm import is_vllm_engine
+from ..models.vllm_weights import is_vllm_engine
 from ..progress import bar
 from .compute import _layer_list, _layer_name, _non_finite_message
 from .engine import refuse_verify

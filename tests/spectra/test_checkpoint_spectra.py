@@ -15,7 +15,7 @@ import transformers as T
 
 import eigenhooks as eh
 from eigenhooks.models import UnsupportedModelError
-from eigenhooks.models import vllm as layouts
+from eigenhooks.models import vllm_weights as layouts
 from eigenhooks.spectra import clear_memo
 from eigenhooks.spectra.engine import EngineVerifyError, engine_adapter, folder_adapter
 from eigenhooks.zoo import ModelLoadError

@@ -1,5 +1,6 @@
-"""vLLM engines: which architectures eigenhooks reads, where an engine's checkpoint is, and the
-adapter over the attention weights read from that checkpoint.
+"""vLLM engines' weights: which architectures eigenhooks reads F for, where an engine's checkpoint is,
+and the adapter over the attention weights read from that checkpoint (the engine's run-time layout, its
+decoder layers and residual pair, is another module's).
 
 A ``vllm.LLM`` cannot be read like a transformers model: its attention weights are merged
 (``qkv_proj``), sharded across tensor-parallel workers, and repacked by the CPU backend (a worker's
