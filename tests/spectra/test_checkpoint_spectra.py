@@ -155,3 +155,26 @@ def test_checkpoint_attention_has_no_forward(tmp_path):
     _, folder = save(tmp_path, "LlamaForCausalLM")
     with pytest.raises(TypeError, match="has no forward"):
         folder_adapter(folder).model(torch.zeros(1, 2, dtype=torch.long))
+
+
+def test_a_hub_id_is_found_in_the_local_cache_only(tmp_path):
+    """An engine built from a hub id reads the snapshot vLLM downloaded (HF cache layout), never the network."""
+    import shutil
+
+    model, folder = save(tmp_path, "LlamaForCausalLM", seed=5)
+    rev = "0123456789abcdef0123456789abcdef01234567"
+    repo = tmp_path / "hub" / "models--org--tiny"
+    shutil.copytree(folder, repo / "snapshots" / rev)
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text(rev)
+    llm = LLM("org/tiny", "LlamaForCausalLM", model.config)
+    llm.llm_engine = types.SimpleNamespace(
+        vllm_config=types.SimpleNamespace(load_config=types.SimpleNamespace(download_dir=str(tmp_path / "hub")))
+    )
+    got, want = eh.spectra(llm, cache=False), eh.spectra(model, cache=False)
+    assert rel(got[1].eigenvalues.abs().sort().values, want[1].eigenvalues.abs().sort().values) < 1e-6
+    assert str(repo / "snapshots" / rev) in engine_adapter(llm).notes[0]
+    with pytest.raises(
+        ModelLoadError, match="'org/tiny' the engine loaded: not a folder, and not in the local HF cache"
+    ):
+        eh.spectra(LLM("org/tiny", "LlamaForCausalLM", model.config), cache=False)
