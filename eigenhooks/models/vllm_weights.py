@@ -14,6 +14,7 @@ is recognised by its class.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from types import SimpleNamespace
@@ -46,6 +47,9 @@ class Layout:
     norm: str | None = "layers.{i}.input_layernorm.weight"
     merged_qkv: bool = False
     norm_offset: float = 0.0
+    embed: str = "embed_tokens.weight"  # W_E (vocab, d); with ``unembed`` and ``final_norm``, read only
+    unembed: str = "lm_head.weight"  # for the heads' full OV circuit (``spectra(heads=True)``)
+    final_norm: str = "norm.weight"
 
     def names(self, i: int) -> dict[str, str]:
         """{'v', 'o'[, 'norm']}: the checkpoint names (without the model prefix) of layer i's tensors."""
@@ -137,13 +141,18 @@ def engine_source(llm) -> EngineSource:
 
 
 def attention_dims(cfg) -> SimpleNamespace:
-    """(n_layers, d_model, n_heads, n_kv_heads, d_head) of a Llama-style config (an HF config object
-    or config.json as a dict)."""
+    """(n_layers, d_model, n_heads, n_kv_heads, d_head, tied) of a Llama-style config (an HF config object
+    or config.json as a dict); ``tied``: the LM head is the input embedding."""
     get = cfg.get if isinstance(cfg, dict) else lambda k, default=None: getattr(cfg, k, default)
     d, H = get("hidden_size"), get("num_attention_heads")
     G = get("num_key_value_heads") or H
     return SimpleNamespace(
-        n_layers=get("num_hidden_layers"), d_model=d, n_heads=H, n_kv_heads=G, d_head=get("head_dim") or d // H
+        n_layers=get("num_hidden_layers"),
+        d_model=d,
+        n_heads=H,
+        n_kv_heads=G,
+        d_head=get("head_dim") or d // H,
+        tied=bool(get("tie_word_embeddings", False)),
     )
 
 
@@ -172,6 +181,21 @@ class _Norm(nn.Module):
         self.weight = nn.Parameter(w, requires_grad=False)
 
 
+class _OnDemand(nn.Module):
+    """A weight read from the checkpoint when first asked for (the embeddings: vocab x d, needed only by
+    the heads' full OV circuit), then kept."""
+
+    def __init__(self, read: Callable[[], torch.Tensor]):
+        super().__init__()
+        self._read, self._weight = read, None
+
+    @property
+    def weight(self) -> torch.Tensor:
+        if self._weight is None:
+            self._weight = self._read()
+        return self._weight
+
+
 class _Block(nn.Module):
     def __init__(self, attn: _Attention, norm: _Norm | None):
         super().__init__()
@@ -185,10 +209,14 @@ class CheckpointAttention(nn.Module):
     ``source`` says where they came from (the folder and the engine's dtype), for messages and notes.
     """
 
-    def __init__(self, blocks: list[_Block], source: str):
+    def __init__(self, blocks: list[_Block], source: str, embed: _OnDemand | None = None):
         super().__init__()
         self.layers = nn.ModuleList(blocks)
         self.source = source
+        self.embed_tokens = embed
+
+    def get_input_embeddings(self) -> nn.Module | None:
+        return self.embed_tokens
 
     def forward(self, *args, **kwargs):
         raise TypeError(
@@ -213,7 +241,13 @@ def v_rows(t: torch.Tensor, layout: Layout, dims: SimpleNamespace) -> torch.Tens
     return t
 
 
-def checkpoint_adapter(tensors: dict[str, torch.Tensor], layout: Layout, dims: SimpleNamespace, source: str) -> Adapter:
+def checkpoint_adapter(
+    tensors: dict[str, torch.Tensor],
+    layout: Layout,
+    dims: SimpleNamespace,
+    source: str,
+    read: Callable[[str], torch.Tensor] | None = None,
+) -> Adapter:
     """The adapter over the attention weights of a checkpoint, read into ``tensors`` by ``zoo.checkpoint``.
 
     Args:
@@ -221,6 +255,8 @@ def checkpoint_adapter(tensors: dict[str, torch.Tensor], layout: Layout, dims: S
         layout: the architecture's row of ``ARCHITECTURES``.
         dims: ``attention_dims`` of its config.
         source: where the tensors came from (kept in ``adapter.notes``).
+        read: name -> tensor, reading one more checkpoint tensor on demand (the embeddings, LM head and
+            final norm, for ``spectra(heads=True)``'s full OV circuit); None: the adapter has none.
 
     Returns:
         An Adapter with every layer's factors (F = O V per kv group, the HF rule) and the attention norm;
@@ -254,7 +290,13 @@ def checkpoint_adapter(tensors: dict[str, torch.Tensor], layout: Layout, dims: S
                 norm_offset=layout.norm_offset,
             )
         )
-    model = CheckpointAttention(blocks, source)
+    embed = final = None
+    unembed = lambda: None
+    if read is not None:
+        embed = _OnDemand(lambda: read(layout.embed))
+        final = _OnDemand(lambda: read(layout.final_norm))
+        unembed = (lambda: embed.weight) if dims.tied else (lambda: read(layout.unembed))
+    model = CheckpointAttention(blocks, source, embed)
     return Adapter(
         model,
         f"{layout.family} (checkpoint)",
@@ -264,5 +306,7 @@ def checkpoint_adapter(tensors: dict[str, torch.Tensor], layout: Layout, dims: S
         dims.d_model,
         dims.n_heads,
         dims.n_kv_heads,
+        final_norm_module=final,
+        unembed_weight=unembed,
         notes=[f"F read from the checkpoint the engine loaded: {source}"],
     )

@@ -81,7 +81,8 @@ def folder_adapter(folder: str | Path, dtype: torch.dtype | None = None, archite
     names = [n for i in range(dims.n_layers) for n in layout.names(i).values()]
     tensors = checkpoint.read_tensors(folder, names, dtype)
     dt = str(dtype or next(iter(tensors.values())).dtype).replace("torch.", "")
-    return layouts.checkpoint_adapter(tensors, layout, dims, f"{folder} ({architecture}, {dt})")
+    read = lambda name: checkpoint.read_tensors(folder, [name], dtype)[name]
+    return layouts.checkpoint_adapter(tensors, layout, dims, f"{folder} ({architecture}, {dt})", read)
 
 
 def refuse_verify(llm) -> EngineVerifyError:

@@ -178,3 +178,17 @@ def test_a_hub_id_is_found_in_the_local_cache_only(tmp_path):
         ModelLoadError, match="'org/tiny' the engine loaded: not a folder, and not in the local HF cache"
     ):
         eh.spectra(LLM("org/tiny", "LlamaForCausalLM", model.config), cache=False)
+
+
+@pytest.mark.parametrize("arch", ["LlamaForCausalLM", "GemmaForCausalLM", "Phi3ForCausalLM"])
+def test_head_spectra_and_the_full_ov_circuit(tmp_path, arch):
+    """heads=True: each head's spectrum and its copying scores, the full OV circuit's (W_E, W_U, final norm
+    read on demand; Gemma ties the LM head to the embedding) included."""
+    model, folder = save(tmp_path, arch, seed=2)
+    got = eh.spectra(folder_adapter(folder, torch.float32), heads=True, cache=False)
+    want = eh.spectra(model, heads=True, cache=False)
+    for g, w in zip(got, want):
+        for hg, hw in zip(g.heads, w.heads):
+            assert hg.circuit_copying == pytest.approx(hw.circuit_copying, rel=1e-6, abs=1e-9)
+            assert hg.copying_score == pytest.approx(hw.copying_score, rel=1e-6, abs=1e-9)
+            assert hg.circuit_copying == hg.circuit_copying  # not NaN
