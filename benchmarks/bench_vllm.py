@@ -28,6 +28,7 @@ import os
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -119,20 +120,21 @@ def _runner(llm, arm: str):
 
 
 def in_subprocess(folder: Path, mode: str, arm: str, repeats: int) -> dict:
+    """One engine's timings; the child writes them to a file (vLLM logs to stdout, also at exit)."""
     env = {**os.environ, "PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
-    cmd = [sys.executable, __file__, "--child", str(folder), mode, arm, str(repeats)]
-    p = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=ROOT)
-    if p.returncode != 0:
-        sys.exit(f"bench_vllm: the {mode} {arm} engine failed (exit {p.returncode}):\n{p.stderr[-3000:]}")
-    return json.loads(p.stdout.strip().splitlines()[-1])
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "result.json"
+        cmd = [sys.executable, __file__, "--child", str(folder), mode, arm, str(repeats), str(out)]
+        p = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=ROOT)
+        if p.returncode != 0 or not out.exists():
+            sys.exit(f"bench_vllm: the {mode} {arm} engine failed (exit {p.returncode}):\n{p.stderr[-3000:]}")
+        return json.loads(out.read_text())
 
 
 def main() -> None:
     if len(sys.argv) > 1 and sys.argv[1] == "--child":
-        folder, mode, arm, repeats = sys.argv[2:6]
-        res = child(folder, mode, arm, int(repeats))
-        sys.stdout.flush()
-        print(json.dumps(res))
+        folder, mode, arm, repeats, out = sys.argv[2:7]
+        Path(out).write_text(json.dumps(child(folder, mode, arm, int(repeats))))
         return
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--modes", default="eager,compiled")
