@@ -25,6 +25,7 @@ RANK = {
     "top": 8,  # eigenhooks/__init__.py (the public names), cli.py, __main__.py, _startup.py
     "run": 7,
     "integrations": 7,  # the HF Trainer callback: beside run, above the monitor it drives
+    "engines": 6.5,  # serving engines (vLLM): the glue above the monitor it drives, below run
     "monitor": 6,
     "plots": 5.5,  # figures: the monitor (Monitor.plot) and run draw through it
     "steer": 6,

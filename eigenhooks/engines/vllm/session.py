@@ -1,0 +1,69 @@
+"""A monitor's plan for a vLLM engine, made from the checkpoint the engine loaded.
+
+The engine's own weights cannot be read as they stand (the CPU backend repacks them; tensor parallel
+shards them), so the plan (spectra, bases, nulls) comes from the same checkpoint loaded in transformers,
+in the engine's dtype, through the HF adapter: the very plan the HF monitor makes of that checkpoint,
+so the two tables mean the same (their fingerprints are compared when the state is read back).
+"""
+
+from __future__ import annotations
+
+import functools
+import threading
+
+import torch
+
+
+@functools.lru_cache(maxsize=2)
+def checkpoint_model(path: str, dtype: str):
+    """The engine's checkpoint in transformers (weights only matter: spectra and the fingerprint)."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, dtype))
+    return model.eval()
+
+
+def settings_from_wire(settings: dict) -> dict:
+    """``eh.monitor``'s settings as they came through msgpack (tuples arrive as lists)."""
+    out = dict(settings)
+    if "targets" in out and out["targets"] is not None:
+        out["targets"] = [tuple(t) if isinstance(t, list) else t for t in out["targets"]]
+    if "reading_points" in out and isinstance(out["reading_points"], list):
+        out["reading_points"] = tuple(out["reading_points"])
+    return out
+
+
+def engine_dtype(vllm_config) -> str:
+    return str(vllm_config.model_config.dtype).removeprefix("torch.")
+
+
+def make_monitor(vllm_config, settings: dict):
+    """An unattached ``eh.Monitor`` over the engine's checkpoint, with ``settings``."""
+    from ...monitor import Monitor
+
+    model = checkpoint_model(vllm_config.model_config.model, engine_dtype(vllm_config))
+    return Monitor(model, attach=False, **settings_from_wire(settings))
+
+
+class Session:
+    """One entered monitor's state in this worker: its ``RequestSums`` and the serve sink, if any."""
+
+    def __init__(self, sums, n_layers: int, sink=None):
+        self.sums, self.n_layers, self.sink = sums, n_layers, sink
+        self.lock = threading.Lock()
+        self.dropped = 0  # forwards whose readings were not all written (counted nowhere)
+
+
+def make_session(runner, settings: dict, sink=None) -> Session:
+    from ..requests import RequestSums
+
+    layers = getattr(runner, "_eigenhooks_layers", None)
+    if layers is None:
+        raise RuntimeError(
+            "this vLLM engine was not built with eigenhooks' taps; build it with additional_config={'eigenhooks': {}}"
+        )
+    mon = make_monitor(runner.vllm_config, settings)
+    return Session(RequestSums(mon), layers, sink)
+
+
+__all__ = ["Session", "checkpoint_model", "engine_dtype", "make_monitor", "make_session", "settings_from_wire"]
