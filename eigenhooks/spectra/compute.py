@@ -23,11 +23,12 @@ from ..linalg.eig import (
     NonFiniteError,
     layer_spectra,
 )
-from ..models import Adapter, get_adapter, layer_index
+from ..models import Adapter, layer_index
 from ..models.offload import onloaded, source_modules
 from ..models.probe import probe_matrices
 from ..progress import bar
 from . import memo
+from .engine import adapter_of
 from .heads import circuit_digest, circuit_matrix, copy_out
 from .pool import _blas_threads, _cores, _Inline, parallel_map  # noqa: F401  (parallel_map: for the monitor)
 
@@ -137,7 +138,7 @@ def spectra_by_rank(
     if variant not in VARIANTS:
         raise ValueError(f"variant must be one of {VARIANTS}, got {variant!r}")
     top, threshold = _check_top_threshold(top, threshold)
-    adapter = get_adapter(model)
+    adapter = adapter_of(model)  # a vllm.LLM: its checkpoint's attention weights
     idx = _layer_list(adapter, layers)
     options = {
         rank: {
