@@ -47,7 +47,7 @@ _PUBLIC = {
     "Monitor": "eigenhooks.monitor",
     "SinkError": "eigenhooks.monitor",
     "TargetError": "eigenhooks.monitor",
-    "monitor": "eigenhooks.monitor",
+    "monitor": "eigenhooks.engines.dispatch",  # a vllm.LLM gets the engine monitor, any other model facade.monitor
     "TokenReadout": "eigenhooks.spectra",
     "Verification": "eigenhooks.spectra",
     "rank_directions": "eigenhooks.spectra",

@@ -251,7 +251,10 @@ def test_importing_the_package_loads_no_torch_and_not_the_cli():
 def test_the_monitor_wing_exports_what_the_monitor_module_did():
     from eigenhooks.monitor import MeasurementWarning, Monitor, check_nulls, monitor
 
-    assert monitor is eh.monitor and Monitor is eh.Monitor and callable(check_nulls)
+    # eh.monitor is the wing's monitor behind the one engine dispatch (engines/dispatch.py: a vllm.LLM gets
+    # the engine monitor), with its signature and docstring
+    assert Monitor is eh.Monitor and callable(check_nulls)
+    assert eh.monitor.__signature__ == monitor.__signature__ and eh.monitor.__doc__.startswith(monitor.__doc__)
     assert issubclass(MeasurementWarning, UserWarning)
 
 

@@ -37,12 +37,12 @@ def engine_dtype(vllm_config) -> str:
     return str(vllm_config.model_config.dtype).removeprefix("torch.")
 
 
-def make_monitor(vllm_config, settings: dict):
-    """An unattached ``eh.Monitor`` over the engine's checkpoint, with ``settings``."""
+def make_monitor(vllm_config, settings: dict, sink=None):
+    """An unattached ``eh.Monitor`` over the engine's checkpoint, with ``settings`` (and ``sink``)."""
     from ...monitor import Monitor
 
     model = checkpoint_model(vllm_config.model_config.model, engine_dtype(vllm_config))
-    return Monitor(model, attach=False, **settings_from_wire(settings))
+    return Monitor(model, attach=False, sink=sink, **settings_from_wire(settings))
 
 
 class Session:

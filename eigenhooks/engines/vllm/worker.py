@@ -97,6 +97,18 @@ def _instrument(runner) -> None:
     place_taps(model, capacity)
     _wrap_execute(runner)
     runner._eigenhooks_layers = len(vllm_layout(model).layers)
+    opts = opted_in(cfg)
+    if opts.get("out") and _rank0(runner):  # served: measured from the start, one line per finished request
+        _serve(runner, opts)
+
+
+def _serve(runner, opts: dict) -> None:
+    global SESSION
+    from .serve import JsonlSink
+    from .session import make_session
+
+    SESSION = make_session(runner, opts.get("settings") or {}, sink=JsonlSink(opts["out"]))
+    STORE.active = True
 
 
 def _wrap_load(cls) -> None:
@@ -145,6 +157,11 @@ class EigenhooksWorker:
 
         if not _rank0(self):
             return False
+        if SESSION is not None and SESSION.sink is not None:
+            raise RuntimeError(
+                "this engine is served with eigenhooks' 'out': it measures from its start, "
+                "one line per finished request; a with-block cannot start another session"
+            )
         runner = self.model_runner
         SESSION = make_session(runner, settings)
         STORE.active = True
