@@ -20,7 +20,7 @@ Calibration: ``--calibrate`` runs the same count on another checkout of the pack
 measured on the H200 at 1.18 (1B) and 1.07 (8B), commit a514878) and fits the floor so that its
 estimate meets those ratios; the plain forward's matmul efficiency is fitted to the measured 1B
 plain forward (45.7 ms, ../shared/gpu/h200-gpu_scale.log). The fused-read line prices the hooks'
-reads as ``eigenhooks.monitor.reduce.fused`` would make them: one read of each distinct activation
+reads as ``benchmarks/fused_read.py`` would make them: one read of each distinct activation
 per layer (pre(t) is post(t-1)) plus the null rows, every other monitor kernel as counted.
 
 Usage (from the repository root):

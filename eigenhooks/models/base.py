@@ -17,6 +17,7 @@ from torch import nn
 
 from ..linalg.eig import Factors
 from .calls import Calls
+from .hooks import HookAttachment
 
 NormPosition = Literal["pre", "post"]
 
@@ -221,6 +222,13 @@ class Adapter:
     @property
     def n_layers(self) -> int:
         return len(self.layers)
+
+    def attachment(self, layers: dict, points, record, warn, read_mask: bool = True, layout=None):
+        """What tells ``record`` (``attach.Record``) what this model computes at ``layers`` (the
+        monitor's per-layer plans: ``reading``, ``mid_is_sum``, ``need_mid``, ``last_point``) and
+        ``points``: hooks on its modules (``hooks.HookAttachment``). An engine with its own batch
+        layout (flat token batches, a compiled graph) returns its own ``attach.Attachment``."""
+        return HookAttachment(self, layers, points, record, warn, read_mask, layout)
 
     def width(self, layer: int) -> int:
         """The residual width d of one layer (towers of one model may differ)."""

@@ -1,5 +1,6 @@
 """What a call of the model is, as its adapter reads it: its mask, its rows, whether it continues a
-KV cache, and how its start and end are seen. The monitor reads no call keyword itself.
+KV cache, and how its start and end are seen. The monitor reads no call keyword itself: the
+attachment (``hooks.HookAttachment``) asks these.
 
 ``Calls`` reads HF calls (``attention_mask``, ``input_ids`` / ``inputs_embeds``, ``past_key_values``
 or transformers 5's ``cache``, ``cache_position``). ``LensCalls`` reads TransformerLens ones: a batch
@@ -16,16 +17,14 @@ class Calls:
     """An HF model's calls.
 
     Attributes:
-        module_hooks: the forward's start and end are seen by hooks on the model's module (else its
-            ``forward`` is wrapped).
-        hook_lists: the model takes hook lists (``run_with_hooks``; ``Monitor.fwd_hooks``).
-        by_module: reading points are modules matched to their layers by identity (else the model's
-            own named hook points, one per layer).
+        hook_points: the model has its own named hook points, one per layer and reading (TransformerLens):
+            its ``forward`` is wrapped (module hooks on the model never fire), it takes hook lists
+            (``run_with_hooks``; ``Monitor.fwd_hooks``), and its taps are found by name. Else reading
+            points are modules matched to their layers by identity, and the forward's start and end
+            are seen by hooks on the model's module.
     """
 
-    module_hooks = True
-    hook_lists = False
-    by_module = True
+    hook_points = False
 
     def mask(self, model, args, kwargs) -> torch.Tensor | None:
         """The padding mask this call was given (None: every position counts)."""
@@ -41,6 +40,26 @@ class Calls:
         if not isinstance(x, torch.Tensor) or x.dim() < 2:
             return None
         return x.shape[0], x.shape[1]
+
+    def input_rows(self, args, kwargs) -> int | None:
+        """The rows of the batch a ``generate`` call was given (before beams or returned sequences copy them)."""
+        for x in (kwargs.get("input_ids"), kwargs.get("inputs_embeds"), args[0] if args else None):
+            if isinstance(x, torch.Tensor) and x.dim() >= 2:
+                return x.shape[0]
+        return None
+
+    @staticmethod
+    def hidden(args, kwargs):
+        """The residual a module's pre-hook sees: its ``hidden_states`` (by keyword or first)."""
+        x = kwargs.get("hidden_states", args[0] if args else None)
+        return x[0] if isinstance(x, tuple | list) else x
+
+    def tap_module(self, model, tap):
+        """(module, "input" | "output") a ``Tap`` reads."""
+        return tap.module, tap.where
+
+    def hook_name(self, model, module) -> str:
+        raise TypeError("fwd_hooks() is for TransformerLens models; HF models are hooked by the with-block")
 
     def continues(self, args, kwargs) -> bool:
         """True when this forward extends the previous one's sequences (a KV-cache step).
@@ -75,9 +94,7 @@ class LensCalls(Calls):
     """A TransformerLens model's calls: its forward wrapped, its hook lists, its own hook points; the
     mask of a padded batch of strings read back (``lens_string_mask``)."""
 
-    module_hooks = False
-    hook_lists = True
-    by_module = False
+    hook_points = True
 
     def mask(self, model, args, kwargs):
         m = kwargs.get("attention_mask")
@@ -85,6 +102,12 @@ class LensCalls(Calls):
 
     def running_mask(self, model):
         return lens_call_mask(model)
+
+    def tap_module(self, model, tap):
+        return model.hook_dict[tap.hook_name], "output"
+
+    def hook_name(self, model, module) -> str:
+        return next(n for n, hp in model.hook_dict.items() if hp is module)
 
 
 def lens_call_mask(model):

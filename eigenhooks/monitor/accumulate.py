@@ -35,6 +35,9 @@ class Undo:
     buf: list
     seen: dict
     n_token_records: int
+    keyed: dict
+    krows: dict
+    free: list
 
 
 class Accumulator:
@@ -55,6 +58,9 @@ class Accumulator:
         self.n_forwards = 0
         self.token_records: list[dict] = []
         self.stacks = Stacks()  # each layout's bases stacked over its layers, for the flush (``project_layers``)
+        self.keyed: dict = {}  # a flat batch's open request key -> its slot in ``krows``
+        self.krows: dict[int, torch.Tensor] = {}  # layer -> (slots, 5, T) counters of the open requests
+        self.free: list[int] = []  # slots of ended requests, to reuse
 
     # ---- a forward ----
     def add(self, fs: ForwardSums, undoable: bool = True) -> Undo | None:
@@ -66,22 +72,24 @@ class Accumulator:
         if undoable:
             undo = Undo(
                 self.n_forwards, {i: dict(st) for i, st in self.state.items()}, set(self.zero), dict(self.rows),
-                list(self.buf), dict(self.seen), len(self.token_records),
+                list(self.buf), dict(self.seen), len(self.token_records), dict(self.keyed), dict(self.krows),
+                list(self.free),
             )  # fmt: skip
         if fs.fresh:
             self.end_sequences()
         if fs.layers:
-            self._add_layers(list(fs.layers.items()))
+            self._add_layers(list(fs.layers.items()), fs.keys)
         self._buffer(fs.lean or fs.steps, fs.shapes)
         self.seen.update(fs.seen)
-        if fs.tokens:
-            self.token_records.extend(fs.tokens)
+        if fs.token_records:
+            self.token_records.extend(fs.token_records)
         self.n_forwards += 1
         return undo
 
     def undo(self, u: Undo) -> None:
         self.n_forwards, self.state, self.zero, self.rows = u.n_forwards, u.state, u.zero, u.rows
         self.buf, self.seen = u.buf, u.seen
+        self.keyed, self.krows, self.free = u.keyed, u.krows, u.free
         del self.token_records[u.n_token_records :]
 
     def _buffer(self, steps: LeanStep | dict[int, Step], shapes: tuple) -> None:
@@ -156,9 +164,10 @@ class Accumulator:
             items.append((i, bases, pr, buf[0].copies))
         return items
 
-    def _add_layers(self, results: list[tuple[int, LayerSums]]) -> None:
+    def _add_layers(self, results: list[tuple[int, LayerSums]], keys: tuple | None = None) -> None:
         """Add layers' sums into the running state: every (layer, field) sum in one ``torch._foreach_add``
-        per device and dtype, not one add each (one launch for the lot on CUDA)."""
+        per device and dtype, not one add each (one launch for the lot on CUDA). keys: a flat batch's
+        request keys, one a row: its counters go to those requests' slots (``end_requests``)."""
         olds, news, where = [], [], []
         for layer, (sums, _) in results:
             st = self.state[layer]
@@ -172,6 +181,9 @@ class Accumulator:
                 where.append((layer, k))
         for (layer, k), t in zip(where, foreach_sum(olds, news)):
             self.state[layer] = {**self.state[layer], k: t}
+        if keys is not None:
+            self._add_keyed(results, keys)
+            return
         olds, news, where = [], [], []
         for layer, (_, rows) in results:
             if rows is None:
@@ -189,7 +201,43 @@ class Accumulator:
         for layer, t in zip(where, foreach_sum(olds, news)):
             self.rows[layer] = t
 
+    def _add_keyed(self, results: list[tuple[int, LayerSums]], keys: tuple) -> None:
+        """A flat batch's per-row counters added to its requests' slots (a new request takes a free one)."""
+        keyed, slots = self.keyed, []
+        for key in keys:
+            slot = keyed.get(key)
+            if slot is None:
+                slot = keyed[key] = self.free.pop() if self.free else len(keyed)
+            slots.append(slot)
+        need = max(slots) + 1
+        for layer, (_, rows) in results:
+            if rows is None:
+                continue
+            kr = self.krows.get(layer)
+            if kr is None or kr.shape[0] < need:
+                grown = rows.new_zeros(max(need, 2 * (0 if kr is None else kr.shape[0])), *rows.shape[1:])
+                kr = grown if kr is None else grown.index_copy(0, torch.arange(kr.shape[0], device=kr.device), kr)
+            self.krows[layer] = kr.index_add(0, torch.tensor(slots, device=rows.device), rows)
+
     # ---- sequences ----
+    def end_requests(self, keys) -> None:
+        """A flat batch's requests ended (the engine's scheduler says so): their counters fold into the
+        cluster sums, as ``end_sequences`` folds a padded batch's rows, and their slots are freed."""
+        slots = [self.keyed.pop(k) for k in keys if k in self.keyed]
+        if not slots:
+            return
+        groups: dict[tuple, list[int]] = {}
+        for layer, kr in self.krows.items():
+            groups.setdefault((kr.shape, kr.device), []).append(layer)
+        for (_, device), layers in groups.items():
+            idx = torch.tensor(slots, device=device)
+            rows = torch.stack([self.krows[i].index_select(0, idx) for i in layers])
+            tgt = torch.stack([self.state[i]["tgt"].to(device) for i in layers])
+            for i, t in zip(layers, close_rows(tgt, rows)):
+                self.state[i] = {**self.state[i], "tgt": t}
+                self.krows[i] = self.krows[i].index_fill(0, idx, 0)
+        self.free.extend(slots)
+
     def _close_rows(self, layer: int) -> None:
         rows = self.rows.pop(layer, None)
         if rows is not None:
@@ -220,6 +268,10 @@ class Accumulator:
         rows = self.rows.get(layer)
         if rows is not None:
             st["tgt"] = close_rows(st["tgt"].to(rows.device), rows)
+        kr = self.krows.get(layer)
+        if kr is not None and self.keyed:  # open requests of a flat batch
+            idx = torch.tensor(list(self.keyed.values()), device=kr.device)
+            st["tgt"] = close_rows(st["tgt"].to(kr.device), kr.index_select(0, idx))
         return {k: v.detach().to("cpu", torch.float64) for k, v in st.items()}
 
     def target_sums(self) -> list[torch.Tensor]:
@@ -232,6 +284,7 @@ class Accumulator:
         """The state becomes ``states`` (a loaded one); nothing open or buffered is kept."""
         self.zero.clear()
         self.rows, self.buf = {}, []
+        self.keyed, self.krows, self.free = {}, {}, []
         self.state = dict(states)
 
     def merge(self, states: dict[int, dict[str, torch.Tensor]]) -> None:
@@ -240,8 +293,9 @@ class Accumulator:
         self.state = {i: stats.merge_states(self.state[i], states[i]) for i in self.state}
 
     def all_reduce(self, dist, group) -> None:
-        """Sum the whole state across the ranks of ``group`` (open sequences end first)."""
+        """Sum the whole state across the ranks of ``group`` (open sequences and requests end first)."""
         self.end_sequences()
+        self.end_requests(list(self.keyed))
         backend = dist.get_backend(group)
         dev = torch.device("cuda", torch.cuda.current_device()) if backend == "nccl" else torch.device("cpu")
         parts = [(i, k, v) for i in sorted(self.state) for k, v in sorted(self.state[i].items())]

@@ -25,8 +25,9 @@ class MonitorConfig:
         null_draws: Haar-random subspaces per layer (p_null's resolution is 1/(null_draws + 1)).
         fnull_draws: directions orth(F g) per layer (0: none).
         eig_top: F's own top eigen-subspaces each target is ranked among (0: none).
-        null_stride: the nulls are measured on every s-th valid token of each sequence (by its
-            index there; odd, so not in step with power-of-two lengths); None or 1: every token.
+        null_stride: the nulls are measured on every null_stride-th valid token of each sequence (by
+            its index there; odd, so not in step with power-of-two lengths); 1: every token (None is
+            taken as 1, here, once: every part reads this int).
         log_every: forwards between the sinks' log points (0 or None: only on exit and ``mon.log()``).
         attach: register the hooks on enter (False: TransformerLens ``fwd_hooks()``).
         measures: a researcher's own measures (``eh.Measure`` instances, docs/api.md "Your own
@@ -40,7 +41,7 @@ class MonitorConfig:
     null_draws: int = 128
     fnull_draws: int = 64
     eig_top: int = 16
-    null_stride: int | None = 5
+    null_stride: int = 5
     log_every: int | None = 1
     attach: bool = True
     measures: tuple = ()
@@ -53,6 +54,8 @@ class MonitorConfig:
             raise ValueError(f"reading_points must include 'pre' and be among pre/mid/post, got {self.reading_points}")
         set_("reading_points", tuple(p for p in POINTS if p in self.reading_points))
         check_nulls(self.null_draws, self.fnull_draws, self.eig_top, self.null_stride)
+        if self.null_stride is None:
+            set_("null_stride", 1)
         set_("null_seed", int(self.null_seed))
         set_("measures", tuple(self.measures))
         names = [getattr(m, "name", None) for m in self.measures]
@@ -63,11 +66,6 @@ class MonitorConfig:
             raise ValueError(
                 f"log_every must be a non-negative int (0 or None: only on exit and mon.log()), got {le!r}"
             )
-
-    @property
-    def stride(self) -> int:
-        """The null subsample's stride as an int (1: every token)."""
-        return self.null_stride or 1
 
     @classmethod
     def names(cls) -> tuple[str, ...]:

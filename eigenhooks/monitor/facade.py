@@ -15,36 +15,30 @@ Where hooks vanish or are bypassed, ``MeasurementWarning`` says so and the stati
 
 from __future__ import annotations
 
-import contextlib
 import inspect
-import threading
-import warnings
 from dataclasses import fields
 from pathlib import Path
 
 import torch
 
 from ..models import Adapter, get_adapter
-from . import fingerprint
+from ..models.attach import Attachment, MeasurementWarning, Warner
+from . import fingerprint, notebook
 from .accumulate import Accumulator
 from .config import MonitorConfig
-from .forward import Call, Forward, Generation
 from .logs import Labels, LogPoints
-from .notebook import NotebookViews
 from .plan import Plan, build_plan, parse_targets
-from .sinks import SinkError
+from .record import Record, RecordSpec, worker_plan
 from .summary import save_table, summary_table, target_stats
-from .taps import MeasurementWarning, Taps, Warner, thread_key
-
-_ALIASES = {"K": "null_draws", "Kf": "fnull_draws", "m": "eig_top"}  # names before 0.2, one release more
 
 
-class Monitor(NotebookViews):
+class Monitor:
     """Streaming alignment statistics for every attention layer of a model.
 
     Use through ``eigenhooks.monitor(...)`` (its docstring lists the arguments; ``config`` holds them, frozen).
     After (or during) the block: ``summary()``, ``plot()``, ``tokens()``, ``save(path)``, ``state_dict()`` /
     ``load_state_dict()`` / ``merge_state_dict()``, ``all_reduce()``; with a sink, ``log()``, ``log_summary()``, ``step``.
+    Every setting reads as the config's (``mon.null_stride`` is ``mon.config.null_stride``).
     """
 
     def __init__(self, model, *args, attention_mask=None, sink=None, **settings):
@@ -58,30 +52,18 @@ class Monitor(NotebookViews):
         self._plan: Plan | None = None
         self._tags = None  # logs.Labels of the plan, once it is built
         self._acc: Accumulator | None = None
-        self._taps: Taps | None = None
-        self._fwds: dict[int, Forward] = {}  # thread -> the forward running there (threads share a model)
-        self._gens: dict[int, Generation] = {}  # thread -> the generate call running there
-        self._lock = threading.Lock()  # one forward counts at a time
+        self._record: Record | None = None  # what the attachment tells, counted into _acc
+        self._att: Attachment | None = None  # the adapter's attachment, attached or not (fwd_hooks)
+        self._attached = False
         self._fingerprint: dict | None = None
-        self._all_valid: list = []  # Forward's reused all-True mask
-        self._attn_ran = (None, frozenset())  # (taps, untapped attentions found in place: layout.attn_paths)
         self._active = False
         self._closing = False  # closed while a forward was running: detach when it returns
         self._entered_at = 0  # forwards counted before the with-block
 
     # ---- settings, read-only: ``config``'s (``mon.null_draws`` is ``mon.config.null_draws``) ----
-    points = property(lambda self: self.config.reading_points)
-    null_stride = property(lambda self: self.config.stride)
-    keep_tokens = property(lambda self: self.config.tokens)
     sink_path = property(lambda self: self._logs.sink_path)
-    log_every = property(lambda self: self._logs.log_every)
 
     def __getattr__(self, name):
-        if name in _ALIASES:
-            warnings.warn(
-                f"Monitor.{name} is deprecated: use Monitor.{_ALIASES[name]}", DeprecationWarning, stacklevel=2
-            )
-            name = _ALIASES[name]
         if name in MonitorConfig.names() and "config" in self.__dict__:
             return getattr(self.__dict__["config"], name)
         raise AttributeError(f"'Monitor' object has no attribute {name!r}")
@@ -105,20 +87,31 @@ class Monitor(NotebookViews):
 
     # ---- lifecycle ----
     def _prepare(self) -> Accumulator:
-        """The plan (spectra, bases, nulls) and an empty accumulator, made once."""
+        """The plan (spectra, bases, nulls), an empty accumulator and the record counting into it, made once."""
         if self._plan is None:
             self._plan = build_plan(self.adapter, self.config, self.target_defs, self._vectors)
             self._acc = Accumulator(self._plan)
+            self._record = Record(self._plan, self.config, self._acc, (self._logs, self._labels), self._warn,
+                                  self.explicit_mask, self.adapter.stacks)  # fmt: skip
+            self._record.ended = self._after_end
         return self._acc
+
+    def _attachment(self) -> Attachment:
+        """The adapter's attachment telling the record (the model walked once: a layout made earlier is reused)."""
+        layout = getattr(self._att, "layout", None)
+        att = self.adapter.attachment(self._plan.layers, self.config.reading_points, self._record, self._warn,
+                                      self.explicit_mask is None, layout)  # fmt: skip
+        self._record.attached(att)
+        return att
 
     def __enter__(self) -> Monitor:
         if self._active:
             raise RuntimeError("this monitor is already active; leave its with-block before entering it again")
         self._prepare()
         if self.config.attach:
-            layout = self._taps.layout if self._taps is not None else None  # the model walked once
-            self._taps = Taps(self.adapter, self._plan, self.points, self, self._warn, layout)
-            self._taps.attach()
+            self._att = self._attachment()
+            self._att.attach()
+            self._attached = True
         self._entered_at = self.n_forwards
         self._active = True
         return self
@@ -127,7 +120,7 @@ class Monitor(NotebookViews):
         self.close(_raised=exc_type is not None)
 
     def close(self, _raised: bool = False) -> None:
-        """Remove the monitor's own hooks (only those), after checking they were still there.
+        """Detach the monitor (only its own hooks come off), after checking they were still there.
 
         Closed while a forward of the model is still running (the with-block was entered inside
         nnsight's ``model.trace(...)``, whose body runs within the model's forward), the hooks
@@ -135,17 +128,18 @@ class Monitor(NotebookViews):
         """
         if not self._active or self._closing:
             return
-        taps = self._taps if self._taps is not None and self._taps.attached else None
-        if self._fwds and taps is not None and not _raised and not taps.gone() and taps.in_forward():
-            self._closing = True  # _after_end finishes the close
+        att = self._att if self._attached else None
+        if self._record.running and att is not None and not _raised and att.in_forward():
+            self._closing = True  # the record's end of that forward finishes the close (_after_end)
+            att.detach_after_forward()
             return
         self._active = False
         try:
-            if taps is not None:
-                gone = taps.check_handles()
+            if att is not None:
+                gone = att.check()
                 # none started, or one started and never ended (its end compiled away): none counted
-                bypassed = not taps.started or bool(self._fwds)
-                if self.n_forwards == self._entered_at and bypassed and not taps.orphans and not _raised and not gone:
+                bypassed = not att.started or self._record.running
+                if self.n_forwards == self._entered_at and bypassed and not att.orphans and not _raised and not gone:
                     self._warn(
                         "no-forward",
                         "no forward pass reached the monitor's hooks inside its with-block: no forward ran in it, "
@@ -155,127 +149,18 @@ class Monitor(NotebookViews):
             self._acc.flush()
             self._end_logs(_raised)
         finally:
-            for fwd in self._fwds.values():  # forwards that never ended count for nothing
-                fwd.drop()
-            self._fwds.clear()
-            if taps is not None:
-                taps.remove()
+            self._record.drop_running()
+            if att is not None:
+                att.detach()
+                self._attached = False
 
     def _after_end(self, raised: bool) -> None:
-        """A forward ended: if a close waited for it, detach now (see ``close``)."""
+        """A forward ended: if a close waited for it, finish it (the attachment detaches itself after)."""
         if not self._closing:
             return
-        self._closing = False
-        if not raised or not self.adapter.calls.module_hooks:  # a wrapped forward has returned
-            self.close()
-            return
-        self._taps.remove_in_raising_forward()
-        self._active = False
+        self._closing = self._active = self._attached = False
         self._acc.flush()
-        self._end_logs(raised=True)
-
-    # ---- a forward's events (from the taps) ----
-    def forward_start(self, args, kwargs, fresh: bool = False, mask=None):
-        """The model's forward starts (in this thread): a new ``Forward``, told what the call is; the
-        taps hand it the readings."""
-        tid = thread_key()
-        old = self._fwds.pop(tid, None)
-        if old is not None:  # its end never came (interrupted): nothing of it counts
-            old.drop()
-        calls = self.adapter.calls
-        call = self._call(args, kwargs, fresh or not calls.continues(args, kwargs))
-        if self.explicit_mask is not None:
-            mask = self.explicit_mask
-        elif not fresh:  # fresh: hook lists, whose mask the adapter read from the running forward
-            mask = calls.mask(self.model, args, kwargs)
-        mask = mask if isinstance(mask, torch.Tensor) and mask.dim() == 2 else None
-        buffer = self._logs.sink_path is None and not self.config.tokens
-        acc, keep = self._acc, self.config.tokens
-        seen = {} if call.fresh else acc.seen
-        taps = self._taps
-        if taps is not None and (call.fresh or self._attn_ran[0] is not taps):  # per generate, not per step
-            self._attn_ran = (taps, frozenset(taps.attn_paths) - taps.swapped())
-        ran = self._attn_ran[1]
-        fwd = Forward(self._plan, self.points, mask, seen, buffer, keep, acc.n_forwards, self._all_valid, call, ran)
-        self._fwds[tid] = fwd
-        return fwd
-
-    def _call(self, args, kwargs, fresh: bool) -> Call:
-        """What this forward is (``forward.Generation`` when it is a step of a ``generate``)."""
-        gen = self._gens.get(thread_key())
-        rows = self.adapter.calls.rows(args, kwargs) if gen is not None else None
-        if rows is None:
-            return Call(fresh)
-        call = gen.next_call(rows[0], rows[1], fresh)
-        if call.copies > 1 and call.first_copy_only:
-            self._warn(
-                "copies",
-                f"generate ran {call.copies} copies of each input row (num_beams or num_return_sequences): "
-                "each input row is one cluster; its prompt positions were counted once, and the generated "
-                f"positions of every copy ({call.copies} per step and input row) were counted",
-            )
-        return call
-
-    def generate_start(self, rows: int | None) -> None:
-        self._gens[thread_key()] = Generation(rows)
-
-    def generate_end(self) -> None:
-        self._gens.pop(thread_key(), None)
-
-    def stack_start(self, name: str, mask) -> None:
-        fwd = self._fwds.get(thread_key())
-        if fwd is not None:
-            fwd.stack_started(name, mask)
-
-    def forward_end(self, ok: bool) -> None:
-        """The forward ended: dropped if it raised; else reduced, counted, and logged, or taken back whole;
-        then a close that waited for it detaches (``_after_end``). The taps hear nothing back."""
-        try:
-            self._count(ok)
-        except BaseException:
-            self._after_end(True)
-            raise
-        self._after_end(not ok)
-
-    def _count(self, ok: bool) -> None:
-        fwd = self._fwds.pop(thread_key(), None)
-        if fwd is None:
-            return
-        if not ok:
-            self._drop(fwd)
-            return
-        self._check(fwd)
-        undo = mark = None
-        try:
-            fs = fwd.finish()
-            # threads sharing the model: one forward counts, and is logged, at a time (compiled: one thread)
-            with contextlib.nullcontext() if torch.compiler.is_compiling() else self._lock:
-                undo = self._acc.add(fs, undoable=bool(self._logs.sinks))
-                mark = self._logs.mark()
-                self._logs.after_forward(mark, self._acc, self._plan, fs, self._labels())
-        except BaseException as e:
-            self._drop(fwd)
-            if mark is not None:
-                self._logs.undo(mark)
-            if undo is not None:
-                self._acc.undo(undo)
-            if isinstance(e, SinkError):
-                raise SinkError(f"{e}. This forward was not counted (its sums were taken back)") from e.__cause__
-            raise
-
-    def _drop(self, fwd: Forward) -> None:
-        """A forward that does not count gives its arena rows back (all of them when no other runs: a
-        projection that raised half-way leaves its row taken)."""
-        fwd.drop()
-        if not self._fwds:
-            for arena in self._plan.arenas:
-                arena.release()
-
-    def _check(self, fwd: Forward) -> None:
-        """Warn (once each) about layers a forward should have measured and did not."""
-        missing, partial = fwd.unmeasured(self.adapter.stacks)
-        if (missing or partial) and not (self._taps is not None and self._taps.check_handles()):
-            self._warn.unmeasured(missing, partial)
+        self._end_logs(raised)
 
     # ---- TransformerLens ----
     def fwd_hooks(self) -> list[tuple[str, object]]:
@@ -285,15 +170,13 @@ class Monitor(NotebookViews):
         first hook reads them from the bridge's running forward; ``eh.monitor(..., attention_mask=)``
         overrides that.
         """
-        if not self.adapter.calls.hook_lists:
-            raise TypeError("fwd_hooks() is for TransformerLens models; HF models are hooked by the with-block")
-        if self._taps is not None and self._taps.attached:
+        if self._attached:
             raise RuntimeError(
                 "this monitor is already attached to the model; create it with attach=False to use fwd_hooks()"
             )
         self._prepare()
-        self._taps = Taps(self.adapter, self._plan, self.points, self, self._warn)
-        return self._taps.fwd_hooks(self._plan, lambda: self.adapter.calls.running_mask(self.model))
+        self._att = self._attachment()
+        return self._att.fwd_hooks(lambda: self.adapter.calls.running_mask(self.model))
 
     # ---- results ----
     @property
@@ -308,6 +191,35 @@ class Monitor(NotebookViews):
     def save(self, path) -> Path:
         """Write the summary as Parquet, CSV or JSON (by the file's suffix)."""
         return save_table(self.summary, path)
+
+    def plot(self, target: str | None = None):
+        """rho by layer with its Haar null band (top) and gamma against its null (below), one column per
+        target, as one matplotlib Figure; a notebook shows it inline as the cell's value.
+
+        Args:
+            target: one target ('modulus', 'residual', 'ov/modulus', a custom name, a head's
+                'ov_head/modulus/h3'); None: every target but the heads'
+                (a column per head is no plot) when there are others.
+
+        Example:
+            >>> with eh.monitor(model) as mon:     # doctest: +SKIP
+            ...     model(**batch)
+            >>> fig = mon.plot("modulus")          # doctest: +SKIP
+        """
+        return notebook.plot(self.summary(), target)
+
+    def tokens(self):
+        """The per-token records of ``eigenhooks.monitor(..., tokens=True)`` as a pandas DataFrame: one
+        row per (forward, layer, sequence, position) of a valid token (padding left out), with its
+        alignment a(x) at each reading point, ``delta`` = a_mid - a_pre and ``up`` = delta > 0 (what rho
+        counts). ``position`` is the column in that forward's input (under a KV cache, in the step).
+
+        Raises:
+            ValueError: the monitor was made without ``tokens=True``, so it kept no records.
+        """
+        if not self.config.tokens:
+            raise ValueError("no per-token records: make the monitor with eh.monitor(model, tokens=True)")
+        return notebook.token_frame(self.token_records)
 
     # ---- the state ----
     def _layout(self) -> dict:
@@ -328,6 +240,12 @@ class Monitor(NotebookViews):
         acc = self._prepare()
         layers = {str(i): {k: v.tolist() for k, v in acc.current(i).items()} for i in self._plan.layers}
         return {"fingerprint": self._layout(), "layers": layers}
+
+    def record_spec(self) -> RecordSpec:
+        """What a record in another process (an engine's worker) is made from: picklable; its
+        ``state_dict`` comes back to ``merge_state_dict`` / ``load_state_dict`` here."""
+        self._prepare()
+        return RecordSpec(worker_plan(self._plan), self.config, self._layout())
 
     def load_state_dict(self, state: dict) -> None:
         """Replace the statistics with a saved state (``state_dict`` of a monitor that means the same).
@@ -372,7 +290,7 @@ class Monitor(NotebookViews):
     def _labels(self) -> Labels:
         """The sinks' tags of the state's rows, made once per plan (not per forward)."""
         if self._tags is None:
-            self._tags = Labels(self._plan, self.points, self.adapter.n_layers)
+            self._tags = Labels(self._plan, self.config.reading_points, self.adapter.n_layers)
         return self._tags
 
     def scalars(self) -> dict[str, float]:
@@ -412,15 +330,10 @@ class Monitor(NotebookViews):
 
 def make_config(args: tuple, settings: dict) -> MonitorConfig:
     """The ``MonitorConfig`` of ``monitor()``'s arguments: its first fields (targets, reading_points,
-    tokens) by position, any by keyword; ``K``, ``Kf``, ``m`` (the names before 0.2, one release more)
-    with a DeprecationWarning."""
+    tokens) by position, any by keyword."""
     names = MonitorConfig.names()
     if len(args) > len(_POSITIONAL):
         raise TypeError(f"monitor() takes the model and at most {len(_POSITIONAL)} settings by position {_POSITIONAL}")
-    for old, new in _ALIASES.items():
-        if old in settings:
-            warnings.warn(f"{old}= is deprecated: use {new}=", DeprecationWarning, stacklevel=4)
-            settings[new] = settings.pop(old)
     given = dict(zip(names, args))
     unknown = sorted(set(settings) - set(names)) + sorted(set(settings) & set(given))
     if unknown:

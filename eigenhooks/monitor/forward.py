@@ -15,6 +15,7 @@ from typing import NamedTuple
 
 import torch
 
+from ..models.attach import FlatRows
 from ..models.base import as_tokens
 from . import stats
 from .config import POINTS
@@ -70,6 +71,26 @@ def lean_points(pre: int, mid: tuple | None, post: int | None, xs) -> dict:
     return {"pre": P, "mid": M, "post": None if post is None else xs[post]}
 
 
+LEAN_POINTS = ("pre", "attn", "mid", "post")  # what ``lean_order`` lays out
+
+
+def lean_layout(plan: Plan, once: dict, n_slots: int, untapped: frozenset) -> bool:
+    """Whether a one-token step may keep its readings as they come (``Forward.lean_start``): every tapped
+    module is called once a forward (``once``: their role lists, of ``n_slots`` tapped modules), every
+    layer is read alike (pre-norm, masked, one stack), and a step whose taps all fired has each layer's
+    pre, last point, mid if needed and attention (tapped, or ``untapped`` and found in place)."""
+    if len(once) != n_slots or len({lp.stack for lp in plan.layers.values()}) > 1:
+        return False
+    read = {role for roles in once.values() for role in roles}
+    if any(point not in LEAN_POINTS for _, point in read):  # a reading the flush would not lay out
+        return False
+    return all(
+        lp.post_norm is None and lp.masked and (i, "pre") in read and (i, lp.last_point) in read
+        and (not lp.need_mid or (i, "mid") in read) and ((i, "attn") in read or i in untapped)
+        for i, lp in plan.layers.items()
+    )  # fmt: skip
+
+
 def lean_order(plan: Plan, roles: list, read_mid: bool, ran: frozenset) -> tuple | None:
     """Per layer, in the order the layers complete, (layer, pre, mid, post): the indices of its readings
     among a step's readings (mid: (is a sum pre + attn, index), or None), taking each layer's points as
@@ -120,9 +141,10 @@ class ForwardSums:
     steps: dict[int, Step] = field(default_factory=dict)
     fresh: bool = True  # it starts new sequences: the open ones end before it counts
     seen: dict = field(default_factory=dict)  # stack -> (b, 1) valid tokens of each open sequence so far
-    tokens: list[dict] = field(default_factory=list)  # per-token records (``tokens=True``)
+    token_records: list[dict] = field(default_factory=list)  # per-token records (``tokens=True``)
     shapes: tuple = ()  # (stack, (b, n), device) of each Grid it made: its steps' shapes
     lean: LeanStep | None = None  # a one-token step kept whole (instead of ``steps``)
+    keys: tuple | None = None  # a flat batch's request keys, one a row: its rows stay open by key
 
 
 @dataclass
@@ -159,12 +181,15 @@ class Forward:
         mask: the forward's (b, n) attention mask, or None (every token counts).
         seen: stack -> (b, 1) valid tokens the open sequences had before this forward (a KV cache).
         buffer_steps: keep one-token layers' readings for a batched flush (no per-forward sink, no tokens).
-        keep_tokens: record per-token alignments. index: this forward's number (for token records).
+        tokens: record per-token alignments (``MonitorConfig.tokens``). index: this forward's number (for token records).
         all_valid: the monitor's one all-True (b, n) mask of the latest shape, reused across forwards
             (never written), so a decoding step with no mask makes none.
         call: what this forward is (``Call``).
-        attn_ran: layers whose attention has no tap (``layout.attn_paths``) and was found in place: they
-            count as if its tap had fired.
+        attn_ran: layers whose attention has no tap (``Attachment.untapped``) and was found in place:
+            they count as if its tap had fired.
+        flat: a flat batch's layout (``FlatRows``): its readings (tokens, d) are laid out as a padded
+            batch, a row a request, each token at its rank among its request's tokens in this forward,
+            indexed by the position the engine gave (``flat_grid``).
     """
 
     def __init__(
@@ -174,16 +199,20 @@ class Forward:
         mask,
         seen: dict,
         buffer_steps: bool,
-        keep_tokens: bool,
+        tokens: bool,
         index: int,
         all_valid: list,
         call: Call = Call(),
         attn_ran: frozenset = frozenset(),
+        flat: FlatRows | None = None,
     ):
         self.attn_ran = attn_ran
+        self.flat = flat
+        self._padded: dict[int, tuple] = {}  # id(flat reading) -> (it, padded): post(t) is pre(t+1)
+        self.flat_place, self.flat_grid = flat_grid(flat) if flat is not None else (None, None)
         self.plan, self.read_mid, self.all_valid, self.call = plan, "mid" in points, all_valid, call
         self.mask, self.seen = mask, seen
-        self.buffer_steps, self.keep_tokens, self.index = buffer_steps, keep_tokens, index
+        self.buffer_steps, self.tokens, self.index = buffer_steps, tokens, index
         self.stack_masks: dict[str, torch.Tensor | None] = {}  # the mask passed to each stack that ran
         self.ran: set[str] = set()  # stacks (Adapter.stacks) whose root ran in this forward
         self.captures: dict[int, dict[str, torch.Tensor | None]] = {}  # layer -> point -> reading
@@ -191,7 +220,7 @@ class Forward:
         self.memo: dict = {}  # norms and consensus sums of this forward's readings (reduce.Memo)
         self.projections: dict[int, Projection] = {}
         self.steps: dict[int, Step] = {}
-        self.tokens: list[dict] = []
+        self.token_records: list[dict] = []
         self.lean: tuple | None = None  # a one-token step's ([roles], [readings]) as they come (``lean_start``)
         self.lean_step: LeanStep | None = None
 
@@ -200,7 +229,7 @@ class Forward:
         once a forward, and layer by layer nothing is computed at the step: its readings are kept as they
         come, checked and laid out once at its end (``_settle``). untapped: attentions without a tap (all
         must have been found in place). once_ids: the taps' role lists. known: [roles, order] last seen."""
-        if self.buffer_steps and not self.keep_tokens and not self.call.fresh and not self.call.start:
+        if self.buffer_steps and not self.tokens and not self.call.fresh and not self.call.start:
             if len(self.attn_ran) == untapped:
                 self.lean, self._lean_of = ([], []), (once_ids, known)
 
@@ -234,6 +263,8 @@ class Forward:
 
     def read(self, layer: int, point: str, x: torch.Tensor) -> None:
         """A reading of (layer, point). The first one counts; the layer is projected at its last point."""
+        if self.flat is not None:
+            x = self._unflat(x)
         if self.lean is not None:  # a one-token step: kept as it came (``_settle``)
             self.lean[0].append(((layer, point),))
             self.lean[1].append(x)
@@ -279,12 +310,24 @@ class Forward:
             return
         # post(t) and pre(t+1) are one tensor: its norms and sums are taken once (the memo)
         self.projections[lp.index] = project(lp.bases, points, grid, base, memo=self.memo)
-        if self.keep_tokens:
-            self.tokens.append(self._token_record(lp, points, grid.mask))
+        if self.tokens:
+            self.token_records.append(self._token_record(lp, points, grid.mask))
+
+    def _unflat(self, x: torch.Tensor) -> torch.Tensor:
+        """A flat reading (tokens, d) as the padded batch (rows, n, d) of ``flat_grid`` (zeros where no token)."""
+        got = self._padded.get(id(x))
+        if got is None:
+            R, n = self.flat_grid.mask.shape
+            padded = x.new_zeros(R * n, x.shape[-1])
+            padded[self.flat_place] = x
+            got = self._padded[id(x)] = (x, padded.view(R, n, x.shape[-1]))
+        return got[1]
 
     def _grid(self, x: torch.Tensor, stack) -> Grid:
         """x's valid tokens and their indices in their sequences: made once per stack and shape in a
         forward and shared by its layers, with its null subsample."""
+        if self.flat_grid is not None:
+            return self.flat_grid
         key = (stack, x.shape[:2], x.device)
         if key not in self.grids:
             valid = self._valid(x, stack)
@@ -372,13 +415,30 @@ class Forward:
             done = reduce_many([(self.plan.layers[i].bases, self.projections[i]) for i in layers])
             sums = {i: LayerSums(d[0], fold_copies(d[1], self.call.copies)) for i, d in zip(layers, done)}
         seen = {stack: grid.after for (stack, _, _), grid in self.grids.items()}
-        return ForwardSums(sums, self.steps, self.call.fresh, seen, self.tokens, tuple(self.grids), self.lean_step)
+        keys = self.flat.keys if self.flat is not None else None
+        return ForwardSums(
+            sums, self.steps, self.call.fresh, seen, self.token_records, tuple(self.grids), self.lean_step, keys
+        )
 
     def drop(self) -> None:
         """The forward raised: give back the arena rows it took; nothing of it counts."""
         for pr in self.projections.values():
             if pr.slot is not None:
                 pr.slot.give_back()
+
+
+def flat_grid(flat: FlatRows) -> tuple[torch.Tensor, Grid]:
+    """A flat batch laid out as a padded one: (place, grid). place: (tokens,) each token's flat index
+    row * n + its rank among its row's tokens in this forward (n: the most tokens of a row); grid: the
+    (rows, n) valid tokens, each indexed by its position in its request (the null subsample's index)."""
+    row, R = flat.row, len(flat.keys)
+    onehot = torch.nn.functional.one_hot(row, R)  # (tokens, R)
+    rank = (onehot.cumsum(0) * onehot).sum(1) - 1  # (tokens,): earlier tokens of its row in this forward
+    n = flat.width or int(onehot.sum(0).max())
+    place = row * n + rank
+    mask = torch.zeros(R * n, dtype=torch.bool, device=row.device).index_fill_(0, place, True)
+    vi = torch.zeros(R * n, dtype=torch.int64, device=row.device).index_copy_(0, place, flat.position.to(torch.int64))
+    return place, Grid(mask.view(R, n), vi.view(R, n))
 
 
 def fold_copies(rows: torch.Tensor | None, copies: int) -> torch.Tensor | None:

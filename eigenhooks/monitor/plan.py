@@ -212,7 +212,7 @@ def _layer(ad: Adapter, config: MonitorConfig, defs: list[TargetDef], specs: dic
         )
         fnull[fkey] = H.widen(frames, k_max, widen_seed(1 + len(fnull)), apply_F)
     bases = LayerBases(
-        tgts, haar, fnull, config.stride, eig_slots=config.eig_top, measures=MEASURES + config.measures, layer=i
+        tgts, haar, fnull, config.null_stride, eig_slots=config.eig_top, measures=MEASURES + config.measures, layer=i
     )
     rp, ly = ad.reading_points(i), ad.layers[i]
     points = config.reading_points

@@ -211,7 +211,7 @@ class _LayerSums:
 
 
 def reference_states(
-    forwards: list[Forward], bases: dict[int, LayerBases], null_stride: int | None, measures=MEASURES
+    forwards: list[Forward], bases: dict[int, LayerBases], null_stride: int, measures=MEASURES
 ) -> dict[int, dict[str, torch.Tensor]]:
     """The monitor's state of every layer after these forwards, in float64, the plain way.
 
@@ -219,13 +219,12 @@ def reference_states(
         forwards: the forwards in order (``Forward``).
         bases: ``build_bases``'s result.
         null_stride: the subsample takes the tokens whose index in their sequence is a multiple
-            of it (1 or None: every token).
+            of it (1: every token; ``MonitorConfig.null_stride``).
         measures: what is measured (a monitor's built-in ones and then its own ``measures=``).
 
     Returns:
         layer -> {name: tensor} in the ``measures.zero_state`` layout, open sequences folded in.
     """
-    s = null_stride or 1
     K = next(iter(bases.values())).haar.shape[0] if bases else 0
     sums = {i: _LayerSums(b, K, tuple(measures), i) for i, b in bases.items()}
     for fw in forwards:
@@ -234,11 +233,11 @@ def reference_states(
                 ls.close()
         for i, rd in fw.layers.items():
             if i in sums:
-                _add_forward(sums[i], rd, fw.mask.bool(), fw.index, s)
+                _add_forward(sums[i], rd, fw.mask.bool(), fw.index, null_stride)
     return {i: ls.folded() for i, ls in sums.items()}
 
 
-def _add_forward(ls: _LayerSums, rd: LayerReading, mask: torch.Tensor, index: torch.Tensor, s: int) -> None:
+def _add_forward(ls: _LayerSums, rd: LayerReading, mask: torch.Tensor, index: torch.Tensor, null_stride: int) -> None:
     """Add one forward's readings of one layer to its sums, one sequence at a time."""
     b = mask.shape[0]
     T = len(ls.bases.targets)
@@ -252,7 +251,7 @@ def _add_forward(ls: _LayerSums, rd: LayerReading, mask: torch.Tensor, index: to
         finite = torch.ones(int(valid.sum()), dtype=torch.bool)
         for X in [*pts.values(), *([base] if base is not None else [])]:
             finite &= torch.isfinite(X).all(-1)
-        sub = finite & (index[row][valid] % s == 0)
+        sub = finite & (index[row][valid] % null_stride == 0)
         X = {p: x[finite] for p, x in pts.items()}
         Xb = base[finite] if base is not None else None
         tgt = ls.state["tgt"]

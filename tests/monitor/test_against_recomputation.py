@@ -173,7 +173,7 @@ def test_hooks_removed_after_exception_and_user_hooks_survive(gpt2):
 def test_failed_registration_removes_partial_hooks(gpt2, monkeypatch):
     model, _ = gpt2
     before = _hook_count(model)
-    from eigenhooks.monitor.taps import Taps
+    from eigenhooks.models.hooks import HookAttachment as Taps
 
     orig = Taps._hook
     calls = []
@@ -359,7 +359,7 @@ def test_a_reduced_layer_does_not_hold_its_activations(gpt2):
         held.append(
             {
                 i: [p for p, v in cap.items() if v is not None]
-                for i, cap in next(iter(mon._fwds.values())).captures.items()
+                for i, cap in next(iter(mon._record._fwds.values())).captures.items()
             }
         )
 

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import eigenhooks as eh
-from eigenhooks.monitor import accumulate, forward, taps
+from eigenhooks.monitor import accumulate, forward, record
 
 
 def _exactly_equal(a: dict, b: dict) -> None:
@@ -32,7 +32,7 @@ def _run(model, ids, mask, monkeypatch, lean: bool):
     with monkeypatch.context() as mp:
         mp.setattr(accumulate.Accumulator, "_lean_items", spy)
         if not lean:
-            mp.setattr(taps, "lean_layout", lambda plan, layout: False)
+            mp.setattr(record, "lean_layout", lambda *a: False)
         with eh.monitor(model, **kw) as mon, torch.no_grad():  # 12 rows x 24 steps: past the 256-token buffer
             model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=25, min_new_tokens=25,
                            do_sample=False, pad_token_id=0)  # fmt: skip
@@ -76,7 +76,7 @@ def test_a_step_that_reads_a_module_twice_takes_the_general_path(tiny, monkeypat
         with monkeypatch.context() as mp:
             mp.setattr(forward.Forward, "_settle", spy)
             if not lean:
-                mp.setattr(taps, "lean_layout", lambda plan, layout: False)
+                mp.setattr(record, "lean_layout", lambda *a: False)
             with eh.monitor(model, targets=[("ov", "modulus")], null_draws=4) as mon, torch.no_grad():
                 h = model.model.layers[0].input_layernorm.register_forward_hook(again)
                 try:

@@ -33,7 +33,7 @@ def _ours() -> str | None:
     """The innermost eigenhooks frame calling this op, as 'file:line', or None."""
     f = sys._getframe(2)
     while f is not None:
-        if f.f_code.co_name == "generate" and f.f_code.co_filename.endswith("taps.py"):
+        if f.f_code.co_name == "generate" and f.f_code.co_filename.endswith("hooks.py"):
             return None  # the monitor's wrapper of model.generate: what generate itself runs is not ours
         if f.f_code.co_filename.startswith(PKG):
             return f"{os.path.relpath(f.f_code.co_filename, PKG)}:{f.f_lineno}"

@@ -160,6 +160,6 @@ def test_a_measure_without_scalars_copies_nothing_to_the_host_and_zero_knows_its
     st = mon.state_dict()["layers"]
     assert {int(i): len(v["per_layer"]) for i, v in st.items()} == {int(i): int(i) + 1 for i in st}
     assert set(seen) >= {int(i) for i in st}
-    labels = Labels(mon._plan, mon.points, mon.adapter.n_layers)
+    labels = Labels(mon._plan, mon.reading_points, mon.adapter.n_layers)
     tensors = labels.tensors(mon._acc)
     assert len(tensors) == len(st) and all(v == [] for v in labels.shapes.values())

@@ -1,6 +1,6 @@
 """The monitor's settings are MonitorConfig's fields: ``eh.monitor`` and ``eh.Monitor`` take exactly
-those (their signatures are made from it), the pre-0.2 names K, Kf, m still work with a
-DeprecationWarning, and a misspelt setting is refused naming the settings there are."""
+those (their signatures are made from it), each setting reads as the config's own value on the monitor
+(no other name, no second default), and a misspelt or retired setting is refused naming the settings there are."""
 
 from __future__ import annotations
 
@@ -37,13 +37,22 @@ def test_every_setting_reaches_the_config_by_keyword_and_by_position(model):
     assert eh.Monitor(model, fnull_draws=2).config.fnull_draws == 2
 
 
-@pytest.mark.parametrize(("old", "new"), [("K", "null_draws"), ("Kf", "fnull_draws"), ("m", "eig_top")])
-def test_the_old_names_warn_and_still_work(model, old, new):
-    with pytest.warns(DeprecationWarning, match=f"{old}= is deprecated: use {new}="):
-        mon = eh.monitor(model, **{old: 2})
-    assert getattr(mon.config, new) == 2
-    with pytest.warns(DeprecationWarning, match=f"Monitor.{old} is deprecated"):
-        assert getattr(mon, old) == 2
+@pytest.mark.parametrize("old", ["K", "Kf", "m", "points", "keep_tokens"])
+def test_names_before_the_config_are_gone(model, old):
+    with pytest.raises(TypeError, match="unexpected.*null_draws"):
+        eh.monitor(model, **{old: 2})
+    with pytest.raises(AttributeError, match=old):
+        getattr(eh.monitor(model), old)
+
+
+@pytest.mark.parametrize("given", [None, 1, 3])
+def test_the_null_stride_is_one_value_from_the_call_to_the_bases(model, given):
+    """None means every token: the config says 1 once, and the monitor and each layer's bases read that."""
+    mon = eh.monitor(model, null_stride=given, null_draws=2, fnull_draws=0, eig_top=0)
+    want = 1 if given is None else given
+    assert mon.config.null_stride == mon.null_stride == want
+    mon._prepare()
+    assert {lp.bases.null_stride for lp in mon._plan.layers.values()} == {want}
 
 
 def test_a_misspelt_setting_is_refused_naming_the_settings(model):

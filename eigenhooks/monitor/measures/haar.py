@@ -37,7 +37,7 @@ class Haar(Measure):
     per_k = ("null_up", "null_pre", "null_mid")
 
     def fingerprint(self, config) -> dict:
-        return {"null_seed": config.null_seed, "null_draws": config.null_draws, "null_stride": config.stride}
+        return {"null_seed": config.null_seed, "null_draws": config.null_draws, "null_stride": config.null_stride}
 
     def zero(self, size):
         z = lambda *s: torch.zeros(*s, dtype=torch.float64)  # noqa: E731

@@ -27,7 +27,7 @@ class LayerBases:
     Args:
         targets: the layer's targets.
         haar: (null_draws, d, k_max) Haar frames. fnull: {key: (fnull_draws, d, k_max)} F-null frames.
-        null_stride: the subsample takes every s-th token (1 or None: every token).
+        null_stride: the subsample takes every null_stride-th token (1: every token; ``MonitorConfig.null_stride``).
         eig_slots: eigen-subspaces per target (at least the longest ``eig``): layers whose spectra give
             fewer (a complex pair cut at the last slot) keep the rest NaN and stack with the others.
     """
@@ -37,7 +37,7 @@ class LayerBases:
         targets: list[TargetSpec],
         haar: torch.Tensor,
         fnull: dict[str, torch.Tensor],
-        null_stride: int | None = None,
+        null_stride: int = 1,
         eig_slots: int = 0,
         measures: tuple = MEASURES,
         layer: int | None = None,
@@ -46,7 +46,7 @@ class LayerBases:
         self.targets = targets
         self.T = len(targets)
         self.null_draws, self.d, self.k_max = haar.shape
-        self.null_stride = null_stride or 1
+        self.null_stride = null_stride
         self.ks = sorted({t.k for t in targets})  # every k <= k_max: the frames are k_max wide
         self.k_index = [self.ks.index(t.k) for t in targets]
         self.eig_slots = max([len(t.eig) for t in targets] + [eig_slots if any(t.eig for t in targets) else 0])

@@ -22,7 +22,7 @@ import torch
 from . import kernels
 from .bases import LayerBases
 from .grid import Grid
-from .projection import Projection, fused_wanted, project
+from .projection import Projection
 
 BMM_DEVICES = {"cuda"}  # where a point's matmuls are one bmm over the layers (tests add "cpu")
 
@@ -71,10 +71,6 @@ def project_layers(
     S, b, n, d = X.shape
     rows = X.view(S, b * n, d)
     out: list = [None] * len(layers)
-    if fused_wanted(X):  # the fused read takes each layer itself
-        for i, (bases, slots) in enumerate(layers):
-            out[i] = project(bases, {p: _at(X, k) for p, k in slots.items()}, grid, None, consensus=False)
-        return out
     norms = X.new_empty(S, b * n, dtype=torch.float32)
     kernels.norms(rows, norms)  # every slot's norms, each once (layer t's post is layer t+1's pre)
     groups: dict[tuple, list[int]] = {}
@@ -84,12 +80,17 @@ def project_layers(
         key = (bases.layout, names, bases.null_stride, Bt.shape, Bn.shape, Bt.dtype, isinstance(slots["mid"], tuple))
         groups.setdefault(key, []).append(i)
     subs: dict[int, torch.Tensor] = {}
-    for (_, names, s, Btshape, Bnshape, Btdtype, _), idx in groups.items():
-        flat, _ = grid.sub(s)
-        if s not in subs:
-            subs[s] = rows if flat is None else rows.index_select(1, flat)  # every slot's subsample, one gather
+    for (_, names, null_stride, Btshape, Bnshape, Btdtype, _), idx in groups.items():
+        flat, _ = grid.sub(null_stride)
+        if null_stride not in subs:
+            subs[null_stride] = (
+                rows if flat is None else rows.index_select(1, flat)
+            )  # every slot's subsample, one gather
         bmm = X.device.type in BMM_DEVICES and Btshape[1] > 1  # (one column: a gemv, another kernel)
-        src = {p: _source(rows, subs[s], norms, [layers[i][1][p] for i in idx], flat, p != "post", bmm) for p in names}
+        src = {
+            p: _source(rows, subs[null_stride], norms, [layers[i][1][p] for i in idx], flat, p != "post", bmm)
+            for p in names
+        }
         G, nulls = len(idx), [p for p in names if p != "post"]
         whole = {"norms": torch.stack([src[p][2] for p in names], 1)}  # (L, P, b*n)
         if bmm:
@@ -98,7 +99,7 @@ def project_layers(
             Pn = torch.stack([kernels.bmm_layers(src[p][1], Bn) for p in nulls], 1)  # (L, P_null, N, Cn)
         else:  # one mm a layer and point, each written into its place in the stack
             whole["Pt"] = X.new_empty(G, len(names), b * n, Btshape[1], dtype=torch.float32)
-            Pn = X.new_empty(G, len(nulls), subs[s].shape[1], Bnshape[1], dtype=torch.float32)
+            Pn = X.new_empty(G, len(nulls), subs[null_stride].shape[1], Bnshape[1], dtype=torch.float32)
             for g, i in enumerate(idx):
                 Bt, Bn = layers[i][0].on(X.device, X.dtype)
                 for j, p in enumerate(names):
@@ -109,7 +110,7 @@ def project_layers(
         h = 1 if Btdtype == torch.float32 else 2
         for g, i in enumerate(idx):
             out[i] = Projection(
-                grid, names, (b, n, s), False, h, whole["norms"][g], whole["Pt"][g], whole["Pn"][g],
+                grid, names, (b, n, null_stride), False, h, whole["norms"][g], whole["Pt"][g], whole["Pn"][g],
                 batch=(whole, g, G),
             )  # fmt: skip
     return out

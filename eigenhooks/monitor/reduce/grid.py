@@ -71,28 +71,28 @@ class Grid:
             self._after = self.vi[:, -1:] + 1
         return self._after
 
-    def sub(self, s: int) -> tuple[torch.Tensor | None, torch.Tensor]:
-        """The null subsample: valid tokens whose index in their sequence is a multiple of s.
+    def sub(self, null_stride: int) -> tuple[torch.Tensor | None, torch.Tensor]:
+        """The null subsample: valid tokens whose index in their sequence is a multiple of null_stride.
 
         Returns (flat, ok): flat (b*M,) int64, the flat (b*n) position of each row's j-th chosen
-        token (M = ceil(n/s) slots a row: a row of n tokens holds at most that many), or None when
-        s == 1 (every token: no gather); ok (b, M) bool, which slots hold a chosen token. Fixed
+        token (M = ceil(n/null_stride) slots a row: a row of n tokens holds at most that many), or None when
+        null_stride == 1 (every token: no gather); ok (b, M) bool, which slots hold a chosen token. Fixed
         shapes, made on the device without reading anything back.
         """
-        if s not in self._subs:
+        if null_stride not in self._subs:
             b, n = self.mask.shape
-            if s == 1:
-                self._subs[s] = (None, self.mask)
+            if null_stride == 1:
+                self._subs[null_stride] = (None, self.mask)
             else:
-                M = -(-n // s)
-                chosen = self.mask & (self.vi % s == 0)
+                M = -(-n // null_stride)
+                chosen = self.mask & (self.vi % null_stride == 0)
                 count = chosen.cumsum(1)  # (b, n): chosen tokens up to each position
                 j = torch.arange(1, M + 1, device=count.device).expand(b, M).contiguous()
                 col = torch.searchsorted(count, j)  # (b, M): the j-th chosen token's column, n if none
                 ok = col < n
                 flat = col.clamp_max(n - 1) + torch.arange(0, b * n, n, device=count.device)[:, None]
-                self._subs[s] = (flat.reshape(-1), ok)
-        return self._subs[s]
+                self._subs[null_stride] = (flat.reshape(-1), ok)
+        return self._subs[null_stride]
 
     @staticmethod
     def cat(grids: list[Grid]) -> Grid:

@@ -9,13 +9,12 @@ constant made on the host per forward (docs/design.md, "On a GPU").
 
 from __future__ import annotations
 
-import os
 import weakref
 from dataclasses import dataclass
 
 import torch
 
-from . import fused, kernels
+from . import kernels
 from .arena import Row, parts
 from .bases import LayerBases
 from .grid import Grid
@@ -88,14 +87,12 @@ def project(
     """
     grid = mask if isinstance(mask, Grid) else Grid(mask)
     pre = points["pre"]
-    if fused_wanted(pre):
-        return _project_fused(bases, points, grid, base, consensus)
     Bt, Bn = bases.on(pre.device, pre.dtype)
     b, n = pre.shape[:2]
     names, X3 = _readings(points, base)
     Xs = [X.reshape(b * n, -1) for X in X3]
-    s = bases.null_stride
-    flat, ok = grid.sub(s)
+    null_stride = bases.null_stride
+    flat, ok = grid.sub(null_stride)
     N = ok.numel()
     nulls = [X for p, X in zip(names, Xs) if p != "post"]
     cons = [X for p, X in zip(names, X3) if consensus and p != "base"]
@@ -118,13 +115,23 @@ def project(
             memo.put(X0, "norms", o)
         else:  # a small copy instead of reading X again
             o.copy_(got)
-    for X, o in zip(nulls, views["Pn"]):  # the subsample's rows, gathered (all rows when s == 1)
+    for X, o in zip(nulls, views["Pn"]):  # the subsample's rows, gathered (all rows when null_stride == 1)
         kernels.mm(X if flat is None else X.index_select(0, flat), Bn, o)
     for X, o in zip(Xs, views["Pt"]):
         kernels.mm(X, Bt, o)
     sv_parts = _consensus_sums(cons, grid, out, views, memo, pre, h, b, n) if cons else None
     return Projection(
-        grid, tuple(names), (b, n, s), consensus, h, out["norms"], out["Pt"], out["Pn"], out.get("sv"), sv_parts, slot
+        grid,
+        tuple(names),
+        (b, n, null_stride),
+        consensus,
+        h,
+        out["norms"],
+        out["Pt"],
+        out["Pn"],
+        out.get("sv"),
+        sv_parts,
+        slot,
     )
 
 
@@ -168,30 +175,3 @@ def _consensus_sums(cons, grid: Grid, out: dict, views: dict, memo: Memo, pre, h
             memo.put(X, "sv", got)
         sv_parts.append(got)  # the same tensor, stacked twice: no op at all
     return sv_parts
-
-
-def fused_wanted(X: torch.Tensor) -> bool:
-    """The fused read (``fused.fused_read``: one pass over each reading for its norms, projections and
-    consensus) is taken only when asked for, ``EIGENHOOKS_TRITON=1``, and usable for X: it is tested
-    against the aten path on the CPU under Triton's interpreter, not yet measured on a GPU."""
-    return os.environ.get("EIGENHOOKS_TRITON", "").strip() == "1" and fused.use_triton(X)
-
-
-def _project_fused(bases: LayerBases, points: dict, grid: Grid, base, consensus: bool) -> Projection:
-    """``project`` by the fused read: each reading read once (float32 bases; the half split is the kernel's)."""
-    pre = points["pre"]
-    Bt, Bn = bases.on(pre.device, torch.float32)
-    b, n = pre.shape[:2]
-    names, X3 = _readings(points, base)
-    s = bases.null_stride
-    flat, _ = grid.sub(s)
-    reads = [
-        fused.fused_read(X, grid.mask, Bt, None if p == "post" else Bn, flat, consensus and p != "base")
-        for p, X in zip(names, X3)
-    ]
-    norms = torch.stack([r.norms for r in reads])  # (P, b*n)
-    Pt = torch.stack([r.Pt for r in reads])  # (P, b*n, C)
-    Pn = torch.cat([r.Pn for p, r in zip(names, reads) if p != "post"])  # (P_null * N, Cn)
-    sv = [r.sv for p, r in zip(names, reads) if consensus and p != "base"]
-    sv = torch.stack(sv)[:, :, None] if sv else None  # (P_c, b, 1, d)
-    return Projection(grid, tuple(names), (b, n, s), consensus, 1, norms, Pt, Pn, sv, None, None)

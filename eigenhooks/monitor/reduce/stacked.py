@@ -46,7 +46,7 @@ class Stacked:
         self.layer_bases = [r for r, _ in items]
         prs = [p for _, p in items]
         self.L = len(items)
-        self.b, self.n, self.s = prs[0].shape
+        self.b, self.n, self.null_stride = prs[0].shape
         self.consensus = prs[0].consensus
         self.pts = list(prs[0].names)
         whole = self._whole(prs)
@@ -58,9 +58,9 @@ class Stacked:
         # the null subsample: flat (b*M,) positions and ok (b, M); the same for every layer stacked here
         # (it depends only on the mask and the tokens' indices in their sequences)
         if same:
-            self.flat, self.ok = g0.sub(self.s)
+            self.flat, self.ok = g0.sub(self.null_stride)
         else:  # layers with grids of their own: (L, b*M), (L, b, M)
-            subs = [pr.grid.sub(self.s) for pr in prs]
+            subs = [pr.grid.sub(self.null_stride) for pr in prs]
             self.flat = None if subs[0][0] is None else torch.stack([f for f, _ in subs])
             self.ok = torch.stack([o for _, o in subs])
         self.M = self.ok.shape[-1]

@@ -1,4 +1,5 @@
-"""The fused read (``eigenhooks.monitor.reduce.fused``): Triton kernels against the aten twin and float64 numpy.
+"""The fused read (``benchmarks/fused_read.py``, out of the package until a GPU measures it): Triton kernels
+against the aten twin and float64 numpy.
 
 The Triton kernels run on CPU tensors under Triton's interpreter (``TRITON_INTERPRET=1``, set per
 test), and on CUDA where there is one. Tolerances are relative to the sizes of the summands
@@ -9,11 +10,20 @@ to 2^-16, hence 3e-5 where that split runs (CUDA).
 
 from __future__ import annotations
 
+import importlib.util
+import sys
+from pathlib import Path
+
 import numpy as np
 import pytest
 import torch
 
-from eigenhooks.monitor.reduce import fused as K
+_spec = importlib.util.spec_from_file_location(
+    "fused_read", Path(__file__).resolve().parents[2] / "benchmarks" / "fused_read.py"
+)
+K = importlib.util.module_from_spec(_spec)
+sys.modules["fused_read"] = K  # its kernels are looked up by module when Triton builds them
+_spec.loader.exec_module(K)
 
 needs_triton = pytest.mark.skipif(
     not K.triton_available(), reason="triton is not installed (pip install 'triton>=3.9': Linux, Python >= 3.11)"
@@ -184,25 +194,3 @@ def test_wrong_inputs_say_what_was_expected(change, match):
     change(inputs)
     with pytest.raises(ValueError, match=match):
         K.fused_read(*inputs)
-
-
-@needs_triton
-def test_the_monitor_with_the_fused_read_gives_the_aten_paths_summary(monkeypatch):
-    """EIGENHOOKS_TRITON=1 routes the monitor's projections through the fused read (here its Triton
-    kernels under the interpreter): a padded batch's summary is the default path's, counts exactly,
-    float columns to float32 rounding."""
-    from eigenhooks.monitor.reduce import projection
-
-    from .summaries import assert_same_summary, padded_gpt2_summary
-
-    run = padded_gpt2_summary()
-    monkeypatch.delenv("EIGENHOOKS_TRITON", raising=False)
-    _, want = run()
-    monkeypatch.setenv("TRITON_INTERPRET", "1")
-    monkeypatch.setenv("EIGENHOOKS_TRITON", "1")
-    calls = []
-    orig = K.fused_read
-    monkeypatch.setattr(K, "fused_read", lambda *a, **k: calls.append(1) or orig(*a, **k))
-    _, got = run()
-    assert calls and projection.fused_wanted(torch.zeros(1, 1, 4))  # the fused path really ran
-    assert_same_summary(got, want, 1e-5)

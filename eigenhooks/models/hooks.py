@@ -1,85 +1,27 @@
-"""The monitor's taps on the model: where they go, and the forward events they raise.
+"""The attachment of HF and TransformerLens models: hooks on their modules, telling the record one way.
 
-Taps are registered on the model (HF module hooks, or TransformerLens's forward and HookPoints)
-and know nothing of sums. They turn what the model runs into a few events for their listener
-(the ``Monitor``): a forward starts (the listener hands back what takes its readings: the taps
-give each reading of (layer, point) straight to it), a stack of an encoder-decoder starts (with
-its mask), the forward ends (whole or raised). They also answer whether
-their hooks are still in place (another tool may have cleared them) and whether the model's
-forward is running below the caller (a with-block closed inside nnsight's trace).
+``HookAttachment`` registers hooks (HF module hooks, or TransformerLens's wrapped forward and
+HookPoints) and turns what the model runs into the record's events (``attach.Record``): a forward
+starts (``CallFacts``: its rows, mask, whether it continues a KV cache, which untapped attentions
+are in place), each reading of (layer, point), a stack of an encoder-decoder starts (with its
+mask), the forward ends (whole or raised; hooks intact or not). It hears nothing back.
 
-Registration is all-or-nothing and every handle comes off in ``remove``; only the handles the
-taps registered are ever removed.
+Where the taps go is laid out once (``TapLayout``): which call of a tapped module reads which
+(layer, point). Registration is all-or-nothing, and every handle comes off in ``detach``; only the
+handles registered here are ever removed. The monitor calls ``attach``, ``detach`` and
+``detach_after_forward`` on entry and close, never during a forward.
 """
 
 from __future__ import annotations
 
 import sys
 import threading
-import warnings
 from contextlib import ExitStack
-from typing import Protocol
+from typing import NamedTuple
 
 import torch
 
-from ..models import Adapter
-from .layout import TapLayout
-from .plan import Plan
-
-
-class MeasurementWarning(UserWarning):
-    """Something the monitor should have measured was not: hooks removed, bypassed or never reached."""
-
-
-class Warner:
-    """Each kind of ``MeasurementWarning`` once per monitor."""
-
-    def __init__(self):
-        self.said: set[str] = set()
-
-    def __call__(self, key: str, msg: str) -> None:
-        if key not in self.said:
-            self.said.add(key)
-            warnings.warn(msg, MeasurementWarning, stacklevel=4)
-
-    def unmeasured(self, missing: list[int], partial: list[int]) -> None:
-        """Layers a forward should have measured: not at all (missing), or without their delta (partial)."""
-        if partial:
-            self(
-                "partial-layers",
-                f"in layers {partial} the attention or the next sublayer was not seen (its module skipped, "
-                "replaced or swapped by another tool, e.g. a swapped HookPoint): gamma_mid and rho stay NaN there",
-            )
-        if missing:
-            self(
-                "missing-layers",
-                f"layers {missing} were not measured in a forward (their hooks did not fire: a block skipped, "
-                "a module replaced or swapped by another tool, or hooks bypassed); their statistics stay NaN. "
-                "A model compiled (torch.compile) before the monitor ignores hooks added later: enter eh.monitor "
-                "before compiling, or call torch._dynamo.reset() after entering it.",
-            )
-
-
-class Reader(Protocol):
-    """What takes one forward's readings (a ``forward.Forward``)."""
-
-    lean: tuple | None  # ([role lists], [readings]) of a one-token step kept as it comes, else None
-
-    def read(self, layer: int, point: str, x: torch.Tensor) -> None: ...
-    def lean_start(self, untapped: int, once_ids: frozenset, known: list) -> None: ...
-
-
-class Listener(Protocol):
-    """What taps tell (the ``Monitor``)."""
-
-    def forward_start(self, args, kwargs, fresh: bool = False, mask=None) -> Reader:
-        """A forward starts in this thread; returns what takes its readings."""
-
-    def stack_start(self, name: str, mask: torch.Tensor | None) -> None: ...
-    def forward_end(self, ok: bool) -> None: ...
-    def generate_start(self, rows: int | None) -> None: ...
-    def generate_end(self) -> None: ...
-
+from .attach import Attachment, CallFacts, Record, Warner
 
 _compiling, _ident = torch.compiler.is_compiling, threading.get_ident  # looked up once: every tap calls them
 _SEQ = (tuple, list)  # made once (``tuple | list`` makes a new union at every call)
@@ -91,6 +33,102 @@ def thread_key() -> int:
     return 0 if _compiling() else _ident()
 
 
+class TapLayout(NamedTuple):
+    """Where the taps go and what each call reads, made once per set of layers."""
+
+    attn_paths: dict  # layer -> (root, names, module): attentions with no tap (``attn_paths``)
+    slots: dict  # (id(module), where) -> (module, where, {"uses", "roles"}) (``build_slots``)
+    roles: dict  # (id(module), where) -> {call index: [(layer, point)]}
+    once: dict  # (id(module), where) -> [(layer, point)] of a module called once a forward: no counting
+
+    @classmethod
+    def build(cls, adapter, layers: dict, points) -> TapLayout:
+        """layers: {index: what is read there} with ``reading`` (``ReadingPoints``), ``mid_is_sum``,
+        ``need_mid`` and ``last_point`` (the monitor's ``LayerPlan``)."""
+        paths = attn_paths(adapter, layers, points)
+        slots = build_slots(adapter, layers, points, set(paths))
+        roles = {key: entry[2]["roles"] for key, entry in slots.items()}
+        once = {k: r[0] for k, r in roles.items() if list(r) == [0] and len(slots[k][2]["uses"]) == 1}
+        return cls(paths, slots, roles, once)
+
+
+def attn_paths(adapter, layers: dict, points: tuple[str, ...]) -> dict:
+    """layer -> (root, names, module) for the layers whose attention output needs no tap: mid has its
+    own tap (a sequential block; in a parallel one mid = pre + attn) and completes the layer, so the
+    attention tap would only tell that the attention ran. That is told instead by finding its module
+    at its path (``HookAttachment.swapped``): HF, from the layer's block; TransformerLens, from the
+    model by hook name (its ``hook_dict`` is built once and would not see a swapped HookPoint)."""
+    out = {}
+    calls = adapter.calls
+    for i, lp in layers.items():
+        if lp.mid_is_sum or not lp.need_mid or "mid" not in points or lp.last_point == "attn":
+            continue
+        tap = lp.reading.attn
+        module, _ = calls.tap_module(adapter.model, tap)
+        if calls.hook_points:
+            root, names = adapter.model, tuple(tap.hook_name.split("."))
+        else:
+            root = adapter.layers[i].block
+            names = next((tuple(n.split(".")) for n, m in root.named_modules() if m is module and n), None)
+        if names is None:
+            continue
+        if _walk(root, names) is module:  # found where it is walked to
+            out[i] = (root, names, module)
+    return out
+
+
+def _walk(root, names):
+    m = root
+    for n in names:
+        m = m._modules.get(n) if isinstance(m, torch.nn.Module) else None
+    return m
+
+
+def build_slots(adapter, layers: dict, points: tuple[str, ...], untapped: set = frozenset()) -> dict:
+    """(id(module), where) -> (module, where, {"uses", "roles"}): the roles of each of its calls in one
+    forward, in order.
+
+    A module shared by several layers (ALBERT) is called once per use, so its calls are matched to
+    layers by order; post(t) is read at layer t+1's pre tap, one reading for both. The layers in
+    ``untapped`` get no attention tap (``attn_paths``).
+    """
+    ad = adapter
+    own_points = ad.calls.hook_points  # the model's own hook points, one per layer (TransformerLens)
+    mods = [
+        {id(m) for m in (ly.block, ly.attn_in, ly.attn_out, ly.norm, ly.mid_in, ly.pre_in, ly.mid_out) if m is not None}
+        for ly in ad.layers
+    ]
+    slots: dict = {}
+
+    def add(tap, owner: int | None, role):
+        module, where = ad.calls.tap_module(ad.model, tap)
+        key = (id(module), where)
+        if key not in slots:
+            uses = [i for i, s in enumerate(mods) if id(module) in s] if not own_points else []
+            if len({ad.layers[j].group for j in uses}) > 1:
+                # layers with different attention weights meet at this module (a decoder layer's block, or
+                # the norm between its self- and cross-attention): it runs once for all of them
+                uses = uses[:1]
+            slots[key] = (module, where, {"uses": uses or [owner], "roles": {}})
+        entry = slots[key][2]
+        idx = entry["uses"].index(owner) if owner in entry["uses"] else 0
+        entry["roles"].setdefault(idx, []).append(role)
+
+    for i, lp in sorted(layers.items()):
+        rp = lp.reading
+        add(rp.pre, i, (i, "pre"))
+        if i not in untapped:
+            add(rp.attn, i, (i, "attn"))
+        if "mid" in points and rp.mid is not None:
+            add(rp.mid, i, (i, "mid"))
+        if "post" in points:
+            module, _ = ad.calls.tap_module(ad.model, rp.post)
+            nxt = i + 1 < ad.n_layers and not own_points and id(module) in mods[i + 1]
+            owner = i + 1 if nxt else (i if not own_points and id(module) in mods[i] else None)
+            add(rp.post, owner, (i, "post"))
+    return slots
+
+
 class _PerThread:
     """A thread's own forward bookkeeping."""
 
@@ -98,36 +136,34 @@ class _PerThread:
         self.open = False  # a forward of the model is running in this thread (started and not ended)
         self.counts: dict = {}  # calls of each slot in this forward
         self.root = None  # the stack root that opened this forward, when it ran outside the model's
-        self.reader = None  # takes this forward's readings (the listener's, from forward_start)
 
 
-class Taps:
-    """The monitor's hooks on one model, and the per-forward bookkeeping of which call reads what.
+class HookAttachment(Attachment):
+    """Hooks on one HF or TransformerLens model, and the per-forward bookkeeping of which call reads what.
 
     Args:
-        adapter: the model's adapter. plan: what is measured. points: the reading points.
-        listener: gets the forward's events. warn: a ``Warner``. layout: a ``TapLayout`` of the same
-            plan, made by earlier taps (a monitor entered again does not walk the model again).
+        adapter: the model's adapter. layers, points: what is read (``TapLayout.build``). record:
+            gets the events. warn: a ``Warner``. read_mask: read each call's padding mask (False: the
+            monitor was given one). layout: a ``TapLayout`` made earlier for the same layers (a
+            monitor entered again does not walk the model again).
     """
 
-    def __init__(self, adapter: Adapter, plan: Plan, points, listener: Listener, warn: Warner, layout=None):
-        self.adapter, self.model = adapter, adapter.model
-        self.listener, self.warn = listener, warn
-        self.layout = layout if layout is not None else TapLayout.build(adapter, plan, points)
+    def __init__(self, adapter, layers: dict, points, record: Record, warn: Warner, read_mask=True, layout=None):
+        self.adapter, self.model, self.calls = adapter, adapter.model, adapter.calls
+        self.record, self.warn, self.read_mask, self._layers = record, warn, read_mask, layers
+        self.layout = layout if layout is not None else TapLayout.build(adapter, layers, points)
         self.attn_paths, self.slots = self.layout.attn_paths, self.layout.slots
         self.roles, self.once = self.layout.roles, self.layout.once
-        self._lean = lean_layout(plan, self.layout)  # a one-token step may keep its readings as they come
-        self._once_ids = frozenset(map(id, self.once.values()))
-        self._lean_known: list = [None, None]  # the last step's order of readings and its layout (Forward)
+        self.n_slots, self.untapped = len(self.slots), frozenset(self.attn_paths)
+        self._ran = None  # untapped attentions found in place at the last forward that started sequences
         self._threads: dict[int, _PerThread] = {}
         self._solo: _PerThread | None = None  # the bookkeeping of the only thread that ever ran a forward
         self._multi = False  # a second thread ran one: every tap looks its thread up
-        self.started = 0  # forwards whose start the taps saw (whole or not)
-        self.orphans = 0  # tap calls that came outside any forward of the model
         self._stack: ExitStack | None = None
-        self._handles: list = []  # (module, dict attribute, id) of every hook, to see if it is still there
+        self._handles: list = []  # (hook dict attribute's owner, attribute, id) of every hook
         self._raw: list = []  # (module, handle) of every hook registered
         self._inert: list = []  # model-level handles left to remove at the model's next call
+        self._detach_after = False  # detach when the running forward ends (``detach_after_forward``)
 
     @property
     def attached(self) -> bool:
@@ -144,30 +180,17 @@ class Taps:
         return here
 
     def swapped(self) -> frozenset[int]:
-        """Layers whose untapped attention module is no longer the one in place (another tool swapped it):
-        walked once per forward that starts sequences, not per decoding step."""
-        out = []
-        for layer, (root, names, module) in self.attn_paths.items():
-            m = root
-            for n in names:
-                m = m._modules.get(n) if isinstance(m, torch.nn.Module) else None
-            if m is not module:
-                out.append(layer)
-        return frozenset(out)
+        """Layers whose untapped attention module is no longer the one in place (another tool swapped it)."""
+        return frozenset(i for i, (root, names, module) in self.attn_paths.items() if _walk(root, names) is not module)
 
-    @property
-    def open(self) -> bool:
-        """Whether a forward of the model is running in this thread."""
-        return self._here.open
-
-    # ---- registration ----
+    # ---- registration (the monitor's entry and close) ----
     def attach(self) -> None:
         """Register every hook, or none: if one fails, those already registered come off first."""
         self._stack = ExitStack()
         try:
             self._register()
         except BaseException:
-            self.remove()
+            self.detach()
             raise
 
     def _hook(self, module, fn, kind: str, **kw) -> None:
@@ -179,7 +202,7 @@ class Taps:
 
     def _register(self) -> None:
         ad = self.adapter
-        if not ad.calls.module_hooks:  # the adapter says its model's forward is called directly
+        if self.calls.hook_points:  # the model's forward is called directly: it is wrapped
             self._wrap_forward()
         else:
             self._hook(self.model, self._start, "pre", with_kwargs=True)
@@ -218,19 +241,20 @@ class Taps:
         gen = getattr(self.model, "generate", None)
         if gen is None or not callable(gen) or self.adapter.stacks:
             return
+        record, calls = self.record, self.calls
 
         def generate(*args, **kwargs):
-            self.listener.generate_start(_input_rows(args, kwargs))
+            record.generate_start(calls.input_rows(args, kwargs))
             try:
                 return gen(*args, **kwargs)
             finally:
-                self.listener.generate_end()
+                record.generate_end()
 
         self._patch("generate", generate)
 
     def _patch(self, name: str, fn) -> None:
-        """Set the model's own attribute ``name`` to fn until the taps come off; then put back what was
-        there (an instance attribute, or none), unless something else has replaced fn since."""
+        """Set the model's own attribute ``name`` to fn until detached; then put back what was there (an
+        instance attribute, or none), unless something else has replaced fn since."""
         model, prev = self.model, self.model.__dict__.get(name)
         setattr(model, name, fn)
 
@@ -243,13 +267,16 @@ class Taps:
 
         self._stack.callback(restore)
 
-    def remove(self) -> None:
-        """Take every hook off (only the taps' own)."""
+    def detach(self) -> None:
+        """Take every hook off (only our own)."""
         if self._stack is not None:
             self._stack.close()
         self._stack, self._handles, self._raw = None, [], []
 
-    def remove_in_raising_forward(self) -> None:
+    def detach_after_forward(self) -> None:
+        self._detach_after = True
+
+    def _detach_in_raising_forward(self) -> None:
         """Take the hooks off while torch iterates the model's forward hooks to call the always_call
         hooks of a raising forward: removing one of those now would break its loop, so the two
         model-level hooks come off at the model's next call (inert until then); the others now."""
@@ -263,11 +290,11 @@ class Taps:
 
     # ---- liveness ----
     def gone(self) -> list:
-        """Modules from which one of the taps' hooks was removed by something else."""
+        """Modules from which one of our hooks was removed by something else."""
         return [m for m, attr, hid in self._handles if hid not in getattr(m, attr, {})]
 
-    def check_handles(self) -> bool:
-        """Warn (once) and say True if another tool removed some of the taps' hooks."""
+    def check(self) -> bool:
+        """Warn (once) and say True if another tool removed some of our hooks."""
         gone = self.gone()
         if gone:
             self.warn(
@@ -282,6 +309,8 @@ class Taps:
         """Whether the model's forward is running below us (not merely opened by a forward that
         was interrupted, e.g. by a KeyboardInterrupt caught since). nnsight runs a trace's body
         in a greenlet whose parent is suspended inside the forward: its stack counts too."""
+        if not self._here.open or self.gone():
+            return False
         frames = [sys._getframe(1)]
         gl = sys.modules.get("greenlet")
         g = gl.getcurrent().parent if gl is not None else None
@@ -305,11 +334,15 @@ class Taps:
         self.started += 1
         here = self._here
         here.open, here.counts, here.root = True, {}, None
-        here.reader = self.listener.forward_start(args, kwargs, fresh, mask)
-        if self._lean and not self._multi:
-            rows = self.adapter.calls.rows(args, kwargs)
-            if rows is not None and rows[1] == 1:
-                here.reader.lean_start(len(self.attn_paths), self._once_ids, self._lean_known)
+        calls = self.calls
+        continues = not fresh and calls.continues(args, kwargs)
+        if not fresh and self.read_mask:  # fresh: hook lists, whose mask was read from the running forward
+            mask = calls.mask(self.model, args, kwargs)
+        if self._ran is None or not continues:  # walked per forward that starts sequences, not per step
+            self._ran = self.untapped - self.swapped()
+        rows = calls.rows(args, kwargs)
+        mask = mask if isinstance(mask, torch.Tensor) and mask.dim() == 2 else None
+        self.record.forward_start(CallFacts(rows, mask, continues, self._ran))
         if not self._multi:
             # one thread so far: its taps skip the thread lookup. Written before the check, so a second
             # thread that set _multi in between is seen here, or wrote None after this.
@@ -322,7 +355,15 @@ class Taps:
         if not here.open:
             return
         here.open = False
-        self.listener.forward_end(output is not None)  # None: the forward raised
+        try:
+            self.record.forward_end(output is not None, not self.check())  # None: the forward raised
+        finally:
+            if self._detach_after and self._stack is not None:
+                self._detach_after = False
+                if output is not None or self.calls.hook_points:  # returned, or a wrapped forward
+                    self.detach()
+                else:
+                    self._detach_in_raising_forward()
 
     def _stack_start(self, name: str, mask_kw: str | None):
         """A stack's root starts: it runs in this forward, with its own mask (or opens a forward of its own,
@@ -333,7 +374,7 @@ class Taps:
                 self._start(module, args, kwargs)
                 self._here.root = module
             m = kwargs.get(mask_kw) if mask_kw else None
-            self.listener.stack_start(name, m if isinstance(m, torch.Tensor) and m.dim() == 2 else None)
+            self.record.stack_start(name, m if isinstance(m, torch.Tensor) and m.dim() == 2 else None)
 
         return fn
 
@@ -344,26 +385,15 @@ class Taps:
     def _tap_fn(self, key, input_: bool):
         """The hook of one tapped module: a pre-hook (module, args, kwargs) reading its input, or a forward
         hook (module, args, output) reading its output."""
-        tap, roles = self.tap, self.once.get(key)
+        tap, roles, hidden, read_once = self.tap, self.once.get(key), self.calls.hidden, self.record.read_once
 
         def fn(module, args, third):
-            if input_:
-                x = third.get("hidden_states", args[0] if args else None)
-                if isinstance(x, _SEQ):
-                    x = x[0]
-            else:
-                x = third[0] if isinstance(third, _SEQ) else third
+            x = hidden(args, third) if input_ else third[0] if isinstance(third, _SEQ) else third
             here = self._solo
             if roles is None or here is None or not here.open or not isinstance(x, torch.Tensor) or x.requires_grad:
                 tap(key, x)
-                return
-            lean = here.reader.lean  # the one thread's open forward: no thread lookup, no count of calls
-            if lean is not None:  # a one-token step: the reading kept as it came
-                lean[0].append(roles)
-                lean[1].append(x)
-            else:
-                for layer, point in roles:
-                    here.reader.read(layer, point, x)
+            else:  # the one thread's open forward, a module called once: no thread lookup, no count of calls
+                read_once(roles, x)
 
         return fn
 
@@ -387,54 +417,30 @@ class Taps:
             return
         if x.requires_grad:
             x = x.detach()
-        reader = here.reader
+        read = self.record.read
         for layer, point in roles:
-            reader.read(layer, point, x)
+            read(layer, point, x)
 
     # ---- TransformerLens run_with_hooks ----
-    def fwd_hooks(self, plan: Plan, call_mask) -> list[tuple[str, object]]:
+    def fwd_hooks(self, running_mask) -> list[tuple[str, object]]:
         """[(hook_name, fn)] for ``run_with_hooks``: the first opens a forward (with the mask
-        ``call_mask()`` finds), the one that completes the last layer ends it."""
+        ``running_mask()`` finds), the one that completes the last layer ends it."""
+        if not self.calls.hook_points:
+            return super().fwd_hooks(running_mask)
+        calls, model = self.calls, self.model
         first = self.adapter.reading_points(0).pre.hook_name
-        last = plan.layers[max(plan.layers)]
+        last = self._layers[max(self._layers)]
         last_name = getattr(last.reading, last.last_point).hook_name
         hooks = []
         for key, (module, _, _) in self.slots.items():
-            name = next(n for n, hp in self.model.hook_dict.items() if hp is module)
+            name = calls.hook_name(model, module)
 
             def fn(act, hook, key=key, name=name):
                 if name == first:
-                    self._start(self.model, (), {}, fresh=True, mask=call_mask())
+                    self._start(model, (), {}, fresh=True, mask=running_mask())
                 self.tap(key, act)
-                if name == last_name and self.open:
-                    self._end(self.model, (), True)
+                if name == last_name and self._here.open:
+                    self._end(model, (), True)
 
             hooks.append((name, fn))
         return hooks
-
-
-LEAN_POINTS = ("pre", "attn", "mid", "post")  # what ``forward.lean_order`` lays out
-
-
-def lean_layout(plan: Plan, layout: TapLayout) -> bool:
-    """Whether a one-token step may keep its readings as they come (``Forward.lean_start``): every tapped
-    module is called once a forward, every layer is read alike (pre-norm, masked, one stack), and a step
-    whose taps all fired has each layer's pre, last point, mid if needed and attention (tap or path)."""
-    if len(layout.once) != len(layout.slots) or len({lp.stack for lp in plan.layers.values()}) > 1:
-        return False
-    read = {role for roles in layout.once.values() for role in roles}
-    if any(point not in LEAN_POINTS for _, point in read):  # a reading the flush would not lay out
-        return False
-    return all(
-        lp.post_norm is None and lp.masked and (i, "pre") in read and (i, lp.last_point) in read
-        and (not lp.need_mid or (i, "mid") in read) and ((i, "attn") in read or i in layout.attn_paths)
-        for i, lp in plan.layers.items()
-    )  # fmt: skip
-
-
-def _input_rows(args, kwargs) -> int | None:
-    """The rows of the batch a ``generate`` call was given (before beams or returned sequences copy them)."""
-    for x in (kwargs.get("input_ids"), kwargs.get("inputs_embeds"), args[0] if args else None):
-        if isinstance(x, torch.Tensor) and x.dim() >= 2:
-            return x.shape[0]
-    return None
