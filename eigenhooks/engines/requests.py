@@ -9,8 +9,9 @@ a forward's end. This module is the engine-neutral contract between an engine's 
 - ``Ledger``: which tokens count. A position already counted for a request (a preempted request recomputed
   from position 0) does not count again; a prefix served from the engine's prefix cache is never computed,
   so never counted (the request's first computed position says how long it was);
-- ``RequestSums``: the monitor's sums over requests (the request is the cluster), and each request's own
-  counts and gamma/rho (``rows``), fed one forward at a time and told when requests end.
+- ``EngineRecord``: the forwards told to the monitor's record as flat batches (``models.attach.FlatRows``:
+  the request is the cluster, its counters open until the scheduler ends it), and each request's own
+  counts and gamma/rho (``RequestRows``).
 
 It imports no engine.
 """
@@ -22,8 +23,7 @@ from typing import NamedTuple
 
 import torch
 
-from ..monitor.forward import Call, Forward, LayerSums
-from ..monitor.measures.target import close_rows
+from ..models.attach import CallFacts, FlatRows
 
 
 class TokenMap(NamedTuple):
@@ -72,129 +72,67 @@ class Ledger:
         return self.info.pop(key, None)
 
 
-def padded(tm: TokenMap, skips: list[int], device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """How a forward's flat tokens lay out as (requests, longest) rows: each cell's flat row, the valid mask,
-    and each row's first valid position.
+def flat_rows(tm: TokenMap, skips: list[int], device) -> tuple[FlatRows, torch.Tensor | None]:
+    """The record's ``FlatRows`` of one forward's counted tokens, and which flat rows they are (None: all).
 
-    A row's tokens sit at its left; its first ``skip`` tokens (counted before) and its padding are not
-    valid (padding cells repeat a real row, masked out). ``first`` is the position of the row's first
-    valid token, so a valid token's index in its sequence (``seen + cumsum(mask) - 1``,
-    ``forward.Forward``) is its position.
+    Row r is request ``tm.keys[r]``; each counted token's position is its request's (a chunk continues its
+    request's positions); a request's leading ``skip`` tokens (counted before) are left out.
     """
-    n = max(tm.counts)
     counts = torch.tensor(tm.counts, device=device)
-    col = torch.arange(n, device=device)
-    offset = torch.cumsum(counts, 0) - counts  # (R,) each request's first row in the flat batch
-    skip = torch.tensor(skips, device=device)
-    mask = (col[None, :] < counts[:, None]) & (col[None, :] >= skip[:, None])  # (R, n)
-    src = (offset[:, None] + col[None, :]).clamp(max=tm.tokens - 1)  # (R, n)
-    first = (torch.tensor(tm.starts, device=device) + skip)[:, None]  # (R, 1)
-    return src, mask, first
+    R = len(tm.counts)
+    row = torch.repeat_interleave(torch.arange(R, device=device), counts)  # (tokens,)
+    offset = torch.cumsum(counts, 0) - counts
+    rank = torch.arange(tm.tokens, device=device) - offset[row]  # each token's index in its chunk
+    position = torch.tensor(tm.starts, device=device)[row] + rank
+    keep = None
+    if any(skips):
+        keep = (rank >= torch.tensor(skips, device=device)[row]).nonzero().squeeze(1)
+        row, position = row[keep], position[keep]
+    width = max(c - k for c, k in zip(tm.counts, skips))
+    return FlatRows(tuple(tm.keys), row, position, width), keep
 
 
-class RequestSums:
-    """The monitor's running sums over an engine's requests.
+class RequestRows:
+    """Each request's own counts and gamma/rho per (layer, target): ``requests()``'s rows.
 
-    Args:
-        monitor: an ``eh.Monitor`` created with ``attach=False`` over a model with the engine's weights
-            (its plan, its accumulator's state and its summary are used; nothing is hooked).
+    Per request, layer and target: its counted tokens, the sums of a(pre), a(mid), a(post), and the tokens
+    with a(mid) > a(pre), in float32 like the monitor's statistics; a request's rows sum to the table's.
     """
 
-    def __init__(self, monitor):
-        self.mon = monitor
-        self.acc = monitor._prepare()
-        self.plan = monitor._plan
-        self.layers = sorted(self.plan.layers)
-        self.ledger = Ledger()
-        self.open: dict[str, torch.Tensor] = {}  # request -> its counters (L, 5, T), open until it ends
-        self.own: dict[str, torch.Tensor] = {}  # request -> its own (L, T, 5): n, pre, mid, post, up
-        self.done: list[tuple[str, RequestInfo, torch.Tensor]] = []  # ended requests and their own sums
-        self.n_forwards = 0
-        self._U = None
+    def __init__(self, plan):
+        self.plan, self.layers = plan, sorted(plan.layers)
+        self.open: dict[str, torch.Tensor] = {}  # request -> (L, T, 5)
+        self.done: list[tuple[str, RequestInfo | None, torch.Tensor]] = []
 
-    def add(self, readings: dict[str, list[torch.Tensor]], tm: TokenMap) -> None:
-        """Count one forward: ``readings`` {'pre', 'attn', 'post': [per layer (tokens, d)]} of the tokens
-        ``tm`` describes (the first ``tm.tokens`` rows)."""
-        skips = self.ledger.admit(tm)
-        if sum(skips) == tm.tokens:
-            return
-        keys = tm.keys
-        src, mask, first = padded(tm, skips, readings["pre"][0].device)
-        stack = self.plan.layers[self.layers[0]].stack
-        fwd = Forward(self.plan, self.mon.points, mask, {stack: first}, False, False, self.n_forwards, [],
-                      Call(fresh=False))  # fmt: skip
-        per_layer = []
+    def add(self, xs: dict[int, tuple], flat: FlatRows) -> None:
+        """xs: layer -> (pre, mid, post) flat readings of the counted tokens."""
+        R, per_layer = len(flat.keys), []
         for i in self.layers:
-            P, A, Q = (readings[p][i][src] for p in ("pre", "attn", "post"))  # (R, n, d) each
-            M = P + A  # mid: the add post_attention_layernorm fuses (models/vllm.py)
-            fwd.read(i, "pre", P)
-            fwd.read(i, "attn", A)
-            fwd.read(i, "mid", M)
-            fwd.read(i, "post", Q)
-            per_layer.append(self._own(i, P, M, Q, mask))
-        fs = fwd.finish()
-        self.acc._add_layers([(i, LayerSums(ls.sums, None)) for i, ls in fs.layers.items()])
-        rows = torch.stack([fs.layers[i].rows for i in self.layers], 1)  # (R, L, 5, T)
-        own = torch.stack(per_layer, 1)  # (R, L, T, 5)
-        for j, key in enumerate(keys):
-            if key in self.open:
-                self.open[key] = self.open[key] + rows[j]
-                self.own[key] = self.own[key] + own[j]
-            else:
-                self.open[key], self.own[key] = rows[j], own[j]
-        self.acc.n_forwards += 1
-        self.n_forwards += 1
+            P, M, Q = (x.float() for x in xs[i])
+            cols = []
+            for t in self.plan.layers[i].targets:
+                U = t.U.to(P.device, torch.float32)  # (d, k)
+                a = [(x @ U).norm(dim=-1) / x.norm(dim=-1) for x in (P, M, Q)]  # (tokens,) each
+                per = torch.stack([torch.ones_like(a[0]), a[0], a[1], a[2], (a[1] > a[0]).float()], -1)
+                cols.append(torch.zeros(R, 5, device=P.device).index_add_(0, flat.row, per))
+            per_layer.append(torch.stack(cols, 1))  # (R, T, 5)
+        own = torch.stack(per_layer, 1).double().cpu()  # (R, L, T, 5)
+        for j, key in enumerate(flat.keys):
+            self.open[key] = self.open[key] + own[j] if key in self.open else own[j]
 
-    def _own(self, i: int, P, M, Q, mask) -> torch.Tensor:
-        """Per row (request) and target: valid tokens, sums of a(pre), a(mid), a(post), tokens with a(mid) > a(pre)."""
-        lp = self.plan.layers[i]
-        cols = []
-        for t in lp.targets:
-            U = t.U.to(P.device, torch.float32)  # (d, k)
-            a = [(x.float() @ U).norm(dim=-1) / x.float().norm(dim=-1) for x in (P, M, Q)]  # (R, n) each
-            m = mask.float()
-            cols.append(torch.stack([m.sum(1), (a[0] * m).sum(1), (a[1] * m).sum(1), (a[2] * m).sum(1),
-                                     ((a[1] > a[0]).float() * m).sum(1)], -1))  # fmt: skip
-        return torch.stack(cols, 1).double()  # (R, T, 5)
+    def end(self, key: str, info: RequestInfo | None) -> None:
+        if key in self.open:
+            self.done.append((key, info, self.open.pop(key)))
 
-    def end(self, keys) -> None:
-        """These requests ended (the scheduler finished them): their counters close into the cluster sums."""
-        ended = [k for k in keys if k in self.open]
-        for k in keys:
-            info = self.ledger.end(k)
-            if k in self.open:
-                self.done.append((k, info, self.own.pop(k)))
-        if not ended:
-            return
-        rows = torch.stack([self.open.pop(k) for k in ended], 1)  # (L, b, 5, T)
-        for li, i in enumerate(self.layers):
-            st = self.acc.state[i]
-            self.acc.state[i] = {**st, "tgt": close_rows(st["tgt"].to(rows.device), rows[li])}
-
-    def current(self, layer: int) -> dict[str, torch.Tensor]:
-        """The layer's state with the open requests folded in (float64, CPU), as ``Accumulator.current``."""
-        st = dict(self.acc.state[layer])
-        if self.open:
-            li = self.layers.index(layer)
-            rows = torch.stack([r[li] for r in self.open.values()])
-            st["tgt"] = close_rows(st["tgt"].to(rows.device), rows)
-        return {k: v.detach().to("cpu", torch.float64) for k, v in st.items()}
-
-    def state_dict(self) -> dict:
-        """As ``Monitor.state_dict``: the fingerprint and every layer's sums, open requests folded in."""
-        layers = {str(i): {k: v.tolist() for k, v in self.current(i).items()} for i in self.layers}
-        return {"fingerprint": self.mon._layout(), "layers": layers}
-
-    def rows(self) -> list[dict]:
-        """One dict per (request, layer, target): the request's counts and gamma/rho, ended ones first."""
-        out = []
+    def rows(self, ledger: Ledger) -> list[dict]:
+        """One dict per (request, layer, target), ended requests first."""
+        out, nan = [], float("nan")
         items = [(k, info, own, True) for k, info, own in self.done]
-        items += [(k, self.ledger.info.get(k), own, False) for k, own in self.own.items()]
+        items += [(k, ledger.info.get(k), own, False) for k, own in self.open.items()]
         for key, info, own, ended in items:
             for li, i in enumerate(self.layers):
                 for ti, meta in enumerate(self.plan.layers[i].meta):
                     n, s_pre, s_mid, s_post, up = own[li, ti].tolist()
-                    nan = float("nan")
                     out.append({
                         "request_id": key, "layer": i, "target": meta.name, "n_tokens": int(n),
                         "gamma_pre": s_pre / n if n else nan, "gamma_mid": s_mid / n if n else nan,
@@ -205,4 +143,63 @@ class RequestSums:
         return out
 
 
-__all__ = ["Ledger", "RequestInfo", "RequestSums", "TokenMap", "padded"]
+class EngineRecord:
+    """An engine's forwards told to the monitor's record (``monitor.record.Record``) as flat batches.
+
+    Args:
+        record: the record (``RecordSpec.attach`` made it, in the engine's worker).
+        requests: keep each request's own rows (``RequestRows``).
+    """
+
+    def __init__(self, record, requests: bool = True):
+        self.record = record
+        self.ledger = Ledger()
+        self.own = RequestRows(record.plan) if requests else None
+        self.layers = sorted(record.plan.layers)
+        self.n_forwards = 0
+
+    def forward(self, readings: dict[str, list[torch.Tensor]], tm: TokenMap) -> None:
+        """One forward: ``readings`` {'pre', 'attn', 'post': [per layer (tokens, d)]} of the tokens ``tm``
+        describes; mid is pre + attn (the add the MLP's norm fuses)."""
+        skips = self.ledger.admit(tm)
+        if sum(skips) == tm.tokens:
+            return
+        flat, keep = flat_rows(tm, skips, readings["pre"][0].device)
+        rec, xs = self.record, {}
+        rec.forward_start(CallFacts(flat=flat))
+        ok = False
+        try:
+            for i in self.layers:
+                P, A, Q = (readings[p][i] for p in ("pre", "attn", "post"))
+                if keep is not None:
+                    P, A, Q = P[keep], A[keep], Q[keep]
+                M = P + A
+                rec.read(i, "pre", P)
+                rec.read(i, "attn", A)
+                rec.read(i, "mid", M)
+                rec.read(i, "post", Q)
+                xs[i] = (P, M, Q)
+            ok = True
+        finally:
+            rec.forward_end(ok)
+        if self.own is not None:
+            self.own.add(xs, flat)
+        self.n_forwards += 1
+
+    def end(self, keys) -> None:
+        """The engine's scheduler finished these requests."""
+        keys = list(keys)
+        self.record.requests_end(keys)
+        for k in keys:
+            info = self.ledger.end(k)
+            if self.own is not None:
+                self.own.end(k, info)
+
+    def state_dict(self) -> dict:
+        return self.record.state_dict()
+
+    def rows(self) -> list[dict]:
+        return self.own.rows(self.ledger) if self.own is not None else []
+
+
+__all__ = ["EngineRecord", "Ledger", "RequestInfo", "RequestRows", "TokenMap", "flat_rows"]

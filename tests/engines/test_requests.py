@@ -9,13 +9,17 @@ computed) and their table is checked against the HF monitor fed the whole sequen
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 import torch
 import transformers as T
 
 import eigenhooks as eh
-from eigenhooks.engines.requests import Ledger, RequestSums, TokenMap
+from eigenhooks.engines.requests import EngineRecord, Ledger, TokenMap
+from eigenhooks.engines.vllm.session import CheckpointAdapter
+from eigenhooks.models import Adapter
 
 SETTINGS = {"null_draws": 8, "null_stride": 2}
 
@@ -56,6 +60,15 @@ def flat(chunks, reads):
     return r, TokenMap([k for k, _, _ in chunks], [b - a for _, a, b in chunks], [a for _, a, _ in chunks])
 
 
+def engine_record(model) -> EngineRecord:
+    """A record as an engine's worker makes it (``RecordSpec.attach``), told flat batches by ``EngineRecord``."""
+    mon = eh.Monitor(model, attach=False, **SETTINGS)
+    base = mon.adapter
+    adapter = CheckpointAdapter(**{f.name: getattr(base, f.name) for f in dataclasses.fields(Adapter)})
+    record, _ = mon.record_spec().attach(adapter)
+    return EngineRecord(record)
+
+
 def hf_table(model, seqs):
     with eh.monitor(model, **SETTINGS) as mon:
         for s in seqs:
@@ -79,7 +92,7 @@ def test_flat_batches_equal_the_hf_monitor_on_whole_sequences(llama):
         "B": torch.randint(0, 64, (11,), generator=g).tolist(),
     }
     reads = {k: readings_of(llama, s) for k, s in seqs.items()}
-    sums = RequestSums(eh.Monitor(llama, attach=False, **SETTINGS))
+    sums = engine_record(llama)
     schedule = [
         [("A", 0, 8), ("B", 0, 11)],  # chunked prefill of A beside B's whole prompt
         [("A", 8, 20)],
@@ -88,7 +101,7 @@ def test_flat_batches_equal_the_hf_monitor_on_whole_sequences(llama):
         [("A", 21, 23)],
     ]
     for chunks in schedule:
-        sums.add(*flat(chunks, reads))
+        sums.forward(*flat(chunks, reads))
     sums.end(["A", "B"])
     assert_tables_equal(hf_table(llama, list(seqs.values())), _table(llama, sums))
     rows = {r["request_id"]: r for r in sums.rows() if r["layer"] == 0 and r["target"] == "ov/modulus"}
@@ -106,11 +119,11 @@ def test_a_request_run_beside_others_equals_it_run_alone(llama):
     g = torch.Generator().manual_seed(4)
     seqs = {k: torch.randint(0, 64, (n,), generator=g).tolist() for k, n in (("A", 15), ("B", 9))}
     reads = {k: readings_of(llama, s) for k, s in seqs.items()}
-    both = RequestSums(eh.Monitor(llama, attach=False, **SETTINGS))
-    both.add(*flat([("A", 0, 15), ("B", 0, 9)], reads))
-    alone = RequestSums(eh.Monitor(llama, attach=False, **SETTINGS))
+    both = engine_record(llama)
+    both.forward(*flat([("A", 0, 15), ("B", 0, 9)], reads))
+    alone = engine_record(llama)
     for a, b in ((0, 6), (6, 15)):
-        alone.add(*flat([("A", a, b)], reads))
+        alone.forward(*flat([("A", a, b)], reads))
     key = lambda r: (r["request_id"], r["layer"], r["target"])  # noqa: E731
     got = {key(r): r for r in both.rows() if r["request_id"] == "A"}
     want = {key(r): r for r in alone.rows()}

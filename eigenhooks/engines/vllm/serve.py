@@ -48,15 +48,16 @@ class JsonlSink:
         self.fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
         self.written = 0
 
-    def write_ended(self, sums) -> None:
-        """Write every request ``sums`` has ended since the last call, then forget their rows."""
-        if not sums.done:
+    def write_ended(self, engine) -> None:
+        """Write every request ``engine`` (an ``EngineRecord``) ended since the last call, then forget their rows."""
+        done = engine.own.done
+        if not done:
             return
         rows: dict[str, list] = {}
-        for r in sums.rows():
+        for r in engine.rows():
             if r["finished"]:
                 rows.setdefault(r["request_id"], []).append(r)
-        for key, info, _ in sums.done:
+        for key, info, _ in done:
             rs = rows.get(key, [])
             line = {
                 **api_id(key),
@@ -75,7 +76,7 @@ class JsonlSink:
             data = (json.dumps(line, separators=(",", ":")) + "\n").encode()
             os.write(self.fd, data)  # one write per line, appended
             self.written += 1
-        sums.done.clear()
+        done.clear()
 
     def close(self) -> None:
         os.close(self.fd)

@@ -8,10 +8,15 @@ so the two tables mean the same (their fingerprints are compared when the state 
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import threading
 
 import torch
+
+from ...models import Adapter
+from ...models.attach import Attachment
+from .capture import STORE
 
 
 @functools.lru_cache(maxsize=2)
@@ -46,16 +51,41 @@ def make_monitor(vllm_config, settings: dict, sink=None):
 
 
 class Session:
-    """One entered monitor's state in this worker: its ``RequestSums`` and the serve sink, if any."""
+    """One entered monitor in this worker: the record its forwards are told to, and the served sink, if any."""
 
-    def __init__(self, sums, n_layers: int, sink=None):
-        self.sums, self.n_layers, self.sink = sums, n_layers, sink
+    def __init__(self, engine, n_layers: int, att, sink=None):
+        self.engine, self.n_layers, self.att, self.sink = engine, n_layers, att, sink
         self.lock = threading.Lock()
         self.dropped = 0  # forwards whose readings were not all written (counted nowhere)
 
+    def close(self) -> None:
+        self.att.detach()
+        if self.sink is not None:
+            self.sink.close()
+
+
+class TapAttachment(Attachment):
+    """The attachment of an engine whose taps sit in its compiled graph (``capture``): attaching turns the
+    taps' copies on, detaching off. The engine's glue tells the record each forward (``EngineRecord``)."""
+
+    def attach(self) -> None:
+        STORE.active = True
+
+    def detach(self) -> None:
+        STORE.active = False
+
+
+@dataclasses.dataclass
+class CheckpointAdapter(Adapter):
+    """The checkpoint's HF adapter (its layers give the plan), attached through the engine's taps."""
+
+    def attachment(self, layers, points, record, warn, read_mask=True, layout=None):
+        return TapAttachment()
+
 
 def make_session(runner, settings: dict, sink=None) -> Session:
-    from ..requests import RequestSums
+    """The record of a monitor with ``settings`` in this worker, attached to the engine's taps."""
+    from ..requests import EngineRecord
 
     layers = getattr(runner, "_eigenhooks_layers", None)
     if layers is None:
@@ -63,7 +93,19 @@ def make_session(runner, settings: dict, sink=None) -> Session:
             "this vLLM engine was not built with eigenhooks' taps; build it with additional_config={'eigenhooks': {}}"
         )
     mon = make_monitor(runner.vllm_config, settings)
-    return Session(RequestSums(mon), layers, sink)
+    base = mon.adapter
+    adapter = CheckpointAdapter(**{f.name: getattr(base, f.name) for f in dataclasses.fields(Adapter)})
+    record, att = mon.record_spec().attach(adapter)
+    return Session(EngineRecord(record), layers, att, sink)
 
 
-__all__ = ["Session", "checkpoint_model", "engine_dtype", "make_monitor", "make_session", "settings_from_wire"]
+__all__ = [
+    "CheckpointAdapter",
+    "Session",
+    "TapAttachment",
+    "checkpoint_model",
+    "engine_dtype",
+    "make_monitor",
+    "make_session",
+    "settings_from_wire",
+]

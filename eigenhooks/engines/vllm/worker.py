@@ -71,9 +71,9 @@ def _wrap_execute(runner) -> None:
         with s.lock:
             finished = [user_key(r, randomized) for r in scheduler_output.finished_req_ids]
             if finished:
-                s.sums.end(finished)
+                s.engine.end(finished)
                 if s.sink is not None:
-                    s.sink.write_ended(s.sums)
+                    s.sink.write_ended(s.engine)
             STORE.start_forward()
             out = inner(scheduler_output, *args, **kwargs)
             total = scheduler_output.total_num_scheduled_tokens
@@ -83,7 +83,7 @@ def _wrap_execute(runner) -> None:
                     s.dropped += 1
                     log.warning("eigenhooks: a forward's readings were not all written; it was not counted")
                 else:
-                    s.sums.add(readings, _token_map(runner, scheduler_output, randomized))
+                    s.engine.forward(readings, _token_map(runner, scheduler_output, randomized))
             return out
 
     runner.execute_model = execute_model
@@ -108,7 +108,6 @@ def _serve(runner, opts: dict) -> None:
     from .session import make_session
 
     SESSION = make_session(runner, opts.get("settings") or {}, sink=JsonlSink(opts["out"]))
-    STORE.active = True
 
 
 def _wrap_load(cls) -> None:
@@ -162,9 +161,9 @@ class EigenhooksWorker:
                 "this engine is served with eigenhooks' 'out': it measures from its start, "
                 "one line per finished request; a with-block cannot start another session"
             )
-        runner = self.model_runner
-        SESSION = make_session(runner, settings)
-        STORE.active = True
+        if SESSION is not None:
+            SESSION.close()
+        SESSION = make_session(self.model_runner, settings)
         return True
 
     def eigenhooks_read(self) -> dict | None:
@@ -173,14 +172,15 @@ class EigenhooksWorker:
         if s is None:
             return None
         with s.lock:
-            return {"state": s.sums.state_dict(), "requests": s.sums.rows(), "dropped": s.dropped,
-                    "n_forwards": s.sums.n_forwards}  # fmt: skip
+            return {"state": s.engine.state_dict(), "requests": s.engine.rows(), "dropped": s.dropped,
+                    "n_forwards": s.engine.n_forwards}  # fmt: skip
 
     def eigenhooks_stop(self) -> dict | None:
         """Leave the monitor: its final read, then nothing is copied any more."""
         global SESSION
         out = self.eigenhooks_read()
-        STORE.active = False
+        if SESSION is not None:
+            SESSION.close()
         SESSION = None
         return out
 
