@@ -12,17 +12,18 @@ Fixtures (session-scoped: an engine start costs ~20 s eager, ~90 s compiled with
   gpt2-tiny tokenizer (1024 tokens, offline).
 - ``llm_eager``: a ``vllm.LLM`` on it, ``enforce_eager=True``, float32 (``dtype="auto"`` would be bf16
   on the CPU backend), ``gpu_memory_utilization=0.1`` (on CPU: the share of RAM kept for the KV cache).
-- ``start_engine(folder, **kw)``: the same settings for an engine a test builds itself.
+- ``llm_compiled``: the same in vLLM's default compiled mode (started only by a test that asks for it).
+- plain helpers in ``tier.py`` (import them from there, not from conftest): ``start_engine(folder, **kw)``,
+  the same settings for an engine a test builds itself; ``greedy(n)``; ``save_tiny_llama``.
 """
 
 from __future__ import annotations
 
 import os
-import shutil
 from pathlib import Path
 
 import pytest
-import torch
+from tier import save_tiny_llama, start_engine
 
 HERE = Path(__file__).resolve().parent
 REQUIRED = os.environ.get("EIGENHOOKS_REQUIRE_VLLM") == "1"
@@ -37,15 +38,6 @@ try:
     VLLM_ERROR = None
 except Exception as e:  # ImportError, or a broken build (a CUDA torchvision beside the CPU torch)
     VLLM_ERROR = f"{type(e).__name__}: {e}"
-
-# Engine settings every test engine shares (see the module docstring).
-ENGINE = dict(dtype="float32", gpu_memory_utilization=0.1, max_model_len=256, seed=0)
-TINY = dict(
-    vocab_size=1024, hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=4,
-    num_key_value_heads=2, head_dim=32, max_position_embeddings=256, initializer_range=0.05,
-    bos_token_id=0, eos_token_id=0, pad_token_id=0, tie_word_embeddings=False,
-)  # fmt: skip
-MAX_PARAMS = 1_000_000
 
 
 def pytest_collection_modifyitems(config, items):
@@ -70,38 +62,10 @@ def _vllm_present(request):
         pytest.fail(f"EIGENHOOKS_REQUIRE_VLLM=1 but vllm is not importable: {VLLM_ERROR}")
 
 
-def save_tiny_llama(folder: Path, seed: int = 0, **overrides) -> Path:
-    """Save the tiny GQA Llama (``TINY`` with overrides) and the gpt2-tiny tokenizer into ``folder``."""
-    import transformers as T
-
-    import eigenhooks as eh
-
-    torch.manual_seed(seed)
-    model = T.LlamaForCausalLM(T.LlamaConfig(**{**TINY, **overrides})).eval()
-    n = sum(p.numel() for p in model.parameters())
-    assert n < MAX_PARAMS, f"the tiny Llama has {n} parameters: a config key misspelt?"
-    with torch.no_grad():  # norm scales away from 1, so a folded norm shows
-        for name, p in model.named_parameters():
-            if "norm" in name:
-                p.add_(0.5 * torch.rand_like(p))
-    model.save_pretrained(folder, safe_serialization=True)
-    zoo_tok = eh.zoo.path("gpt2-tiny")
-    for f in ("tokenizer.json", "tokenizer_config.json"):
-        shutil.copy(zoo_tok / f, folder / f)
-    return folder
-
-
 @pytest.fixture(scope="session")
 def tiny_llama(tmp_path_factory) -> Path:
     """Folder of the seeded tiny GQA Llama checkpoint (config.json, model.safetensors, tokenizer)."""
     return save_tiny_llama(tmp_path_factory.mktemp("tiny-llama"))
-
-
-def start_engine(folder, **kw):
-    """A ``vllm.LLM`` on ``folder`` with the tier's settings (``ENGINE``), overridden by ``kw``."""
-    from vllm import LLM
-
-    return LLM(model=str(folder), **{**ENGINE, **kw})
 
 
 @pytest.fixture(scope="session")
@@ -110,6 +74,17 @@ def llm_eager(tiny_llama):
     if VLLM_ERROR is not None:
         pytest.fail(f"vllm is not importable: {VLLM_ERROR}")
     llm = start_engine(tiny_llama, enforce_eager=True)
+    yield llm
+    del llm
+
+
+@pytest.fixture(scope="session")
+def llm_compiled(tiny_llama):
+    """A float32 engine on ``tiny_llama`` in vLLM's default compiled mode, started once per session (~90 s
+    with a cold compile cache, which lives in vLLM's own cache folder: VLLM_CACHE_ROOT)."""
+    if VLLM_ERROR is not None:
+        pytest.fail(f"vllm is not importable: {VLLM_ERROR}")
+    llm = start_engine(tiny_llama)
     yield llm
     del llm
 

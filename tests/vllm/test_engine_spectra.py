@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from tier import greedy
 
 import eigenhooks as eh
 from eigenhooks.spectra.engine import EngineVerifyError
@@ -17,7 +18,7 @@ def _hf(folder):
 
 @pytest.mark.parametrize("variant", ["ov", "ov_ln"])
 def test_engine_spectra_equal_transformers(llm_eager, tiny_llama, variant):
-    out = llm_eager.generate(["hello world"], _greedy(4))  # the engine serves this checkpoint
+    out = llm_eager.generate(["hello world"], greedy(4))  # the engine serves this checkpoint
     assert len(out[0].outputs[0].token_ids) == 4
     got = eh.spectra(llm_eager, variant, cache=False)
     want = eh.spectra(_hf(tiny_llama), variant, cache=False)
@@ -36,9 +37,3 @@ def test_engine_verify_says_what_to_run_instead(llm_eager, tiny_llama):
         eh.verify(llm_eager)
     rows = eh.verify(_hf(tiny_llama))  # the check the message names runs, and passes
     assert all(r.rel_diff < 1e-5 for r in rows)
-
-
-def _greedy(n):
-    from vllm import SamplingParams
-
-    return SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True)
