@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import start_engine
 from parity import compare, hf_table, processed_tokens
+from tier import start_engine
 
 import eigenhooks as eh
 
