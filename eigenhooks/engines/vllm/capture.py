@@ -6,7 +6,7 @@ right after the model is loaded, before that first forward: dynamo traces them i
 computes its reading with graph ops (``hidden + residual``, models/vllm.py) and hands it to
 ``eigenhooks::vllm_tap``, a ``torch.library`` custom op that the compiler keeps opaque (it declares a
 write to a one-element token, so it is never dropped): at run time it copies the reading into a
-preallocated buffer. A copy, made when the op runs, so an in-place fused add after it (vLLM's CPU
+buffer kept across forwards (grown to the largest forward measured). A copy, made when the op runs, so an in-place fused add after it (vLLM's CPU
 ``fused_add_rms_norm`` overwrites its inputs) cannot change what was read.
 
 Slots: ``2 i`` the pre of layer i, ``2 i + 1`` its attention output, ``2 L`` the last layer's post.
@@ -30,7 +30,7 @@ class TapStore:
         self.bufs: dict[int, torch.Tensor] = {}
         self.rows: dict[int, int] = {}  # slot -> tokens the last write wrote
         self.active = False
-        self.capacity = 0  # buffer rows (the engine's max_num_batched_tokens), set when taps are placed
+        self.capacity = 0  # the engine's max_num_batched_tokens (the most rows a buffer can need)
         self.n_slots = 0
 
     def write(self, slot: int, x: torch.Tensor) -> None:
@@ -39,7 +39,7 @@ class TapStore:
         n = x.shape[0]
         buf = self.bufs.get(slot)
         if buf is None or buf.shape[0] < n or buf.shape[1:] != x.shape[1:] or buf.dtype != x.dtype:
-            buf = self.bufs[slot] = x.new_empty((max(n, self.capacity), *x.shape[1:]))
+            buf = self.bufs[slot] = x.new_empty((n, *x.shape[1:]))  # grows to the largest forward measured
         buf[:n].copy_(x)
         self.rows[slot] = n
 
