@@ -48,3 +48,12 @@ def test_the_served_sink_writes_whole_lines_and_forgets_what_it_wrote(tmp_path):
     sink.close()
     with pytest.raises(OSError):
         os.fstat(sink.fd)
+
+
+def test_requests_on_an_hf_model_says_in_one_line_that_it_cannot():
+    import eigenhooks as eh
+
+    model, _ = eh.zoo.load("gpt2-tiny")
+    with pytest.raises(TypeError, match=r"one row per request of a serving engine") as e:
+        eh.Monitor(model).requests()
+    assert "\n" not in str(e.value)
