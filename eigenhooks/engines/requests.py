@@ -102,23 +102,36 @@ class RequestRows:
     def __init__(self, plan):
         self.plan, self.layers = plan, sorted(plan.layers)
         self.open: dict[str, torch.Tensor] = {}  # request -> (L, T, 5)
+        self._U: list[torch.Tensor] | None = None
         self.done: list[tuple[str, RequestInfo | None, torch.Tensor]] = []
 
     def add(self, xs: dict[int, tuple], flat: FlatRows) -> None:
-        """xs: layer -> (pre, mid, post) flat readings of the counted tokens."""
-        R, per_layer = len(flat.keys), []
-        for i in self.layers:
-            P, M, Q = (x.float() for x in xs[i])
-            cols = []
-            for t in self.plan.layers[i].targets:
-                U = t.U.to(P.device, torch.float32)  # (d, k)
-                a = [(x @ U).norm(dim=-1) / x.norm(dim=-1) for x in (P, M, Q)]  # (tokens,) each
-                per = torch.stack([torch.ones_like(a[0]), a[0], a[1], a[2], (a[1] > a[0]).float()], -1)
-                cols.append(torch.zeros(R, 5, device=P.device).index_add_(0, flat.row, per))
-            per_layer.append(torch.stack(cols, 1))  # (R, T, 5)
-        own = torch.stack(per_layer, 1).double().cpu()  # (R, L, T, 5)
+        """xs: layer -> (pre, mid, post) flat readings of the counted tokens, (tokens, d) each."""
+        R = len(flat.keys)
+        X = torch.stack([torch.stack(xs[i]) for i in self.layers]).float()  # (L, 3, tokens, d)
+        norm = X.norm(dim=-1)  # (L, 3, tokens)
+        cols = []
+        for U in self._bases(X.device):  # per target: (L, d, k) stacked over the layers
+            a = torch.einsum("lptd,ldk->lptk", X, U).norm(dim=-1) / norm  # (L, 3, tokens): a(pre), a(mid), a(post)
+            up = (a[:, 1] > a[:, 0]).float()[:, None]
+            per = torch.cat([torch.ones_like(up), a, up], 1)  # (L, 5, tokens)
+            cols.append(torch.zeros(len(self.layers), 5, R, device=X.device).index_add_(2, flat.row, per))
+        own = torch.stack(cols, 1).permute(3, 0, 1, 2).double().cpu()  # (R, L, T, 5)
         for j, key in enumerate(flat.keys):
             self.open[key] = self.open[key] + own[j] if key in self.open else own[j]
+
+    def _bases(self, device) -> list[torch.Tensor]:
+        """Each target's bases stacked over the layers, (L, d, k), made once (a target whose k differs
+        between layers is padded with zero columns: they add nothing to the norm)."""
+        if self._U is None or self._U[0].device != device:
+            n_t = len(self.plan.layers[self.layers[0]].targets)
+            out = []
+            for ti in range(n_t):
+                Us = [self.plan.layers[i].targets[ti].U.to(device, torch.float32) for i in self.layers]
+                k = max(U.shape[1] for U in Us)
+                out.append(torch.stack([torch.nn.functional.pad(U, (0, k - U.shape[1])) for U in Us]))
+            self._U = out
+        return self._U
 
     def end(self, key: str, info: RequestInfo | None) -> None:
         if key in self.open:

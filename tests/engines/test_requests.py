@@ -131,10 +131,11 @@ def test_a_request_run_beside_others_equals_it_run_alone(llama):
     for k in got:
         for c in ("n_tokens", "gamma_pre", "gamma_mid", "gamma_post", "rho"):
             assert got[k][c] == pytest.approx(want[k][c], rel=1e-4), (k, c)
-    # the rows' gamma_pre agrees with the table's (its tokens weighted by n)
+    # one request's rows are the table of that request alone
     table = _table(llama, alone)
     for _, t in table.iterrows():
-        assert want[("A", t["layer"], t["target"])]["gamma_pre"] == pytest.approx(t["gamma_pre"], rel=1e-5)
+        for c in ("gamma_pre", "gamma_mid", "gamma_post", "rho"):
+            assert want[("A", t["layer"], t["target"])][c] == pytest.approx(t[c], rel=1e-5), c
 
 
 def test_the_ledger_counts_each_position_once_and_says_the_cached_prefix():
