@@ -60,7 +60,6 @@ def test_eager_engine_table_equals_hf_and_requests_are_rows(llm_opted_eager, tin
     by = req[(req.layer == 0) & (req.target == "ov/modulus")].set_index("request_id")
     for s in seqs:
         assert by.loc[s.request_id, "n_tokens"] == len(s.token_ids)
-    assert by["finished"].all() or not by["finished"].any()  # ended ones are said to be so
 
 
 def test_a_request_beside_others_equals_it_alone(llm_opted_eager):
