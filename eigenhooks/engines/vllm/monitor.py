@@ -55,6 +55,7 @@ class EngineMonitor:
         self.n_forwards = 0
         self.dropped = 0
         self._active = False
+        self._reading = False
 
     # ---- the block ----
     def __enter__(self) -> EngineMonitor:
@@ -95,6 +96,12 @@ class EngineMonitor:
             )
 
     def _monitor(self):
+        if self._active and not self._reading:  # inside the block: the worker's state now, open requests in
+            self._reading = True
+            try:
+                self.read()
+            finally:
+                self._reading = False
         if self._mon is None:
             self._mon = make_monitor(engine_config(self.llm), self._wire, self.sink)
         return self._mon
