@@ -109,7 +109,7 @@ class RequestRows:
         """xs: layer -> (pre, mid, post) flat readings of the counted tokens, (tokens, d) each."""
         R = len(flat.keys)
         X = torch.stack([torch.stack(xs[i]) for i in self.layers]).float()  # (L, 3, tokens, d)
-        norm = X.norm(dim=-1)  # (L, 3, tokens)
+        norm = X.norm(dim=-1).clamp_min(1e-30)  # (L, 3, tokens); a zero reading aligns 0, as linalg.alignment
         cols = []
         for U in self._bases(X.device):  # per target: (L, d, k) stacked over the layers
             a = torch.einsum("lptd,ldk->lptk", X, U).norm(dim=-1) / norm  # (L, 3, tokens): a(pre), a(mid), a(post)

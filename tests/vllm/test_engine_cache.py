@@ -6,6 +6,7 @@ Prompts are longer than one KV block (128 tokens on the CPU backend).
 
 from __future__ import annotations
 
+import pytest
 import torch
 from parity import compare, hf_table, processed_tokens
 from test_engine_monitor import OPT_IN, OPTS, greedy, shut
@@ -43,6 +44,11 @@ def test_a_cached_prefix_is_not_counted_and_said(tiny_llama):
     assert int(mon.summary()["n_tokens"].iloc[0]) == len(seqs[0].token_ids) + len(seqs[1].token_ids) - BLOCK
 
 
+@pytest.mark.xfail(
+    strict=True,
+    reason="num_gpu_blocks_override=5 did not make vLLM's CPU scheduler preempt here (recomputed stayed 0, "
+    "2026-12-06); recomputation is tested without an engine in tests/engines/test_requests.py",
+)
 def test_a_preempted_request_counts_each_position_once(tiny_llama):
     from vllm.inputs import TokensPrompt
 
