@@ -190,6 +190,18 @@ class Monitor:
         """pandas DataFrame, one row per (layer, target); see docs/concepts.md, 'Statistics'."""
         return summary_table(self._plan, self._prepare().current, self.config, self.adapter.norm_position == "post")
 
+    def requests(self):
+        """Per-request rows are a serving engine's (``eh.monitor`` on a ``vllm.LLM``); here, one line saying so.
+
+        Raises:
+            TypeError: always: this monitor keeps no per-sequence rows.
+        """
+        raise TypeError(
+            "requests() gives one row per request of a serving engine (eh.monitor on a vllm.LLM built with "
+            "additional_config={'eigenhooks': {}}); this monitor keeps no per-sequence rows (the table's cluster "
+            "is the sequence): for one sequence's own numbers, run it alone under a monitor"
+        )
+
     def save(self, path) -> Path:
         """Write the summary as Parquet, CSV or JSON (by the file's suffix)."""
         return save_table(self.summary, path)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import ast
 import importlib
+import inspect
 import pkgutil
 import types
 from pathlib import Path
@@ -24,6 +25,7 @@ RANK = {
     "top": 8,  # eigenhooks/__init__.py (the public names), cli.py, __main__.py, _startup.py
     "run": 7,
     "integrations": 7,  # the HF Trainer callback: beside run, above the monitor it drives
+    "engines": 6.5,  # serving engines (vLLM): the glue above the monitor it drives, below run
     "monitor": 6,
     "plots": 5.5,  # figures: the monitor (Monitor.plot) and run draw through it
     "steer": 6,
@@ -245,6 +247,9 @@ def test_the_monitor_wing_exports_what_the_monitor_module_did():
     from eigenhooks.monitor import MeasurementWarning, Monitor, check_nulls, monitor
 
     assert eh.monitor.monitor is monitor and Monitor is eh.Monitor and callable(check_nulls)
+    # calling the wing goes through the engines registered with it (eigenhooks.engines: a vllm.LLM gets the
+    # engine monitor), with monitor()'s signature
+    assert eh.monitor.__signature__ == inspect.signature(monitor)
     assert issubclass(MeasurementWarning, UserWarning)
 
 

@@ -1,0 +1,218 @@
+"""An engine's flat batches as sequences: each token's request and position, each (request, position) once.
+
+A serving engine runs flat ``(tokens, hidden)`` batches, its requests concatenated (continuous batching,
+chunked prefill); a request spans many forwards and ends when the engine's scheduler finishes it, not at
+a forward's end. This module is the engine-neutral contract between an engine's glue and the monitor:
+
+- ``TokenMap``: one forward's requests in batch order, with each one's token count and the position of
+  its first token (its tokens are consecutive positions);
+- ``Ledger``: which tokens count. A position already counted for a request (a preempted request recomputed
+  from position 0) does not count again; a prefix served from the engine's prefix cache is never computed,
+  so never counted (the request's first computed position says how long it was);
+- ``EngineRecord``: the forwards told to the monitor's record as flat batches (``models.attach.FlatRows``:
+  the request is the cluster, its counters open until the scheduler ends it), and each request's own
+  counts and gamma/rho (``RequestRows``).
+
+It imports no engine.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import NamedTuple
+
+import torch
+
+from ..models.attach import CallFacts, FlatRows
+
+
+class TokenMap(NamedTuple):
+    """One forward's requests, in batch order: key, token count, position of the first token."""
+
+    keys: list[str]
+    counts: list[int]
+    starts: list[int]
+
+    @property
+    def tokens(self) -> int:
+        return sum(self.counts)
+
+
+@dataclass
+class RequestInfo:
+    """What the ledger knows of one request."""
+
+    first: int = -1  # its first computed position (> 0: a prefix served from the prefix cache)
+    upto: int = 0  # positions below this are counted
+    counted: int = 0
+    recomputed: int = 0  # tokens computed again after a preemption, not counted twice
+
+
+class Ledger:
+    """Which tokens of each forward count: each (request, position) once."""
+
+    def __init__(self):
+        self.info: dict[str, RequestInfo] = {}
+
+    def admit(self, tm: TokenMap) -> list[int]:
+        """Per request of the forward, how many of its leading tokens were counted before (skip them)."""
+        skips = []
+        for key, c, s in zip(tm.keys, tm.counts, tm.starts):
+            r = self.info.get(key)
+            if r is None:
+                r = self.info[key] = RequestInfo(first=s, upto=s)
+            skip = min(max(r.upto - s, 0), c)
+            skips.append(skip)
+            r.recomputed += skip
+            r.counted += c - skip
+            r.upto = max(r.upto, s + c)
+        return skips
+
+    def end(self, key: str) -> RequestInfo | None:
+        return self.info.pop(key, None)
+
+
+def flat_rows(tm: TokenMap, skips: list[int], device) -> tuple[FlatRows, torch.Tensor | None]:
+    """The record's ``FlatRows`` of one forward's counted tokens, and which flat rows they are (None: all).
+
+    Row r is request ``tm.keys[r]``; each counted token's position is its request's (a chunk continues its
+    request's positions); a request's leading ``skip`` tokens (counted before) are left out.
+    """
+    counts = torch.tensor(tm.counts, device=device)
+    R = len(tm.counts)
+    row = torch.repeat_interleave(torch.arange(R, device=device), counts)  # (tokens,)
+    offset = torch.cumsum(counts, 0) - counts
+    rank = torch.arange(tm.tokens, device=device) - offset[row]  # each token's index in its chunk
+    position = torch.tensor(tm.starts, device=device)[row] + rank
+    keep = None
+    if any(skips):
+        keep = (rank >= torch.tensor(skips, device=device)[row]).nonzero().squeeze(1)
+        row, position = row[keep], position[keep]
+    width = max(c - k for c, k in zip(tm.counts, skips))
+    return FlatRows(tuple(tm.keys), row, position, width), keep
+
+
+class RequestRows:
+    """Each request's own counts and gamma/rho per (layer, target): ``requests()``'s rows.
+
+    Per request, layer and target: its counted tokens, the sums of a(pre), a(mid), a(post), and the tokens
+    with a(mid) > a(pre), in float32 like the monitor's statistics; a request's rows sum to the table's.
+    """
+
+    def __init__(self, plan):
+        self.plan, self.layers = plan, sorted(plan.layers)
+        self.open: dict[str, torch.Tensor] = {}  # request -> (L, T, 5)
+        self._U: list[torch.Tensor] | None = None
+        self.done: list[tuple[str, RequestInfo | None, torch.Tensor]] = []
+
+    def add(self, xs: dict[int, tuple], flat: FlatRows) -> None:
+        """xs: layer -> (pre, mid, post) flat readings of the counted tokens, (tokens, d) each."""
+        R = len(flat.keys)
+        X = torch.stack([torch.stack(xs[i]) for i in self.layers]).float()  # (L, 3, tokens, d)
+        norm = X.norm(dim=-1).clamp_min(1e-30)  # (L, 3, tokens); a zero reading aligns 0, as linalg.alignment
+        cols = []
+        for U in self._bases(X.device):  # per target: (L, d, k) stacked over the layers
+            a = torch.einsum("lptd,ldk->lptk", X, U).norm(dim=-1) / norm  # (L, 3, tokens): a(pre), a(mid), a(post)
+            up = (a[:, 1] > a[:, 0]).float()[:, None]
+            per = torch.cat([torch.ones_like(up), a, up], 1)  # (L, 5, tokens)
+            cols.append(torch.zeros(len(self.layers), 5, R, device=X.device).index_add_(2, flat.row, per))
+        own = torch.stack(cols, 1).permute(3, 0, 1, 2).double().cpu()  # (R, L, T, 5)
+        for j, key in enumerate(flat.keys):
+            self.open[key] = self.open[key] + own[j] if key in self.open else own[j]
+
+    def _bases(self, device) -> list[torch.Tensor]:
+        """Each target's bases stacked over the layers, (L, d, k), made once (a target whose k differs
+        between layers is padded with zero columns: they add nothing to the norm)."""
+        if self._U is None or self._U[0].device != device:
+            n_t = len(self.plan.layers[self.layers[0]].targets)
+            out = []
+            for ti in range(n_t):
+                Us = [self.plan.layers[i].targets[ti].U.to(device, torch.float32) for i in self.layers]
+                k = max(U.shape[1] for U in Us)
+                out.append(torch.stack([torch.nn.functional.pad(U, (0, k - U.shape[1])) for U in Us]))
+            self._U = out
+        return self._U
+
+    def end(self, key: str, info: RequestInfo | None) -> None:
+        if key in self.open:
+            self.done.append((key, info, self.open.pop(key)))
+
+    def rows(self, ledger: Ledger) -> list[dict]:
+        """One dict per (request, layer, target), ended requests first."""
+        out, nan = [], float("nan")
+        items = [(k, info, own, True) for k, info, own in self.done]
+        items += [(k, ledger.info.get(k), own, False) for k, own in self.open.items()]
+        for key, info, own, ended in items:
+            for li, i in enumerate(self.layers):
+                for ti, meta in enumerate(self.plan.layers[i].meta):
+                    n, s_pre, s_mid, s_post, up = own[li, ti].tolist()
+                    out.append({
+                        "request_id": key, "layer": i, "target": meta.name, "n_tokens": int(n),
+                        "gamma_pre": s_pre / n if n else nan, "gamma_mid": s_mid / n if n else nan,
+                        "gamma_post": s_post / n if n else nan, "rho": up / n if n else nan,
+                        "cached_prefix": max(info.first, 0) if info else 0,
+                        "recomputed": info.recomputed if info else 0, "finished": ended,
+                    })  # fmt: skip
+        return out
+
+
+class EngineRecord:
+    """An engine's forwards told to the monitor's record (``monitor.record.Record``) as flat batches.
+
+    Args:
+        record: the record (``RecordSpec.attach`` made it, in the engine's worker).
+        requests: keep each request's own rows (``RequestRows``).
+    """
+
+    def __init__(self, record, requests: bool = True):
+        self.record = record
+        self.ledger = Ledger()
+        self.own = RequestRows(record.plan) if requests else None
+        self.layers = sorted(record.plan.layers)
+        self.n_forwards = 0
+
+    def forward(self, readings: dict[str, list[torch.Tensor]], tm: TokenMap) -> None:
+        """One forward: ``readings`` {'pre', 'attn', 'post': [per layer (tokens, d)]} of the tokens ``tm``
+        describes; mid is pre + attn (the add the MLP's norm fuses)."""
+        skips = self.ledger.admit(tm)
+        if sum(skips) == tm.tokens:
+            return
+        flat, keep = flat_rows(tm, skips, readings["pre"][0].device)
+        rec, xs = self.record, {}
+        rec.forward_start(CallFacts(flat=flat))
+        ok = False
+        try:
+            for i in self.layers:
+                P, A, Q = (readings[p][i] for p in ("pre", "attn", "post"))
+                if keep is not None:
+                    P, A, Q = P[keep], A[keep], Q[keep]
+                M = P + A
+                rec.read(i, "pre", P)
+                rec.read(i, "attn", A)
+                rec.read(i, "mid", M)
+                rec.read(i, "post", Q)
+                xs[i] = (P, M, Q)
+            ok = True
+        finally:
+            rec.forward_end(ok)
+        if self.own is not None:
+            self.own.add(xs, flat)
+        self.n_forwards += 1
+
+    def end(self, keys) -> None:
+        """The engine's scheduler finished these requests."""
+        keys = list(keys)
+        self.record.requests_end(keys)
+        for k in keys:
+            info = self.ledger.end(k)
+            if self.own is not None:
+                self.own.end(k, info)
+
+    def state_dict(self) -> dict:
+        return self.record.state_dict()
+
+    def rows(self) -> list[dict]:
+        return self.own.rows(self.ledger) if self.own is not None else []
+
+
+__all__ = ["EngineRecord", "Ledger", "RequestInfo", "RequestRows", "TokenMap", "flat_rows"]

@@ -1,0 +1,136 @@
+"""``eh.monitor(llm)`` on a ``vllm.LLM``: the with-block in the user's process, the sums in the worker.
+
+The engine runs in its own process (and its workers in theirs); the sums live where the readings are,
+in the worker that counts (tensor-parallel rank 0). Entering the block starts a session there by method
+name (``collective_rpc("eigenhooks_start", args=(settings,))``), leaving it reads the state back
+(``eigenhooks_stop``); ``read()`` reads it during the block. The state lands in an ``eh.Monitor`` over the
+same checkpoint in transformers (``load_state_dict``, its fingerprint checked), so ``summary()``,
+``plot()``, ``save()``, ``state_dict()`` and the sinks are the HF monitor's own. ``requests()`` is one row
+per (request, layer, target).
+"""
+
+from __future__ import annotations
+
+import warnings
+
+from ...monitor import MeasurementWarning
+from ...monitor.facade import make_config
+from .plugin import KEY
+from .session import make_monitor
+
+
+class NotOptedInError(RuntimeError):
+    """The engine was built without eigenhooks' taps (no ``additional_config={"eigenhooks": ...}``)."""
+
+
+def engine_config(llm):
+    return llm.llm_engine.vllm_config
+
+
+class EngineMonitor:
+    """The monitor of a ``vllm.LLM`` built with ``additional_config={"eigenhooks": {}}``.
+
+    Args and settings: ``eh.monitor``'s (``sink`` gets the state at the block's end, at step = the engine
+    forwards counted; custom targets must be plain tensors, sent to the worker by value).
+
+    Raises:
+        NotOptedInError: the engine was built without the opt-in (a one-line message says how).
+    """
+
+    def __init__(self, llm, *args, sink=None, **settings):
+        cfg = engine_config(llm)
+        extra = cfg.additional_config if isinstance(cfg.additional_config, dict) else {}
+        if KEY not in extra:
+            raise NotOptedInError(
+                "this vLLM engine was built without eigenhooks, so nothing in it can be measured: build it with "
+                "vllm.LLM(..., additional_config={'eigenhooks': {}}) (server: --additional-config "
+                "'{\"eigenhooks\": {}}')"
+            )
+        self.config = make_config(args, dict(settings))  # checked here, as on an HF model
+        self.llm, self.sink = llm, sink
+        names = type(self.config).names()
+        self._wire = {**dict(zip(names, args)), **settings}
+        self._mon = None  # the eh.Monitor holding the state read back
+        self._rows: list[dict] = []
+        self.n_forwards = 0
+        self.dropped = 0
+        self._active = False
+        self._reading = False
+
+    # ---- the block ----
+    def __enter__(self) -> EngineMonitor:
+        if self._active:
+            raise RuntimeError("this monitor is already active; leave its with-block before entering it again")
+        started = self.llm.collective_rpc("eigenhooks_start", args=(self._wire,))
+        if not any(started):
+            raise RuntimeError("no vLLM worker took the eigenhooks session (expected tensor-parallel rank 0 to)")
+        self._active = True
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._active = False
+        self._absorb(self.llm.collective_rpc("eigenhooks_stop"))
+        if self.sink is not None:
+            self._monitor().log(self.n_forwards)
+            self._monitor().log_summary(self.n_forwards)
+
+    def read(self) -> EngineMonitor:
+        """Read the worker's state now (during the block; the summary then includes open requests)."""
+        self._absorb(self.llm.collective_rpc("eigenhooks_read"))
+        return self
+
+    def _absorb(self, results: list) -> None:
+        got = [r for r in results if r is not None]
+        if not got:
+            return
+        res = got[0]
+        self._monitor().load_state_dict(res["state"])
+        self._rows = res["requests"]
+        self.n_forwards, self.dropped = res["n_forwards"], res["dropped"]
+        if self.dropped:
+            warnings.warn(
+                f"{self.dropped} engine forwards were not measured (a tap did not write all their tokens); "
+                "their tokens are not in the table",
+                MeasurementWarning,
+                stacklevel=3,
+            )
+
+    def _monitor(self):
+        if self._active and not self._reading:  # inside the block: the worker's state now, open requests in
+            self._reading = True
+            try:
+                self.read()
+            finally:
+                self._reading = False
+        if self._mon is None:
+            self._mon = make_monitor(engine_config(self.llm), self._wire, self.sink)
+        return self._mon
+
+    # ---- results: the HF monitor's own ----
+    def summary(self):
+        """pandas DataFrame, one row per (layer, target), as ``Monitor.summary`` (the request is the cluster)."""
+        return self._monitor().summary()
+
+    def requests(self):
+        """pandas DataFrame, one row per (request_id, layer, target): the request's n_tokens, gamma_pre,
+        gamma_mid, gamma_post, rho; ``cached_prefix`` (positions served from the prefix cache, not computed,
+        not counted), ``recomputed`` (tokens computed again after a preemption, not counted twice) and
+        ``finished`` (the scheduler ended it). ``request_id`` is ``RequestOutput.request_id``."""
+        import pandas as pd
+
+        return pd.DataFrame(self._rows)
+
+    def state_dict(self) -> dict:
+        return self._monitor().state_dict()
+
+    def save(self, path):
+        return self._monitor().save(path)
+
+    def plot(self, *args, **kwargs):
+        return self._monitor().plot(*args, **kwargs)
+
+    def scalars(self) -> dict:
+        return self._monitor().scalars()
+
+
+__all__ = ["EngineMonitor", "NotOptedInError"]

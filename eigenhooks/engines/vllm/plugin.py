@@ -1,0 +1,89 @@
+"""The opt-in: a ``vllm.general_plugins`` entry point that vLLM runs in each of its processes.
+
+``register`` wraps ``EngineArgs.create_engine_config``. For an engine built with
+``additional_config={"eigenhooks": {...}}`` (``--additional-config '{"eigenhooks": {...}}'`` on the
+server) the wrap checks what eigenhooks cannot measure (one line each, before anything loads) and names
+``worker.EigenhooksWorker`` as the worker extension; vLLM's workers then import it, which places the taps
+when the model loads. The key is part of ``additional_config``, which vLLM hashes into its config hash,
+so its compile cache keeps monitored and plain graphs apart. Without the key the wrap passes the call on
+untouched and nothing of eigenhooks is imported by the engine.
+
+Import nothing heavy here: vLLM loads this module in every process, for every engine.
+"""
+
+from __future__ import annotations
+
+KEY = "eigenhooks"
+EXTENSION = "eigenhooks.engines.vllm.worker.EigenhooksWorker"
+OPTIONS = {"out", "settings"}  # out: the served sink's folder; settings: a served monitor's eh.monitor settings
+
+
+class EigenhooksConfigError(ValueError):
+    """An engine opted in to eigenhooks with something eigenhooks cannot measure."""
+
+
+def check_args(args) -> None:
+    """Refuse, in one line each, what an opted-in engine cannot measure.
+
+    Raises:
+        EigenhooksConfigError: unknown options, speculative decoding, LoRA, pipeline parallel, or a
+            worker extension of the user's own.
+    """
+    opts = args.additional_config.get(KEY)
+    if not isinstance(opts, dict):
+        raise EigenhooksConfigError(f"additional_config['eigenhooks'] must be a dict of options, got {opts!r}")
+    unknown = sorted(set(opts) - OPTIONS)
+    if unknown:
+        raise EigenhooksConfigError(f"unknown eigenhooks options {unknown}; known: {sorted(OPTIONS)}")
+    if args.speculative_config:
+        raise EigenhooksConfigError(
+            "eigenhooks does not measure speculative decoding (draft tokens the target rejects are computed "
+            "and dropped, so positions would count twice): build the engine without speculative_config"
+        )
+    if args.enable_lora:
+        raise EigenhooksConfigError(
+            "eigenhooks does not measure LoRA engines (each adapter changes o_proj/v_proj, so F differs per "
+            "request): build the engine without enable_lora, or merge the adapter into the checkpoint"
+        )
+    if int(args.pipeline_parallel_size or 1) > 1:
+        raise EigenhooksConfigError(
+            "eigenhooks does not measure pipeline parallel engines (each stage holds part of the layers): "
+            "use tensor parallel (tensor_parallel_size) or pipeline_parallel_size=1"
+        )
+    ext = args.worker_extension_cls
+    if ext and ext != EXTENSION:
+        raise EigenhooksConfigError(
+            f"eigenhooks needs the worker extension {EXTENSION}, but worker_extension_cls={ext!r} was given; "
+            "drop one of them"
+        )
+
+
+def _wrap(cls) -> None:
+    inner = cls.create_engine_config
+    if getattr(inner, "_eigenhooks", False):
+        return
+
+    def create_engine_config(self, *args, **kwargs):
+        extra = self.additional_config
+        if not (isinstance(extra, dict) and KEY in extra):
+            return inner(self, *args, **kwargs)
+        check_args(self)
+        self.worker_extension_cls = EXTENSION
+        config = inner(self, *args, **kwargs)
+        from ...models.vllm import check_architecture
+
+        check_architecture(config.model_config.architectures)
+        return config
+
+    create_engine_config._eigenhooks = True
+    cls.create_engine_config = create_engine_config
+
+
+def register() -> None:
+    """The entry point vLLM calls in each process (possibly more than once)."""
+    from vllm.engine.arg_utils import EngineArgs
+
+    _wrap(EngineArgs)
+
+
+__all__ = ["EXTENSION", "EigenhooksConfigError", "KEY", "check_args", "register"]

@@ -1,0 +1,147 @@
+"""An engine's flat batches counted as sequences (eigenhooks/engines/requests.py), without an engine.
+
+A causal model's reading of a token depends only on its own sequence's prefix, so slices of an HF
+model's readings of whole sequences are what an engine's forward computes for those tokens, however
+it batches them. Flat batches are built from such slices the way a serving engine runs them (chunked
+prefill, requests concatenated, a preempted request recomputed from position 0, a cached prefix never
+computed) and their table is checked against the HF monitor fed the whole sequences.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+import torch
+import transformers as T
+
+import eigenhooks as eh
+from eigenhooks.engines.requests import EngineRecord, Ledger, TokenMap
+from eigenhooks.engines.vllm.session import CheckpointAdapter
+from eigenhooks.models import Adapter
+
+SETTINGS = {"null_draws": 8, "null_stride": 2}
+
+
+@pytest.fixture(scope="module")
+def llama():
+    torch.manual_seed(0)
+    cfg = T.LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                        num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=128)  # fmt: skip
+    model = T.LlamaForCausalLM(cfg).eval()
+    assert sum(p.numel() for p in model.parameters()) < 50_000
+    return model
+
+
+def readings_of(model, ids: list[int]) -> dict[str, list[torch.Tensor]]:
+    """pre, attn, post of every layer for one whole sequence, (n, d) each (hooks on the HF modules)."""
+    out = {"pre": [], "attn": [], "post": []}
+    hs = []
+    for blk in model.model.layers:
+        hs.append(blk.register_forward_pre_hook(lambda m, a, k: out["pre"].append((a[0] if a else k["hidden_states"])[0]),
+                                                with_kwargs=True))  # fmt: skip
+        hs.append(blk.self_attn.register_forward_hook(lambda m, a, o: out["attn"].append(o[0][0])))
+        hs.append(
+            blk.register_forward_hook(lambda m, a, o: out["post"].append((o[0] if isinstance(o, tuple) else o)[0]))
+        )
+    try:
+        with torch.no_grad():
+            model(input_ids=torch.tensor([ids]))
+    finally:
+        for h in hs:
+            h.remove()
+    return out
+
+
+def flat(chunks, reads):
+    """One flat forward of (key, start, stop) chunks: readings concatenated, and its TokenMap."""
+    r = {p: [torch.cat([reads[k][p][i][a:b] for k, a, b in chunks]) for i in range(2)] for p in reads["A"]}
+    return r, TokenMap([k for k, _, _ in chunks], [b - a for _, a, b in chunks], [a for _, a, _ in chunks])
+
+
+def engine_record(model) -> EngineRecord:
+    """A record as an engine's worker makes it (``RecordSpec.attach``), told flat batches by ``EngineRecord``."""
+    mon = eh.Monitor(model, attach=False, **SETTINGS)
+    base = mon.adapter
+    adapter = CheckpointAdapter(**{f.name: getattr(base, f.name) for f in dataclasses.fields(Adapter)})
+    record, _ = mon.record_spec().attach(adapter)
+    return EngineRecord(record)
+
+
+def hf_table(model, seqs):
+    with eh.monitor(model, **SETTINGS) as mon:
+        for s in seqs:
+            model(input_ids=torch.tensor([s]))
+    return mon.summary()
+
+
+COLS = ["n_tokens", "rho_null_tokens", "n_sequences", "gamma_pre", "gamma_mid", "gamma_post", "rho", "p_null",
+        "rho_ci_lo", "rho_ci_hi"]  # fmt: skip
+
+
+def assert_tables_equal(a, b):
+    for c in COLS:
+        np.testing.assert_allclose(b[c].to_numpy(float), a[c].to_numpy(float), rtol=1e-5, atol=1e-7, err_msg=c)
+
+
+def test_flat_batches_equal_the_hf_monitor_on_whole_sequences(llama):
+    g = torch.Generator().manual_seed(3)
+    seqs = {
+        "A": torch.randint(0, 64, (23,), generator=g).tolist(),
+        "B": torch.randint(0, 64, (11,), generator=g).tolist(),
+    }
+    reads = {k: readings_of(llama, s) for k, s in seqs.items()}
+    sums = engine_record(llama)
+    schedule = [
+        [("A", 0, 8), ("B", 0, 11)],  # chunked prefill of A beside B's whole prompt
+        [("A", 8, 20)],
+        [("B", 0, 11)],  # B preempted and recomputed from 0: nothing of it counts again
+        [("A", 20, 21), ("B", 10, 11)],  # decode steps (B's last position again: not counted twice)
+        [("A", 21, 23)],
+    ]
+    for chunks in schedule:
+        sums.forward(*flat(chunks, reads))
+    sums.end(["A", "B"])
+    assert_tables_equal(hf_table(llama, list(seqs.values())), _table(llama, sums))
+    rows = {r["request_id"]: r for r in sums.rows() if r["layer"] == 0 and r["target"] == "ov/modulus"}
+    assert rows["A"]["n_tokens"] == 23 and rows["B"]["n_tokens"] == 11
+    assert rows["B"]["recomputed"] == 12 and rows["A"]["recomputed"] == 0
+
+
+def _table(model, sums):
+    mon = eh.Monitor(model, attach=False, **SETTINGS)
+    mon.load_state_dict(sums.state_dict())
+    return mon.summary()
+
+
+def test_a_request_run_beside_others_equals_it_run_alone(llama):
+    g = torch.Generator().manual_seed(4)
+    seqs = {k: torch.randint(0, 64, (n,), generator=g).tolist() for k, n in (("A", 15), ("B", 9))}
+    reads = {k: readings_of(llama, s) for k, s in seqs.items()}
+    both = engine_record(llama)
+    both.forward(*flat([("A", 0, 15), ("B", 0, 9)], reads))
+    alone = engine_record(llama)
+    for a, b in ((0, 6), (6, 15)):
+        alone.forward(*flat([("A", a, b)], reads))
+    key = lambda r: (r["request_id"], r["layer"], r["target"])  # noqa: E731
+    got = {key(r): r for r in both.rows() if r["request_id"] == "A"}
+    want = {key(r): r for r in alone.rows()}
+    assert got.keys() == want.keys() and len(got) == 4
+    for k in got:
+        for c in ("n_tokens", "gamma_pre", "gamma_mid", "gamma_post", "rho"):
+            assert got[k][c] == pytest.approx(want[k][c], rel=1e-4), (k, c)
+    # one request's rows are the table of that request alone
+    table = _table(llama, alone)
+    for _, t in table.iterrows():
+        for c in ("gamma_pre", "gamma_mid", "gamma_post", "rho"):
+            assert want[("A", t["layer"], t["target"])][c] == pytest.approx(t[c], rel=1e-5), c
+
+
+def test_the_ledger_counts_each_position_once_and_says_the_cached_prefix():
+    led = Ledger()
+    assert led.admit(TokenMap(["a", "b"], [5, 3], [0, 128])) == [0, 0]  # b: 128 positions from the cache
+    assert led.admit(TokenMap(["a"], [7], [0])) == [5]  # a recomputed after a preemption
+    assert led.info["a"].counted == 7 and led.info["a"].recomputed == 5
+    assert led.info["b"].first == 128 and led.info["b"].counted == 3
+    assert led.end("a").upto == 7 and "a" not in led.info

@@ -1,0 +1,59 @@
+"""The vLLM glue's engine-free parts: request ids as the user sees them, the served jsonl lines."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+from eigenhooks.engines.requests import EngineRecord
+from eigenhooks.engines.vllm.serve import JsonlSink, api_id, read_lines
+from eigenhooks.engines.vllm.worker import user_key
+
+
+def test_internal_request_ids_map_to_the_users():
+    assert user_key("7-1a2b3c4d", randomized=True) == "7"
+    assert user_key("cmpl-abc-0-1a2b3c4d", randomized=True) == "cmpl-abc-0"
+    assert user_key("2_req-1a2b3c4d", randomized=True) == "2_req"  # sample 2 of an n > 1 request
+    assert user_key("my-id", randomized=False) == "my-id"
+    assert api_id("cmpl-abc-3") == {"request_id": "cmpl-abc", "prompt_index": 3}
+    assert api_id("chatcmpl-xyz") == {"request_id": "chatcmpl-xyz"}
+
+
+def test_the_served_sink_writes_whole_lines_and_forgets_what_it_wrote(tmp_path):
+    import torch
+    import transformers as T
+
+    from tests.engines.test_requests import engine_record, flat, readings_of
+
+    torch.manual_seed(0)
+    cfg = T.LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                        num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=128)  # fmt: skip
+    model = T.LlamaForCausalLM(cfg).eval()
+    reads = {"A": readings_of(model, list(range(9))), "B": readings_of(model, list(range(5, 20)))}
+    eng: EngineRecord = engine_record(model)
+    sink = JsonlSink(tmp_path)
+    eng.forward(*flat([("A", 0, 9), ("B", 0, 15)], reads))
+    eng.end(["A"])
+    sink.write_ended(eng)
+    assert eng.own.done == [] and "A" not in eng.own.open  # written, then forgotten: bounded
+    with open(sink.path, "ab") as f:
+        f.write(b'{"request_id": "cut by a ki')  # a line a kill cut short
+    lines = read_lines(tmp_path)
+    assert [line["request_id"] for line in lines] == ["A"]
+    assert {r["n_tokens"] for r in lines[0]["layers"]} == {9} and len(lines[0]["layers"]) == 4
+    assert sink.path.name == f"eigenhooks-{os.uname().nodename}-{os.getpid()}.jsonl"
+    json.dumps(lines)
+    sink.close()
+    with pytest.raises(OSError):
+        os.fstat(sink.fd)
+
+
+def test_requests_on_an_hf_model_says_in_one_line_that_it_cannot():
+    import eigenhooks as eh
+
+    model, _ = eh.zoo.load("gpt2-tiny")
+    with pytest.raises(TypeError, match=r"one row per request of a serving engine") as e:
+        eh.Monitor(model).requests()
+    assert "\n" not in str(e.value)

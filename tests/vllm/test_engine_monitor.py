@@ -1,0 +1,113 @@
+"""``eh.monitor`` on a running ``vllm.LLM``: the opt-in, the taps in eager and compiled mode, the request map.
+
+Each table is checked against the HF monitor fed the tokens the engine's forwards processed (the parity
+harness, tests/vllm/parity.py), float32. Engines run in vLLM's default separate process.
+"""
+
+from __future__ import annotations
+
+import gc
+from pathlib import Path
+
+import pytest
+import torch
+from parity import compare, hf_table, processed_tokens
+from tier import start_engine
+
+import eigenhooks as eh
+
+OPTS = dict(null_draws=19, null_seed=0, null_stride=2)
+OPT_IN = {"eigenhooks": {}}
+
+
+def greedy(n: int):
+    from vllm import SamplingParams
+
+    return SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True)
+
+
+def prompts(lengths, seed=1):
+    from vllm.inputs import TokensPrompt
+
+    g = torch.Generator().manual_seed(seed)
+    return [TokensPrompt(prompt_token_ids=torch.randint(1, 1024, (n,), generator=g).tolist()) for n in lengths]
+
+
+def shut(llm) -> None:
+    llm.llm_engine.engine_core.shutdown()
+    del llm
+    gc.collect()
+
+
+@pytest.fixture(scope="module")
+def llm_opted_eager(tiny_llama):
+    llm = start_engine(tiny_llama, enforce_eager=True, additional_config=OPT_IN)
+    yield llm
+    shut(llm)
+
+
+def test_eager_engine_table_equals_hf_and_requests_are_rows(llm_opted_eager, tiny_llama):
+    with eh.monitor(llm_opted_eager, **OPTS) as mon:
+        outs = llm_opted_eager.generate(prompts([37, 12, 60, 25]), greedy(9))
+    seqs = processed_tokens(outs)
+    want = hf_table(tiny_llama, seqs, **OPTS)
+    got = mon.summary()
+    compare(got, want)
+    assert int(got["n_tokens"].iloc[0]) == sum(len(s.token_ids) for s in seqs) == 4 * 8 + 134
+    req = mon.requests()
+    assert sorted(set(req["request_id"])) == sorted(o.request_id for o in outs)
+    assert len(req) == 4 * len(got)  # one row per (request, layer, target)
+    by = req[(req.layer == 0) & (req.target == "ov/modulus")].set_index("request_id")
+    for s in seqs:
+        assert by.loc[s.request_id, "n_tokens"] == len(s.token_ids)
+
+
+def test_a_request_beside_others_equals_it_alone(llm_opted_eager):
+    ps = prompts([41, 19, 77], seed=5)
+    with eh.monitor(llm_opted_eager, **OPTS) as together:
+        outs = llm_opted_eager.generate(ps, greedy(6))
+    with eh.monitor(llm_opted_eager, **OPTS) as alone:
+        solo = llm_opted_eager.generate(ps[:1], greedy(6))
+    assert list(solo[0].outputs[0].token_ids) == list(outs[0].outputs[0].token_ids)
+    a = together.requests().set_index(["request_id", "layer", "target"]).loc[outs[0].request_id]
+    b = alone.requests().set_index(["request_id", "layer", "target"]).loc[solo[0].request_id]
+    assert len(a) == len(b) == 4
+    for c in ("gamma_pre", "gamma_mid", "gamma_post", "rho"):
+        torch.testing.assert_close(torch.tensor(a[c].to_numpy()), torch.tensor(b[c].to_numpy()), rtol=1e-4, atol=0)
+    assert (a["n_tokens"] == b["n_tokens"]).all()
+
+
+def test_a_plain_engine_says_how_to_opt_in(llm_eager):
+    with pytest.raises(RuntimeError, match=r"built without eigenhooks.*additional_config=\{'eigenhooks': \{\}\}"):
+        eh.monitor(llm_eager)
+    out = llm_eager.generate(prompts([9]), greedy(3))  # the plain engine runs as if eigenhooks were absent
+    assert len(out[0].outputs[0].token_ids) == 3
+
+
+def _graphs(root: Path) -> dict[str, bool]:
+    """Each compiled graph in vLLM's cache: its key (directory) -> whether eigenhooks' tap is in its code."""
+    out = {}
+    for d in (root / "torch_compile_cache" / "torch_aot_compile").iterdir():
+        code = [p.read_text(errors="ignore") for p in d.rglob("*.py")]
+        out[d.name] = any("eigenhooks.vllm_tap" in c for c in code)
+    return out
+
+
+def test_compiled_engine_after_a_plain_one_in_one_cache(tiny_llama, tmp_path, monkeypatch):
+    """A plain compiled engine first, then an opted-in one, in one compile cache: the second gets a graph of
+    its own (with the taps), and its table equals HF's."""
+    monkeypatch.setenv("VLLM_CACHE_ROOT", str(tmp_path))
+    plain = start_engine(tiny_llama)
+    ref = plain.generate(prompts([30, 50]), greedy(5))
+    shut(plain)
+    assert list(_graphs(tmp_path).values()) == [False]
+    llm = start_engine(tiny_llama, additional_config=OPT_IN)
+    try:
+        assert llm.llm_engine.vllm_config.compilation_config.mode != 0  # compiled, not eager
+        with eh.monitor(llm, **OPTS) as mon:
+            outs = llm.generate(prompts([30, 50]), greedy(5))
+    finally:
+        shut(llm)
+    assert sorted(_graphs(tmp_path).values()) == [False, True]  # two keys: the plain graph and the tapped one
+    assert [list(o.outputs[0].token_ids) for o in outs] == [list(o.outputs[0].token_ids) for o in ref]
+    compare(mon.summary(), hf_table(tiny_llama, processed_tokens(outs), **OPTS))
