@@ -307,6 +307,7 @@ def checkpoint_adapter(
         dims.n_heads,
         dims.n_kv_heads,
         final_norm_module=final,
+        final_norm_offset=layout.norm_offset,  # Gemma's final norm scales by 1 + w too (models.base.norm_scale)
         unembed_weight=unembed,
         notes=[f"F read from the checkpoint the engine loaded: {source}"],
     )

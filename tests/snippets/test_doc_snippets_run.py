@@ -74,7 +74,9 @@ for line, code in json.load(open(sys.argv[1])):
     res = {"line": line, "error": None, "nones": []}
     try:
         for node in ast.parse(code).body:
-            is_print = isinstance(node, ast.Expr) and isinstance(node.value, ast.Call) and getattr(node.value.func, "id", "") == "print"
+            call = isinstance(node, ast.Expr) and isinstance(node.value, ast.Call)
+            # a call done for its effect, which promises no value: print(...), an engine's ....shutdown()
+            is_print = call and (getattr(node.value.func, "id", "") == "print" or getattr(node.value.func, "attr", "") == "shutdown")
             if isinstance(node, ast.Expr) and not is_print:
                 value = eval(compile(ast.Expression(node.value), f"<block at line {line}>", "eval"), space)
                 res["nones"] += [f"line {line + node.lineno}: {ast.unparse(node)[:60]} -> {n}" for n in nones(value)]
