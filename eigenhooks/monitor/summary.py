@@ -69,7 +69,7 @@ def summary_table(
         # its sign flipped) take its first row's p, which the float sums of Δγ only match to rounding
         first = hypotheses(df["layer"].tolist(), bases, fam)
         df["p_null"] = [df["p_null"].iat[j] for j in first]
-        df["q_null"] = q_values(df["layer"].tolist(), bases, fam, df["p_null"].tolist())
+        df["q_null"] = q_values(df["layer"].tolist(), bases, fam, df["p_null"].tolist(), first)
         df["verdict"] = [
             stats.verdict(q, lift, null_tokens=n, read_mid="mid" in config.reading_points)
             for q, lift, n in zip(df["q_null"], df["dgamma_lift"], df["null_tokens"])
@@ -104,10 +104,14 @@ def hypotheses(layers: list, bases: list[torch.Tensor], families: list[str]) -> 
     return first
 
 
-def q_values(layers: list, bases: list[torch.Tensor], families: list[str], p: list[float]) -> list[float]:
+def q_values(
+    layers: list, bases: list[torch.Tensor], families: list[str], p: list[float], first: list[int] | None = None
+) -> list[float]:
     """BH q_null over the table a reader sees: within each family, one p per distinct (layer, subspace)
-    (NaN p, too few tokens, left out), the p of its first row; every row of a hypothesis gets its q."""
-    first = hypotheses(layers, bases, families)
+    (NaN p, too few tokens, left out), the p of its first row; every row of a hypothesis gets its q.
+    ``first``: ``hypotheses(layers, bases, families)`` where the caller has it already."""
+    if first is None:
+        first = hypotheses(layers, bases, families)
     p = [p[j] for j in first]
     q = [float("nan")] * len(p)
     for fam in dict.fromkeys(families):
