@@ -10,7 +10,7 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 import pytest
 import torch
 import transformers as T
-from harness import FAMILY_CONFIGS, assert_tiny  # noqa: F401  (the one registry; tests import them from here too)
+from harness import FAMILY_CONFIGS, assert_tiny, build  # noqa: F401  (tests import them from harness, never from conftest)
 
 # Fetched real models stay where `eigenhooks fetch` put them, whatever private spectrum cache a
 # test sets: pin their folder for the session before any test changes EIGENHOOKS_CACHE.
@@ -18,19 +18,6 @@ from eigenhooks.zoo import real as _real  # noqa: E402
 
 os.environ.setdefault("EIGENHOOKS_MODELS", str(_real.models_dir()))
 REAL_NAME = "smollm2-135m"
-
-
-def build(family: str, bare: bool = False, dtype=torch.float64, seed: int = 0, std: float = 0.3):
-    """A seeded tiny model of `family` (``harness.FAMILY_CONFIGS``), its weights redrawn at `std` so F is O(1)."""
-    head_cls, bare_cls, cfg = FAMILY_CONFIGS[family]
-    torch.manual_seed(seed)
-    model = (bare_cls if bare else head_cls)(cfg())
-    assert_tiny(model)
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for p in model.parameters():
-            p.copy_(torch.randn(p.shape, generator=g) * std)
-    return model.to(dtype).eval()
 
 
 @pytest.fixture(autouse=True)

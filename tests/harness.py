@@ -41,7 +41,7 @@ def assert_tiny(model) -> None:
 
 
 # The one registry of tiny models: family -> (model class with a head, bare class, config). The cases
-# (tests/cases/) build their models of these families from it; conftest.build redraws its weights.
+# (tests/cases/) build their models of these families from it; harness.build redraws its weights.
 
 FAMILY_CONFIGS = {
     "gpt2": (
@@ -226,6 +226,20 @@ class Case:
     stacks: tuple[str, ...] = ("",)
     notes: str = ""
     extra: dict = field(default_factory=dict)
+
+
+def build(family: str, bare: bool = False, dtype=torch.float64, seed: int = 0, std: float = 0.3):
+    """A seeded tiny model of `family` (``harness.FAMILY_CONFIGS``), its weights redrawn at `std` so F is O(1)."""
+    head_cls, bare_cls, cfg = FAMILY_CONFIGS[family]
+    torch.manual_seed(seed)
+    model = (bare_cls if bare else head_cls)(cfg())
+    assert_tiny(model)
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.copy_(torch.randn(p.shape, generator=g) * std)
+    return model.to(dtype).eval()
+
 
 
 def family_model(family: str, **overrides) -> nn.Module:

@@ -2,7 +2,7 @@
 
 import pytest
 import torch
-from conftest import build
+from harness import build
 
 import eigenhooks as eh
 

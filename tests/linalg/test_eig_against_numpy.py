@@ -5,7 +5,7 @@ import gc
 import numpy as np
 import pytest
 import torch
-from conftest import build
+from harness import build
 
 import eigenhooks as eh
 from eigenhooks.linalg import cache as disk

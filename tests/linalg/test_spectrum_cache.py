@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import build
+from harness import build
 from safetensors import safe_open
 from safetensors.torch import save_file
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import build
+from harness import build
 
 import eigenhooks as eh
 from eigenhooks.models import offload

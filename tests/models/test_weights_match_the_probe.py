@@ -2,7 +2,7 @@
 
 import pytest
 import torch
-from conftest import FAMILY_CONFIGS, build
+from harness import FAMILY_CONFIGS, build
 
 import eigenhooks as eh
 from eigenhooks.models.probe import apply_attention, probe_matrices

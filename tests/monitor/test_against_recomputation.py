@@ -5,7 +5,7 @@ import json
 import pandas as pd
 import pytest
 import torch
-from conftest import build
+from harness import build
 
 import eigenhooks as eh
 from eigenhooks.monitor.stats import alignment

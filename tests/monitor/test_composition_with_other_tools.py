@@ -13,7 +13,7 @@ import warnings
 
 import pytest
 import torch
-from conftest import build
+from harness import build
 
 import eigenhooks as eh
 from eigenhooks.models.base import Tap

@@ -196,7 +196,7 @@ def test_null_quantiles_and_ci_match_an_independent_recomputation(gpt2):
 
 
 def test_post_norm_equal_normalisation_on_bert():
-    from conftest import build
+    from harness import build
 
     model = build("bert", dtype=torch.float32)
     ids = torch.randint(5, 64, (3, 9), generator=torch.Generator().manual_seed(0))
@@ -255,7 +255,7 @@ def test_pyvene_inside_a_monitor_warns_once_and_stays_nan(gpt2):
 def test_no_graph_breaks_from_the_monitor_under_torch_compile():
     """fullgraph=True raises at the first graph break: the hooks compile into the model's graph,
     and the compiled forward measures exactly what the eager one does."""
-    from conftest import build
+    from harness import build
 
     model = build("gpt2", dtype=torch.float32)
     ids = torch.randint(0, 64, (2, 7), generator=torch.Generator().manual_seed(0))
@@ -276,7 +276,7 @@ def test_no_graph_breaks_from_the_monitor_under_torch_compile():
 
 
 def test_model_compiled_before_the_monitor_warns_what_to_do():
-    from conftest import build
+    from harness import build
 
     model = build("gpt2", dtype=torch.float32)
     ids = torch.randint(0, 64, (1, 6), generator=torch.Generator().manual_seed(0))

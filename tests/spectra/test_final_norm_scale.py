@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 import transformers as T
-from conftest import assert_tiny
+from harness import assert_tiny
 
 import eigenhooks as eh
 

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 import transformers as T
-from conftest import assert_tiny
+from harness import assert_tiny
 from harness import DECODER_BASE
 
 import eigenhooks as eh

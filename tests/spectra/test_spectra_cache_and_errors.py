@@ -6,7 +6,7 @@ import re
 import numpy as np
 import pytest
 import torch
-from conftest import build
+from harness import build
 
 import eigenhooks as eh
 from eigenhooks.spectra import compute

@@ -4,7 +4,7 @@ import math
 
 import pytest
 import torch
-from conftest import build
+from harness import build
 from typer.testing import CliRunner
 
 import eigenhooks as eh

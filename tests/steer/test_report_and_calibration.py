@@ -7,7 +7,7 @@ import warnings
 
 import pytest
 import torch
-from conftest import build
+from harness import build
 
 import eigenhooks as eh
 from eigenhooks.steer import calibration as C
