@@ -23,6 +23,7 @@ Usage: python benchmarks/bench_vllm.py [--modes eager,compiled] [--against monit
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import statistics
@@ -61,7 +62,11 @@ def prompts(seed: int, vocab: int):
 
 
 def child(folder: str, mode: str, arm: str, repeats: int) -> dict:
-    """Start one engine, warm it up, time ``repeats`` batches; return the timings (runs in a subprocess)."""
+    """Start one engine, warm it up, time ``repeats`` batches; return the timings (runs in a subprocess).
+
+    The monitored arm enters ``eh.monitor(llm)`` once, before the warm-up, and times each batch's
+    ``generate`` inside it: what serving costs while monitored. Entering (the spectra, the worker's
+    taps armed) and reading the table back (``summary``) are timed apart, as ``enter_s``/``read_s``."""
     from vllm import LLM, SamplingParams
 
     kw = dict(ENGINE, enforce_eager=(mode == "eager"))
@@ -73,18 +78,20 @@ def child(folder: str, mode: str, arm: str, repeats: int) -> dict:
     start_s = time.perf_counter() - t0
     vocab = llm.llm_engine.model_config.get_vocab_size()
     sp = SamplingParams(temperature=0.0, max_tokens=GENERATED, ignore_eos=True)
-    run = _runner(llm, arm)
-    run(prompts(10_000, vocab)[:2], sp)  # warm-up: first-batch costs (and a lazy compile) are not timed
-    times = []
-    for r in range(repeats):
-        batch = prompts(r, vocab)
-        t = time.perf_counter()
-        outs = run(batch, sp)
-        times.append(time.perf_counter() - t)
-        n = sum(len(o.outputs[0].token_ids) for o in outs)
-        if n != N_REQUESTS * GENERATED:
-            raise SystemExit(f"bench_vllm: generated {n} tokens, expected {N_REQUESTS * GENERATED}")
-    return {"mode": mode, "arm": arm, "start_s": start_s, "times": times, "median_s": statistics.median(times)}
+    extra = {}
+    with _entered(llm, arm, extra):
+        llm.generate(prompts(10_000, vocab)[:2], sp, use_tqdm=False)  # warm-up: first-batch costs, a lazy compile
+        times = []
+        for r in range(repeats):
+            batch = prompts(r, vocab)
+            t = time.perf_counter()
+            outs = llm.generate(batch, sp, use_tqdm=False)
+            times.append(time.perf_counter() - t)
+            n = sum(len(o.outputs[0].token_ids) for o in outs)
+            if n != N_REQUESTS * GENERATED:
+                raise SystemExit(f"bench_vllm: generated {n} tokens, expected {N_REQUESTS * GENERATED}")
+    res = {"mode": mode, "arm": arm, "start_s": start_s, "times": times, "median_s": statistics.median(times)}
+    return {**res, **extra}
 
 
 def _require_plugin() -> None:
@@ -99,24 +106,28 @@ def _require_plugin() -> None:
         )
 
 
-def _runner(llm, arm: str):
+@contextlib.contextmanager
+def _entered(llm, arm: str, extra: dict):
+    """Inside ``eh.monitor(llm)`` for the monitored arm (nothing for the others); on leaving, checks that it
+    counted every generated token's forward and times reading its table back."""
     if arm != "monitored":
-        return lambda batch, sp: llm.generate(batch, sp, use_tqdm=False)
-
+        yield
+        return
     import eigenhooks as eh
 
-    def run(batch, sp):
-        try:
-            mon = eh.monitor(llm)
-        except Exception as e:
-            raise SystemExit(f"bench_vllm: eh.monitor cannot attach to the opted-in engine: {e}") from e
-        with mon:
-            out = llm.generate(batch, sp, use_tqdm=False)
-        if mon.summary()["n_tokens"].iloc[0] <= 0:
-            raise SystemExit("bench_vllm: the monitored engine counted no tokens")
-        return out
-
-    return run
+    t = time.perf_counter()
+    try:
+        mon = eh.monitor(llm)
+    except Exception as e:
+        raise SystemExit(f"bench_vllm: eh.monitor cannot attach to the opted-in engine: {e}") from e
+    with mon:
+        extra["enter_s"] = time.perf_counter() - t
+        yield
+    t = time.perf_counter()
+    n = mon.summary()["n_tokens"].iloc[0]
+    extra["read_s"] = time.perf_counter() - t
+    if n <= 0:
+        raise SystemExit("bench_vllm: the monitored engine counted no tokens")
 
 
 def in_subprocess(folder: Path, mode: str, arm: str, repeats: int) -> dict:
@@ -153,7 +164,11 @@ def main() -> None:
             for arm, into in order if r % 2 == 0 else order[::-1]:
                 res = in_subprocess(folder, mode, arm, args.repeats)
                 into.append(res["median_s"])
-                print(f"  {mode:8s} {arm:9s} start {res['start_s']:6.1f} s  batches {_fmt(res['times'])}", flush=True)
+                more = "".join(f"  {k} {res[k]:.2f} s" for k in ("enter_s", "read_s") if k in res)
+                print(
+                    f"  {mode:8s} {arm:9s} start {res['start_s']:6.1f} s  batches {_fmt(res['times'])}{more}",
+                    flush=True,
+                )
         ta, tb = statistics.median(a), statistics.median(b)
         print(
             f"{mode:8s} A {tokens / ta:7.1f} tok/s  B {tokens / tb:7.1f} tok/s  "
