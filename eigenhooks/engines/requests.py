@@ -156,8 +156,67 @@ class RequestRows:
         return out
 
 
+STEP_TOKENS = 256  # decoding steps staged until they hold this many tokens (the HF monitor's BUFFER_TOKENS)
+
+
+class Steps:
+    """Decoding forwards staged: one token for each of the same requests, in the same order, copied out
+    of the engine's buffers (which the next forward overwrites) into one (steps, requests, d) tensor a
+    reading, so the record measures them together, a request's steps its tokens (``FlatRows.steps``):
+    its matmuls then stream the bases once for up to ``STEP_TOKENS`` tokens, not once a step. A reading
+    that is two points (layer t's post is layer t+1's pre) is staged once."""
+
+    def __init__(self):
+        self.keys: tuple = ()
+        self.starts: list[int] = []
+        self.n = self.room = 0
+        self.bufs: list[torch.Tensor] = []  # one staging tensor per distinct reading
+        self.where: dict[str, list[int]] = {}  # point -> per layer, its staging tensor
+
+    def fits(self, tm: TokenMap) -> bool:
+        return self.n == 0 or (tuple(tm.keys) == self.keys and self.n < self.room)
+
+    def add(self, readings: dict[str, list[torch.Tensor]], tm: TokenMap) -> None:
+        if self.n == 0:
+            self._lay_out(readings, len(tm.keys))
+            self.keys, self.starts = tuple(tm.keys), list(tm.starts)
+        done = set()
+        for p, xs in readings.items():
+            for j, x in zip(self.where[p], xs):
+                if j not in done:
+                    done.add(j)
+                    self.bufs[j][self.n].copy_(x)
+        self.n += 1
+
+    def _lay_out(self, readings: dict[str, list[torch.Tensor]], R: int) -> None:
+        """Which staging tensor each reading goes to; the tensors are kept while their shape holds."""
+        self.room = max(STEP_TOKENS // R, 1)
+        x = readings["pre"][0]
+        shape, ids, self.where = (self.room, R, x.shape[-1]), {}, {}
+        for p, xs in readings.items():
+            self.where[p] = [ids.setdefault(id(t), len(ids)) for t in xs]
+        old = self.bufs
+        if len(old) != len(ids) or old[0].shape != shape or old[0].dtype != x.dtype or old[0].device != x.device:
+            self.bufs = [x.new_empty(shape) for _ in ids]
+
+    def take(self) -> tuple[dict[str, list[torch.Tensor]], FlatRows]:
+        """The staged steps as one flat batch (step-major: step s of request r is token s * R + r), and empty."""
+        S, R = self.n, len(self.keys)
+        device = self.bufs[0].device
+        row = torch.arange(R, device=device).repeat(S)
+        step = torch.arange(S, device=device).repeat_interleave(R)
+        position = torch.tensor(self.starts, device=device).repeat(S) + step
+        views = [b[:S].view(S * R, -1) for b in self.bufs]  # one object a reading: shared points stay shared
+        readings = {p: [views[j] for j in js] for p, js in self.where.items()}
+        self.n = 0
+        return readings, FlatRows(self.keys, row, position, S, S)
+
+
 class EngineRecord:
     """An engine's forwards told to the monitor's record (``monitor.record.Record``) as flat batches.
+
+    Decoding forwards (one token a request, the same requests) are staged (``Steps``) and told together;
+    everything that reads or ends requests tells the staged ones first.
 
     Args:
         record: the record (``RecordSpec.attach`` made it, in the engine's worker).
@@ -170,14 +229,32 @@ class EngineRecord:
         self.own = RequestRows(record.plan) if requests else None
         self.layers = sorted(record.plan.layers)
         self.n_forwards = 0
+        self.steps = Steps()
 
     def forward(self, readings: dict[str, list[torch.Tensor]], tm: TokenMap) -> None:
         """One forward: ``readings`` {'pre', 'attn', 'post': [per layer (tokens, d)]} of the tokens ``tm``
         describes; mid is pre + attn (the add the MLP's norm fuses)."""
         skips = self.ledger.admit(tm)
-        if sum(skips) == tm.tokens:
+        if sum(skips) == tm.tokens:  # every token counted before (a preempted request's recomputation)
             return
+        self.n_forwards += 1
+        if not any(skips) and all(c == 1 for c in tm.counts):  # a decoding step: staged
+            if not self.steps.fits(tm):
+                self.flush()
+            self.steps.add(readings, tm)
+            if self.steps.n == self.steps.room:
+                self.flush()
+            return
+        self.flush()
         flat, keep = flat_rows(tm, skips, readings["pre"][0].device)
+        self._tell(readings, flat, keep)
+
+    def flush(self) -> None:
+        """Tell the record the staged decoding steps, if any."""
+        if self.steps.n:
+            self._tell(*self.steps.take(), None)
+
+    def _tell(self, readings: dict[str, list[torch.Tensor]], flat: FlatRows, keep) -> None:
         rec, xs = self.record, {}
         rec.forward_start(CallFacts(flat=flat))
         ok = False
@@ -197,10 +274,10 @@ class EngineRecord:
             rec.forward_end(ok)
         if self.own is not None:
             self.own.add(xs, flat)
-        self.n_forwards += 1
 
     def end(self, keys) -> None:
         """The engine's scheduler finished these requests."""
+        self.flush()
         keys = list(keys)
         self.record.requests_end(keys)
         for k in keys:
@@ -209,10 +286,12 @@ class EngineRecord:
                 self.own.end(k, info)
 
     def state_dict(self) -> dict:
+        self.flush()
         return self.record.state_dict()
 
     def rows(self) -> list[dict]:
+        self.flush()
         return self.own.rows(self.ledger) if self.own is not None else []
 
 
-__all__ = ["EngineRecord", "Ledger", "RequestInfo", "RequestRows", "TokenMap", "flat_rows"]
+__all__ = ["STEP_TOKENS", "EngineRecord", "Ledger", "RequestInfo", "RequestRows", "Steps", "TokenMap", "flat_rows"]

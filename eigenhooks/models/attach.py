@@ -45,12 +45,16 @@ class FlatRows(NamedTuple):
         tokens, counted from the request's start (a chunked prefill or a decoding step continues it).
         width: the most tokens of one row in this forward, where the engine knows it on the host
         (0: counted from ``row``, one read from the device).
+        steps: the engine forwards these readings gather (> 1: each row's tokens are its one-token
+        decoding steps, told together as a padded batch's steps are flushed together). The
+        within-sequence consensus is one forward's: it is taken only where steps is 1.
     """
 
     keys: tuple
     row: torch.Tensor
     position: torch.Tensor
     width: int = 0
+    steps: int = 1
 
 
 class CallFacts(NamedTuple):

@@ -316,7 +316,8 @@ class Forward:
             self.steps[lp.index] = Step(points, grid, base, self.call.copies)  # reduced in batches by the accumulator
             return
         # post(t) and pre(t+1) are one tensor: its norms and sums are taken once (the memo)
-        self.projections[lp.index] = project(lp.bases, points, grid, base, memo=self.memo)
+        whole = self.flat is None or self.flat.steps == 1  # one forward's sequences: their consensus counts
+        self.projections[lp.index] = project(lp.bases, points, grid, base, consensus=whole, memo=self.memo)
         if self.tokens:
             self.token_records.extend(self._token_records(lp, points, base, grid.mask))
 

@@ -145,3 +145,47 @@ def test_the_ledger_counts_each_position_once_and_says_the_cached_prefix():
     assert led.info["a"].counted == 7 and led.info["a"].recomputed == 5
     assert led.info["b"].first == 128 and led.info["b"].counted == 3
     assert led.end("a").upto == 7 and "a" not in led.info
+
+
+def test_decoding_steps_told_together_equal_them_told_one_by_one(llama, monkeypatch):
+    """An engine's decoding steps are staged and told as one flat batch (``Steps``): the table, the
+    consensus columns (one forward's, never across steps) and each request's rows equal them told one by
+    one, and the HF monitor's on the whole sequences."""
+    from eigenhooks.engines import requests
+
+    g = torch.Generator().manual_seed(5)
+    seqs = {k: torch.randint(0, 64, (n,), generator=g).tolist() for k, n in (("A", 30), ("B", 18), ("C", 16))}
+    reads = {k: readings_of(llama, s) for k, s in seqs.items()}
+    schedule = [[("A", 0, 10), ("B", 0, 10)]]
+    schedule += [[("A", t, t + 1), ("B", t, t + 1)] for t in range(10, 18)]  # B ends after its 18th
+    schedule += [[("A", 18, 19), ("C", 0, 8)]]  # C's prompt beside A's step
+    schedule += [[("A", t, t + 1), ("C", t - 11, t - 10)] for t in range(19, 27)]
+    schedule += [[("A", t, t + 1)] for t in range(27, 30)]
+
+    def run(step_tokens):
+        monkeypatch.setattr(requests, "STEP_TOKENS", step_tokens)
+        sums, told = engine_record(llama), []
+        start = sums.record.forward_start
+        monkeypatch.setattr(sums.record, "forward_start", lambda facts: (told.append(facts.flat.steps), start(facts)))
+        for chunks in schedule:
+            sums.forward(*flat(chunks, reads))
+            if chunks[-1] == ("B", 17, 18):
+                sums.end(["B"])
+        sums.end(["A", "C"])
+        return sums, told
+
+    together, told_together = run(256)
+    apart, told_apart = run(1)
+    assert told_apart == [1] * len(schedule) and max(told_together) == 8 and len(told_together) == 5
+    a, b = _table(llama, apart), _table(llama, together)
+    cons = [c for c in a.columns if c.startswith("consensus_")]
+    assert cons and a[cons].notna().all().all()
+    for c in COLS + cons:
+        np.testing.assert_allclose(b[c].to_numpy(float), a[c].to_numpy(float), rtol=1e-6, atol=1e-9, err_msg=c)
+    assert_tables_equal(hf_table(llama, list(seqs.values())), b)
+    key = lambda r: (r["request_id"], r["layer"], r["target"])  # noqa: E731
+    ra, rb = {key(r): r for r in apart.rows()}, {key(r): r for r in together.rows()}
+    assert ra.keys() == rb.keys() and len(ra) == 12
+    for k in ra:
+        for c in ("n_tokens", "gamma_pre", "gamma_mid", "gamma_post", "rho"):
+            assert rb[k][c] == pytest.approx(ra[k][c], rel=1e-5), (k, c)
