@@ -6,11 +6,10 @@ Prompts are longer than one KV block (128 tokens on the CPU backend).
 
 from __future__ import annotations
 
-import pytest
 import torch
 from parity import compare, hf_table, processed_tokens
 from test_engine_monitor import OPT_IN, OPTS, greedy, shut
-from tier import start_engine
+from tier import save_tiny_llama, start_engine
 
 import eigenhooks as eh
 
@@ -44,27 +43,26 @@ def test_a_cached_prefix_is_not_counted_and_said(tiny_llama):
     assert int(mon.summary()["n_tokens"].iloc[0]) == len(seqs[0].token_ids) + len(seqs[1].token_ids) - BLOCK
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="num_gpu_blocks_override=5 did not make vLLM's CPU scheduler preempt here (recomputed stayed 0, "
-    "2026-12-06); recomputation is tested without an engine in tests/engines/test_requests.py",
-)
-def test_a_preempted_request_counts_each_position_once(tiny_llama):
+def test_a_preempted_request_counts_each_position_once(tmp_path):
     from vllm.inputs import TokensPrompt
 
-    ps = [TokensPrompt(prompt_token_ids=_ids(150, 10 + i)) for i in range(3)]
-    # 5 KV blocks of 128 tokens for three requests growing to 150 + 90 tokens each: the scheduler preempts
-    llm = start_engine(tiny_llama, enforce_eager=True, additional_config=OPT_IN, num_gpu_blocks_override=5,
-                       enable_prefix_caching=False)  # fmt: skip
+    folder = save_tiny_llama(tmp_path, max_position_embeddings=4 * BLOCK)  # the tiny Llama, longer sequences
+
+    ps = [TokensPrompt(prompt_token_ids=_ids(140, 10 + i)) for i in range(2)]
+    # 5 KV blocks of 128 tokens, one of them vLLM's null block: each prompt takes 2, so both run (4 blocks);
+    # past 256 tokens each needs a third and none is free: the scheduler preempts one, which later computes
+    # its tokens again
+    llm = start_engine(folder, enforce_eager=True, additional_config=OPT_IN, num_gpu_blocks_override=5,
+                       enable_prefix_caching=False, max_model_len=4 * BLOCK)  # fmt: skip
     try:
         with eh.monitor(llm, **OPTS) as mon:
-            outs = llm.generate(ps, greedy(90))
+            outs = llm.generate(ps, greedy(130))
     finally:
         shut(llm)
     req = mon.requests()
     assert req["recomputed"].sum() > 0, "no request was preempted: the test would not see double counting"
     seqs = processed_tokens(outs)
-    compare(mon.summary(), hf_table(tiny_llama, seqs, **OPTS))
+    compare(mon.summary(), hf_table(folder, seqs, **OPTS))
     row = req[(req.layer == 0) & (req.target == "ov/modulus")].set_index("request_id")
     for s in seqs:
         assert row.loc[s.request_id, "n_tokens"] == len(s.token_ids)
