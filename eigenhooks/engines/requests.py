@@ -221,15 +221,24 @@ class EngineRecord:
     Args:
         record: the record (``RecordSpec.attach`` made it, in the engine's worker).
         requests: keep each request's own rows (``RequestRows``).
+        log_every: engine forwards between log points (0: none). At each, the running values the sinks
+            get (``monitor.logs.Labels``) are kept with the step, the engine forwards so far, until
+            ``take_log_points``: the user's process hands them to its sinks. A log point tells the staged
+            steps first, so a small ``log_every`` costs what staging saves.
+        n_layers: the model's layers (the sinks' tags are as wide as its last layer's number).
     """
 
-    def __init__(self, record, requests: bool = True):
+    def __init__(self, record, requests: bool = True, log_every: int = 0, n_layers: int | None = None):
         self.record = record
         self.ledger = Ledger()
         self.own = RequestRows(record.plan) if requests else None
         self.layers = sorted(record.plan.layers)
         self.n_forwards = 0
         self.steps = Steps()
+        self.log_every = log_every
+        self.log_points: list[tuple[int, dict[str, float]]] = []
+        self._labels = None
+        self.n_layers = n_layers or max(self.layers) + 1
 
     def forward(self, readings: dict[str, list[torch.Tensor]], tm: TokenMap) -> None:
         """One forward: ``readings`` {'pre', 'attn', 'post': [per layer (tokens, d)]} of the tokens ``tm``
@@ -244,10 +253,30 @@ class EngineRecord:
             self.steps.add(readings, tm)
             if self.steps.n == self.steps.room:
                 self.flush()
-            return
+        else:
+            self.flush()
+            flat, keep = flat_rows(tm, skips, readings["pre"][0].device)
+            self._tell(readings, flat, keep)
+        if self.log_every and self.n_forwards % self.log_every == 0:
+            self._log_point()
+
+    def _log_point(self) -> None:
+        """The sinks' running values now, kept with the step (``take_log_points``)."""
+        from ..monitor.logs import Labels
+
         self.flush()
-        flat, keep = flat_rows(tm, skips, readings["pre"][0].device)
-        self._tell(readings, flat, keep)
+        rec = self.record
+        if self._labels is None:
+            self._labels = Labels(rec.plan, rec.config.reading_points, self.n_layers)
+        sums = self._labels.tensors(rec.acc)
+        self.log_points.append(
+            (self.n_forwards, self._labels(torch.cat([t.to("cpu", torch.float64).flatten() for t in sums])))
+        )
+
+    def take_log_points(self) -> list[tuple[int, dict[str, float]]]:
+        """The log points kept since the last call, oldest first."""
+        out, self.log_points = self.log_points, []
+        return out
 
     def flush(self) -> None:
         """Tell the record the staged decoding steps, if any."""

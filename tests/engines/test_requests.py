@@ -189,3 +189,28 @@ def test_decoding_steps_told_together_equal_them_told_one_by_one(llama, monkeypa
     for k in ra:
         for c in ("n_tokens", "gamma_pre", "gamma_mid", "gamma_post", "rho"):
             assert rb[k][c] == pytest.approx(ra[k][c], rel=1e-5), (k, c)
+
+
+def test_log_points_count_engine_forwards_and_hold_the_values_then(llama):
+    """A log point every 3 engine forwards, staged decoding steps told first: each point's values are the
+    sinks' values (``Monitor.scalars``) of the forwards up to it, its step their count."""
+    g = torch.Generator().manual_seed(6)
+    seqs = {k: torch.randint(0, 64, (n,), generator=g).tolist() for k, n in (("A", 14), ("B", 12))}
+    reads = {k: readings_of(llama, s) for k, s in seqs.items()}
+    schedule = [[("A", 0, 6), ("B", 0, 4)]] + [[("A", t, t + 1), ("B", t - 2, t - 1)] for t in range(6, 14)]
+    logged = engine_record(llama)
+    logged.log_every = 3
+    for chunks in schedule:
+        logged.forward(*flat(chunks, reads))
+    points = logged.take_log_points()
+    assert [s for s, _ in points] == [3, 6, 9] and logged.take_log_points() == []
+    for step, values in points:
+        upto = engine_record(llama)
+        for chunks in schedule[:step]:
+            upto.forward(*flat(chunks, reads))
+        mon = eh.Monitor(llama, attach=False, **SETTINGS)
+        mon.load_state_dict(upto.state_dict())
+        want = mon.scalars()
+        assert values.keys() == want.keys() and len(values) > 10
+        for k in want:
+            assert values[k] == pytest.approx(want[k], rel=1e-6, abs=1e-12, nan_ok=True), (step, k)  # float32 sums

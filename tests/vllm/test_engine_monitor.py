@@ -111,3 +111,18 @@ def test_compiled_engine_after_a_plain_one_in_one_cache(tiny_llama, tmp_path, mo
     assert sorted(_graphs(tmp_path).values()) == [False, True]  # two keys: the plain graph and the tapped one
     assert [list(o.outputs[0].token_ids) for o in outs] == [list(o.outputs[0].token_ids) for o in ref]
     compare(mon.summary(), hf_table(tiny_llama, processed_tokens(outs), **OPTS))
+
+
+def test_a_sink_logs_every_log_every_engine_forwards(llm_opted_eager):
+    """A callable sink gets a log point every 4 engine forwards (step: the forwards counted), in order, and
+    at the block's end the values of the whole block: those of its table."""
+    got = []
+    with eh.monitor(llm_opted_eager, **OPTS, sink=lambda step, values: got.append((step, values)), log_every=4) as mon:
+        llm_opted_eager.generate(prompts([30, 18, 41]), greedy(10))
+    steps = [s for s, _ in got]
+    assert mon.n_forwards >= 10 and steps[:-1] == list(range(4, mon.n_forwards + 1, 4))
+    assert steps[-1] == mon.n_forwards and len(set(steps)) == len(steps)
+    n = "eigenhooks/n_tokens/L00/ov-modulus"
+    counts = [v[n] for _, v in got]
+    assert counts == sorted(counts) and counts[0] < counts[-1] == int(mon.summary()["n_tokens"].iloc[0])
+    assert got[-1][1] == pytest.approx(mon.scalars(), nan_ok=True)

@@ -30,8 +30,10 @@ def engine_config(llm):
 class EngineMonitor:
     """The monitor of a ``vllm.LLM`` built with ``additional_config={"eigenhooks": {}}``.
 
-    Args and settings: ``eh.monitor``'s (``sink`` gets the state at the block's end, at step = the engine
-    forwards counted; custom targets must be plain tensors, sent to the worker by value).
+    Args and settings: ``eh.monitor``'s (custom targets must be plain tensors, sent to the worker by value).
+    ``sink``: a log point every ``log_every`` engine forwards, its step the engine forwards counted, and the
+    summary at the block's end. The worker keeps each log point's values as the forwards run; they reach
+    the sinks when the state is read back (``read()``, ``summary()``, the block's end), in order.
 
     Raises:
         NotOptedInError: the engine was built without the opt-in (a one-line message says how).
@@ -53,6 +55,7 @@ class EngineMonitor:
         self._mon = None  # the eh.Monitor holding the state read back
         self._rows: list[dict] = []
         self.n_forwards = 0
+        self._logged_at = -1  # the step of the last log point sent to the sinks
         self.dropped = 0
         self._active = False
         self._reading = False
@@ -61,7 +64,8 @@ class EngineMonitor:
     def __enter__(self) -> EngineMonitor:
         if self._active:
             raise RuntimeError("this monitor is already active; leave its with-block before entering it again")
-        started = self.llm.collective_rpc("eigenhooks_start", args=(self._wire,))
+        log_every = (self.config.log_every or 0) if self.sink is not None else 0
+        started = self.llm.collective_rpc("eigenhooks_start", args=(self._wire, log_every))
         if not any(started):
             raise RuntimeError("no vLLM worker took the eigenhooks session (expected tensor-parallel rank 0 to)")
         self._active = True
@@ -71,7 +75,8 @@ class EngineMonitor:
         self._active = False
         self._absorb(self.llm.collective_rpc("eigenhooks_stop"))
         if self.sink is not None:
-            self._monitor().log(self.n_forwards)
+            if self._logged_at != self.n_forwards:
+                self._monitor().log(self.n_forwards)
             self._monitor().log_summary(self.n_forwards)
 
     def read(self) -> EngineMonitor:
@@ -84,9 +89,13 @@ class EngineMonitor:
         if not got:
             return
         res = got[0]
-        self._monitor().load_state_dict(res["state"])
+        mon = self._monitor()
+        mon.load_state_dict(res["state"])
         self._rows = res["requests"]
         self.n_forwards, self.dropped = res["n_forwards"], res["dropped"]
+        for step, values in res.get("log_points") or ():  # the worker's log points, in order
+            mon._logs.scalars(step, values)
+            self._logged_at = step
         if self.dropped:
             warnings.warn(
                 f"{self.dropped} engine forwards were not measured (a tap did not write all their tokens); "

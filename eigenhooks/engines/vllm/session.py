@@ -83,8 +83,9 @@ class CheckpointAdapter(Adapter):
         return TapAttachment()
 
 
-def make_session(runner, settings: dict, sink=None) -> Session:
-    """The record of a monitor with ``settings`` in this worker, attached to the engine's taps."""
+def make_session(runner, settings: dict, sink=None, log_every: int = 0) -> Session:
+    """The record of a monitor with ``settings`` in this worker, attached to the engine's taps (``log_every``:
+    engine forwards between the log points kept for the user's sinks, 0: none)."""
     from ..requests import EngineRecord
 
     layers = getattr(runner, "_eigenhooks_layers", None)
@@ -96,7 +97,7 @@ def make_session(runner, settings: dict, sink=None) -> Session:
     base = mon.adapter
     adapter = CheckpointAdapter(**{f.name: getattr(base, f.name) for f in dataclasses.fields(Adapter)})
     record, att = mon.record_spec().attach(adapter)
-    return Session(EngineRecord(record), layers, att, sink)
+    return Session(EngineRecord(record, log_every=log_every, n_layers=layers), layers, att, sink)
 
 
 __all__ = [

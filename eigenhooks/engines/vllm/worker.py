@@ -149,8 +149,9 @@ class EigenhooksWorker:
     Each returns plain data (lists, dicts, strings), so ``collective_rpc`` carries it without pickling.
     """
 
-    def eigenhooks_start(self, settings: dict) -> bool:
-        """Enter a monitor with ``settings`` (``eh.monitor``'s); False on ranks that do not count."""
+    def eigenhooks_start(self, settings: dict, log_every: int = 0) -> bool:
+        """Enter a monitor with ``settings`` (``eh.monitor``'s), keeping a log point every ``log_every`` engine
+        forwards for the user's sinks (0: none); False on ranks that do not count."""
         global SESSION
         from .session import make_session
 
@@ -163,7 +164,7 @@ class EigenhooksWorker:
             )
         if SESSION is not None:
             SESSION.close()
-        SESSION = make_session(self.model_runner, settings)
+        SESSION = make_session(self.model_runner, settings, log_every=log_every)
         return True
 
     def eigenhooks_read(self) -> dict | None:
@@ -173,7 +174,7 @@ class EigenhooksWorker:
             return None
         with s.lock:
             return {"state": s.engine.state_dict(), "requests": s.engine.rows(), "dropped": s.dropped,
-                    "n_forwards": s.engine.n_forwards}  # fmt: skip
+                    "n_forwards": s.engine.n_forwards, "log_points": s.engine.take_log_points()}  # fmt: skip
 
     def eigenhooks_stop(self) -> dict | None:
         """Leave the monitor: its final read, then nothing is copied any more."""
