@@ -73,8 +73,10 @@ def fresh(threads: int, n: int) -> dict[str, list[float]]:
                     shutil.copytree(kept / "calibration", folder / "calibration")
                 out = subprocess.run(
                     [sys.executable, __file__, "--child", "--threads", str(threads)],
-                    env={**os.environ, "EIGENHOOKS_CACHE": str(folder)}, check=True, capture_output=True, text=True,
+                    env={**os.environ, "EIGENHOOKS_CACHE": str(folder)}, capture_output=True, text=True,
                 )  # fmt: skip
+                if out.returncode:
+                    raise RuntimeError(f"a {case} process failed:\n{out.stderr[-3000:]}")
                 times[case].append(float(out.stdout.strip().splitlines()[-1]))
                 shutil.rmtree(folder, ignore_errors=True)
             print(f"fresh process {r}: cold {times['cold'][-1]:.2f} s, warm {times['warm'][-1]:.2f} s", flush=True)
