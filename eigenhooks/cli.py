@@ -428,7 +428,9 @@ def report(
     typer.echo(str(out))
 
 
-cache_app = ReadableTyper(no_args_is_help=True, help="The on-disk cache: spectra and converted models.")
+cache_app = ReadableTyper(
+    no_args_is_help=True, help="The on-disk cache: spectra, steering calibration samples and converted models."
+)
 app.add_typer(cache_app, name="cache")
 
 
@@ -452,7 +454,9 @@ def cache_info(
 
 @cache_app.command("clear")
 def cache_clear(
-    spectra: Annotated[bool, typer.Option("--spectra", help="only the spectra")] = False,
+    spectra: Annotated[
+        bool, typer.Option("--spectra", help="only the spectra (and steering calibration samples)")
+    ] = False,
     models: Annotated[bool, typer.Option("--models", help="only the converted models")] = False,
     debug: DebugOpt = False,
 ) -> None:

@@ -37,6 +37,7 @@ from .heads import part_tensors, parts_from_tensors
 
 log = logging.getLogger(__name__)
 CACHE_FORMAT = 4  # 2: entries carry their key and a checksum; 3: SHA-256 of the bytes in place; 4: xxh3-128
+CALIBRATION_DIR = "calibration"  # steering's calibration samples (``steer.calibration``), beside the spectra
 _warned: set[str] = set()  # folders already warned about (one warning each per process)
 _warn_lock = threading.Lock()  # spectra are saved from a thread pool
 

@@ -24,7 +24,7 @@ import torch
 
 from ..models import Adapter, get_adapter
 from ..models.attach import Attachment, MeasurementWarning, Warner
-from . import fingerprint, notebook
+from . import fingerprint, notebook, views
 from .accumulate import Accumulator
 from .config import MonitorConfig
 from .logs import Labels, LogPoints
@@ -60,6 +60,12 @@ class Monitor:
         self._active = False
         self._closing = False  # closed while a forward was running: detach when it returns
         self._entered_at = 0  # forwards counted before the with-block
+
+    def __repr__(self) -> str:  # one line from what it holds: nothing reduced, no device read
+        return views.facts_repr(views.monitor_facts(self))
+
+    def _repr_html_(self) -> str:
+        return views.facts_html(views.monitor_facts(self))
 
     # ---- settings, read-only: ``config``'s (``mon.null_draws`` is ``mon.config.null_draws``) ----
     sink_path = property(lambda self: self._logs.sink_path)

@@ -11,22 +11,36 @@ The shape sets the cost: each decode step reads every weight once, whatever the 
 (7 steps) samples the same 128 tokens as the 4 x 32 (31 steps) used before, for much less. Its
 calibrated strength is checked against the old sampler's by ``benchmarks/steer_calibration_check.py``
 (the figures are in docs/steering.md).
+
+A sample is kept on disk too, beside the spectra (``EIGENHOOKS_CACHE``, folder ``calibration``), keyed
+by every byte of the weights, the model's class and config, the shape and the seed: a later process
+steering the same model reads its 128 token ids instead of sampling again (benchmarks/bench_steer_entry.py).
+Like the spectrum cache it is an optimisation, never a source of truth: an entry whose key or checksum
+does not match is a miss, and a folder that cannot be written is skipped.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
+import logging
+import os
+import threading
 import weakref
 
 import torch
+import xxhash
 
-from ..linalg.cache import tensors_digest
+from ..linalg.cache import CALIBRATION_DIR, cache_dir, tensors_digest
 from ..models import Adapter, UnsupportedModelError
 from ..models.base import StopForward
 from ..models.probe import input_embeddings
 from ..progress import bar
 
+log = logging.getLogger(__name__)
 N_CALIBRATION = (16, 8)  # sequences x tokens the model samples for calibration when none are given
 _SAMPLES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+SAMPLER_VERSION = 1  # in every disk key: bump it when ``_sample`` draws other tokens, and old entries miss
 
 
 def token_logits(output) -> torch.Tensor | None:
@@ -69,8 +83,74 @@ def sample_tokens(model, shape=N_CALIBRATION, seed: int = 0, progress: bool | No
     memo = _SAMPLES.setdefault(model, {})
     if key not in memo:
         memo.clear()
-        memo[key] = _sample(model, shape, seed, cached=True, progress=progress)
+        disk = _disk_key(model, shape, seed, key[2]) if isinstance(key[2], str) else None
+        ids = _load(disk, shape) if disk else None
+        if ids is None:
+            ids = _sample(model, shape, seed, cached=True, progress=progress)
+            if disk:
+                _save(disk, ids)
+        memo[key] = ids
     return memo[key].clone()
+
+
+def _config_text(model) -> str:
+    """The model's config as text for the disk key (HF ``config``, TransformerLens ``cfg``); '' if none."""
+    cfg = getattr(model, "config", None) or getattr(model, "cfg", None)
+    if cfg is None:
+        return ""
+    to_dict = getattr(cfg, "to_dict", None)
+    return json.dumps(to_dict(), sort_keys=True, default=str) if callable(to_dict) else repr(cfg)
+
+
+def _disk_key(model, shape, seed: int, weights: str) -> str:
+    """xxh3-128 of what the sample depends on: the weights' digest, the class and config, shape, seed, sampler."""
+    meta = {"sampler": SAMPLER_VERSION, "class": type(model).__name__, "config": _config_text(model),
+            "shape": list(shape), "seed": seed, "weights": weights}  # fmt: skip
+    return xxhash.xxh3_128(json.dumps(meta, sort_keys=True).encode()).hexdigest()
+
+
+def _checksum(key: str, ids: torch.Tensor) -> str:
+    """BLAKE2 of the key, the shape and the ids' bytes."""
+    h = hashlib.blake2b(key.encode() + str(tuple(ids.shape)).encode(), digest_size=20)
+    h.update(ids.contiguous().numpy().tobytes())
+    return h.hexdigest()
+
+
+def _load(key: str, shape) -> torch.Tensor | None:
+    """The kept sample of ``key``, or None: missing, unreadable, or not what its key and checksum say."""
+    from safetensors import safe_open
+
+    path = cache_dir() / CALIBRATION_DIR / f"{key}.safetensors"
+    try:
+        if not path.is_file():
+            return None
+        with safe_open(str(path), framework="pt") as f:
+            meta, ids = f.metadata() or {}, f.get_tensor("ids")
+        if meta.get("key") != key or meta.get("checksum") != _checksum(key, ids) or tuple(ids.shape) != tuple(shape):
+            raise ValueError("key, checksum or shape mismatch (a damaged or swapped entry)")
+        return ids.to(torch.long)
+    except Exception as e:  # a bad entry is sampled again, never trusted
+        log.warning("ignoring calibration cache entry %s: %s", path, e)
+        return None
+
+
+def _save(key: str, ids: torch.Tensor) -> None:
+    """Keep a sample, atomically; a folder that cannot be written is skipped (logged), as the spectra's."""
+    from safetensors.torch import save_file
+
+    folder = cache_dir() / CALIBRATION_DIR
+    path = folder / f"{key}.safetensors"
+    tmp = path.with_suffix(f".tmp{os.getpid()}-{threading.get_ident()}")
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        save_file({"ids": ids.contiguous()}, str(tmp), metadata={"key": key, "checksum": _checksum(key, ids)})
+        os.replace(tmp, path)  # a reader never sees half a file
+    except OSError as e:
+        try:
+            tmp.unlink(missing_ok=True)
+        except OSError:
+            pass
+        log.warning("cannot keep the calibration sample at %s: %s", folder, e)
 
 
 def sample_tokens_plain(model, shape=N_CALIBRATION, seed: int = 0) -> torch.Tensor:

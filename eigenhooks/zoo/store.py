@@ -263,11 +263,12 @@ def _size(p: Path) -> int:
 def cache_info() -> list[dict]:
     """One record per thing on disk: the spectra (together), each converted model, each fetched model.
 
-    Each record has ``kind`` ('spectra', 'converted', 'fetched', 'old dense copy' or 'bookkeeping'),
+    Each record has ``kind`` ('spectra', 'calibration' (steering's samples, when any), 'converted', 'fetched',
+    'old dense copy' or 'bookkeeping'),
     ``name``, ``bytes`` and ``path``; converted ones also the source's SHA-256, the transformers
     version and when they were made.
     """
-    from ..linalg.cache import cache_dir, spectrum_files
+    from ..linalg.cache import CALIBRATION_DIR, cache_dir, spectrum_files
 
     files = spectrum_files()
     rows = [
@@ -279,6 +280,11 @@ def cache_info() -> list[dict]:
             "path": str(cache_dir()),
         }
     ]
+    cal = cache_dir() / CALIBRATION_DIR
+    if cal.is_dir() and any(cal.iterdir()):
+        n = len(list(cal.glob("*.safetensors")))
+        rows.append({"kind": "calibration", "name": f"{n} steering calibration samples", "entries": n,
+                     "bytes": _size(cal), "path": str(cal)})  # fmt: skip
     other = _size(digest.stamps_dir()) if digest.stamps_dir().is_dir() else 0
     for p in sorted(converted_dir().iterdir()) if converted_dir().is_dir() else []:
         if p.name.startswith("."):  # locks, and builds of processes at work or killed
@@ -314,7 +320,8 @@ def cache_info() -> list[dict]:
 
 
 def clear_cache(spectra: bool = True, models: bool = True) -> list[dict]:
-    """Delete the spectra and/or the converted models (with old dense copies and stamps).
+    """Delete the spectra (with steering's calibration samples) and/or the converted models (with old
+    dense copies and stamps).
 
     Fetched models stay: they are downloads, not a cache (``eigenhooks fetch NAME --force``
     replaces one). Returns the records of ``cache_info`` that were removed.
@@ -326,6 +333,9 @@ def clear_cache(spectra: bool = True, models: bool = True) -> list[dict]:
         if row["kind"] == "spectra" and spectra:
             for p in spectrum_files():
                 p.unlink(missing_ok=True)
+            gone.append(row)
+        elif row["kind"] == "calibration" and spectra:
+            shutil.rmtree(row["path"], ignore_errors=True)
             gone.append(row)
         elif row["kind"] in ("converted", "old dense copy") and models:
             _discard(Path(row["path"]))

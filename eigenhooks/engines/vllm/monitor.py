@@ -11,9 +11,10 @@ per (request, layer, target).
 
 from __future__ import annotations
 
+import dataclasses
 import warnings
 
-from ...monitor import MeasurementWarning
+from ...monitor import MeasurementWarning, views
 from ...monitor.facade import make_config
 from .plugin import KEY
 from .session import make_monitor
@@ -59,6 +60,28 @@ class EngineMonitor:
         self.dropped = 0
         self._active = False
         self._reading = False
+
+    def __repr__(self) -> str:  # one line from what was read back last: no call into the engine
+        return views.facts_repr(self._facts())
+
+    def _repr_html_(self) -> str:
+        return views.facts_html(self._facts())
+
+    def _facts(self) -> views.Facts:
+        mc = engine_config(self.llm).model_config
+        arch = (getattr(mc, "architectures", None) or getattr(mc.hf_config, "architectures", None) or ["?"])[0]
+        model = f"vLLM {arch}"
+        state = "active" if self._active else ("closed" if self._mon is not None else "not entered")
+        if self._mon is not None:  # the state read back: the HF monitor's facts, the engine's forwards
+            if self._active:
+                state = "active, counts of the last read()"
+            f = views.monitor_facts(self._mon)
+            return dataclasses.replace(f, owner="EngineMonitor", model=model, forwards=self.n_forwards, state=state)
+        hf = mc.hf_config
+        names, n = views.config_target_names(self.config.targets, hf.num_attention_heads)
+        tokens = None if self._active else 0
+        return views.Facts("EngineMonitor", model, hf.num_hidden_layers, tuple(names), n, self.n_forwards, tokens,
+                           "in the engine (read() reads them)", 0, state)  # fmt: skip
 
     # ---- the block ----
     def __enter__(self) -> EngineMonitor:
