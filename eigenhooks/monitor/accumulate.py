@@ -15,11 +15,11 @@ from dataclasses import dataclass
 import torch
 
 from . import stats
-from .forward import ForwardSums, LayerSums, LeanStep, Step, fold_copies
+from .forward import ForwardSums, LayerSums, Step, fold_copies
 from .measures import Sizes, close_rows, zero_state
 from .plan import Plan
-from .reduce import Grid, project, reduce_many
-from .reduce.batched import Stacks, project_layers
+from .reduce import reduce_many
+from .reduce.batched import Stacks, project_steps
 
 BUFFER_TOKENS = 256  # one-token steps reduced together; bounds the buffer's memory
 
@@ -51,13 +51,13 @@ class Accumulator:
             self.state[i] = zero_state(layer_sizes(i, b), b.measures)
         self.zero = set(plan.layers)  # layers whose state is still zeros: replaced, not added to, at first
         self.rows: dict[int, torch.Tensor] = {}  # open sequences' counters (b, 5, T)
-        self.buf: list = []  # buffered one-token steps: each forward's LeanStep, or its {layer: Step}
+        self.buf: list[Step] = []  # buffered one-token steps, one a forward
         self.buf_shapes: tuple = ()  # the buffered steps' grid shapes
         self.buf_rows = 0  # rows of a buffered step
         self.seen: dict = {}  # stack -> (b, 1) valid tokens the open sequences have counted
         self.n_forwards = 0
         self.token_records: list[dict] = []
-        self.stacks = Stacks()  # each layout's bases stacked over its layers, for the flush (``project_layers``)
+        self.stacks = Stacks()  # each layout's bases stacked over its layers, for the flush (``project_steps``)
         self.keyed: dict = {}  # a flat batch's open request key -> its slot in ``krows``
         self.krows: dict[int, torch.Tensor] = {}  # layer -> (slots, 5, T) counters of the open requests
         self.free: list[int] = []  # slots of ended requests, to reuse
@@ -81,7 +81,7 @@ class Accumulator:
             self._add_layers(list(fs.layers.items()), fs.keys)
         if fs.own:  # a researcher's measures' sums, taken in the forward (a decoding step's too)
             self._add_layers([(i, LayerSums(s, None)) for i, s in fs.own.items()])
-        self._buffer(fs.lean or fs.steps, fs.shapes)
+        self._buffer(fs.step, fs.shapes)
         self.seen.update(fs.seen)
         if fs.token_records:
             self.token_records.extend(fs.token_records)
@@ -94,77 +94,30 @@ class Accumulator:
         self.keyed, self.krows, self.free = u.keyed, u.krows, u.free
         del self.token_records[u.n_token_records :]
 
-    def _buffer(self, steps: LeanStep | dict[int, Step], shapes: tuple) -> None:
-        """Keep a forward's one-token steps as they are (one append; no work per layer), and flush every
-        layer at once when the buffer is full or the steps' shapes change (a flush taken before every
-        layer's step is in would split the stack in two). ``shapes``: the steps' grid shapes."""
-        if not steps:
+    def _buffer(self, step: Step | None, shapes: tuple) -> None:
+        """Keep a forward's one-token step as it is (one append; no work per layer), and flush every layer
+        at once when the buffer is full or the steps' shapes change (a flush taken before every layer's
+        step is in would split the stack in two). ``shapes``: the step's grid shapes."""
+        if step is None:
             return
         if self.buf and shapes != self.buf_shapes:
             self.flush()
         if not self.buf:
-            grid = steps.grid if isinstance(steps, LeanStep) else next(iter(steps.values())).grid
-            self.buf_shapes, self.buf_rows = shapes, grid.mask.shape[0]
-        self.buf.append(steps)
+            self.buf_shapes, self.buf_rows = shapes, step.grids[0].mask.shape[0]
+        self.buf.append(step)
         if len(self.buf) * self.buf_rows >= BUFFER_TOKENS:
             self.flush()
 
     def flush(self) -> None:
-        """Reduce the buffered one-token steps of every layer, stacked."""
+        """Reduce the buffered one-token steps of every layer, stacked (``reduce.batched.project_steps``)."""
         if not self.buf:
             return
         buffered, self.buf = self.buf, []
-        items = self._lean_items(buffered)
-        if items is None:
-            items = self._step_items([b.as_steps() if isinstance(b, LeanStep) else b for b in buffered])
-        done = reduce_many([(b, pr) for _, b, pr, _ in items])
-        self._add_layers([(i, LayerSums(d[0], fold_copies(d[1], c))) for (i, _, _, c), d in zip(items, done)])
-
-    def _lean_items(self, buffered: list) -> list | None:
-        """The projections of steps that all kept their readings in one order (``LeanStep``), None otherwise:
-        each reading slot's steps concatenated into one (S, b, n, d) tensor, and every layer projected from
-        it at once (``project_layers``, the same bits), a parallel block's mid summed once over the steps."""
-        first = buffered[0]
-        if not isinstance(first, LeanStep):
-            return None
-        order, copies = first.order, first.copies
-        if not all([isinstance(b, LeanStep) and b.order is order and b.copies == copies for b in buffered]):
-            return None
-        used = sorted({j for _, pre, mid, post in order for j in (pre, mid and mid[1], post) if j is not None})
-        x0 = buffered[0].xs[used[0]]
-        X = x0.new_empty(len(used), x0.shape[0], len(buffered), x0.shape[-1])
-        for k, j in enumerate(used):
-            torch.cat([b.xs[j] for b in buffered], 1, out=X[k])  # rows stay rows
-        at = {j: k for k, j in enumerate(used)}
-        layers = []
-        for i, pre, mid, post in order:  # a parallel block's mid: (pre, attn), their sum
-            m = None if mid is None else (at[pre], at[mid[1]]) if mid[0] else at[mid[1]]
-            layers.append((self.plan.layers[i].bases, {"pre": at[pre], "mid": m, "post": at.get(post)}))
-        prs = project_layers(layers, X, Grid.cat([b.grid for b in buffered]), self.stacks)
-        return [(i, bases, pr, copies) for (i, *_), (bases, _), pr in zip(order, layers, prs)]
-
-    def _step_items(self, buffered: list[dict[int, Step]]) -> list:
-        """The projections of buffered steps kept layer by layer (``Step``)."""
-        cat = lambda xs: None if any([x is None for x in xs]) else torch.cat(xs, 1)  # noqa: E731 (rows stay rows)
-        items = []
-        grids: dict[tuple, Grid] = {}  # the layers of a step share its Grid: their concatenations are one object,
-        done_cats: dict[tuple, torch.Tensor] = {}  # so the reduction subsamples once for all; post(t) and
-        for i in dict.fromkeys([i for steps in buffered for i in steps]):  # pre(t+1), one tensor, are cat once
-            buf = [steps[i] for steps in buffered if i in steps]
-            points = {}
-            for p in buf[0].points:
-                xs = [s.points[p] for s in buf]
-                key = tuple(map(id, xs))  # the readings, alive in buffered while this runs
-                if key not in done_cats:
-                    done_cats[key] = cat(xs)
-                points[p] = done_cats[key]
-            key = tuple([id(s.grid) for s in buf])
-            if key not in grids:
-                grids[key] = Grid.cat([s.grid for s in buf])
-            bases = self.plan.layers[i].bases
-            pr = project(bases, points, grids[key], cat([s.base for s in buf]), consensus=False)
-            items.append((i, bases, pr, buf[0].copies))
-        return items
+        bases = {i: lp.bases for i, lp in self.plan.layers.items()}
+        prs = project_steps(buffered, bases, self.stacks)
+        done = reduce_many([(bases[i], pr) for i, pr in prs])
+        c = buffered[0].copies
+        self._add_layers([(i, LayerSums(d[0], fold_copies(d[1], c))) for (i, _), d in zip(prs, done)])
 
     def _add_layers(self, results: list[tuple[int, LayerSums]], keys: tuple | None = None) -> None:
         """Add layers' sums into the running state: every (layer, field) sum in one ``torch._foreach_add``

@@ -1,7 +1,7 @@
-"""Stage 1 for a flush of buffered decoding steps: every layer's projections at once, ``project_layers``.
+"""Stage 1 for a flush of buffered decoding steps: every layer's projections at once, ``project_steps``.
 
-A flush holds each reading slot's steps as one (b, n, d) tensor, all slots side by side in one
-(S, b, n, d) tensor. Layer by layer, ``projection.project`` spends about ten ops on each layer:
+A flush holds each reading slot's steps as one (b, n, d) tensor, the slots of the layers that share a
+grid and a shape side by side in one (S, b, n, d) tensor (a block: most models have one). Layer by layer, ``projection.project`` spends about ten ops on each layer:
 its norms, its null subsample's gathers and five matmuls, each written into a buffer of its own
 that the reduction then stacks. Here the norms of every slot are one op, the subsample of every
 slot one gather, and the matmuls write straight into the stacked buffers.
@@ -54,14 +54,75 @@ def _stack(pairs, k: int) -> torch.Tensor:
     return torch.stack(Bs)
 
 
+POINTS = ("pre", "mid", "post", "base")  # a projection's reading points, in order (``projection._readings``)
+
+
+def project_steps(steps: list, bases: dict, stacks: Stacks) -> list[tuple[int, Projection]]:
+    """``project(bases, points, grid, base, consensus=False)`` of every layer of buffered one-token steps.
+
+    Args:
+        steps: ``forward.Step`` s of one shape, in the order they ran.
+        bases: layer -> its ``LayerBases``.
+        stacks: the bases stacked over the layers (made once).
+    Returns (layer, projection) for each layer, in the order they completed. A layer's readings are its
+    steps' readings concatenated along the positions (rows stay rows), each reading once (post(t) is
+    pre(t+1)); the layers whose steps share their grids and shape are one block, projected at once
+    (``project_layers``). A layer missing in some steps counts the steps that have it, with the points
+    every one of them read.
+    """
+    first = steps[0].order
+    alike = all([s.order is first or s.order == first for s in steps])  # then an index is one reading
+    if alike:
+        layers = [[(s, sl) for s in steps] for sl in first]
+    else:
+        maps = [{sl.layer: sl for sl in s.order} for s in steps]
+        seen = dict.fromkeys([sl.layer for s in steps for sl in s.order])
+        layers = [[(s, m[i]) for s, m in zip(steps, maps) if i in m] for i in seen]
+    blocks: dict = {}  # (grid, shape, dtype, device) -> ([(layer, {point: column})], {column key: (k, readings)}, grids)
+    for have in layers:
+        s0, sl0 = have[0]
+        x0 = s0.xs[sl0.pre]
+        grid = sl0.grid if alike else tuple([id(s.grids[sl.grid]) for s, sl in have])
+        block = blocks.get((grid, x0.shape, x0.dtype, x0.device))
+        if block is None:
+            block = blocks[grid, x0.shape, x0.dtype, x0.device] = ([], {}, [s.grids[sl.grid] for s, sl in have])
+        slots, cols = {}, block[1]
+        for p in POINTS:
+            j0 = getattr(sl0, p)
+            if j0 is None or not (alike or all([getattr(sl, p) is not None for _, sl in have])):
+                continue
+            ks = []
+            for h in (0, 1) if isinstance(j0, tuple) else (None,):  # a parallel block's mid: (pre, attn)
+                j = j0 if h is None else j0[h]
+                if alike:
+                    c, xs = j, None
+                else:
+                    xs = [s.xs[getattr(sl, p) if h is None else getattr(sl, p)[h]] for s, sl in have]
+                    c = tuple(map(id, xs))
+                if c not in cols:
+                    cols[c] = (len(cols), [s.xs[j] for s in steps] if xs is None else xs)
+                ks.append(cols[c][0])
+            slots[p] = ks[0] if len(ks) == 1 else tuple(ks)
+        block[0].append((sl0.layer, slots))
+    out = {}
+    for (_, shape, dtype, device), (ls, cols, grids) in blocks.items():
+        X = torch.empty(len(cols), shape[0], len(grids) * shape[1], shape[2], dtype=dtype, device=device)
+        for k, xs in cols.values():
+            torch.cat(xs, 1, out=X[k])  # rows stay rows
+        prs = project_layers([(bases[i], sl) for i, sl in ls], X, Grid.cat(grids), stacks)
+        out.update(zip([i for i, _ in ls], prs))
+    return [(have[0][1].layer, out[have[0][1].layer]) for have in layers]
+
+
 def project_layers(
     layers: list[tuple[LayerBases, dict[str, int | None]]], X: torch.Tensor, grid: Grid, stacks: Stacks
 ) -> list[Projection]:
-    """``project(bases, points, grid, consensus=False)`` of every layer, from one tensor of readings.
+    """``project(bases, points, grid, base, consensus=False)`` of every layer, from one tensor of readings.
 
     Args:
-        layers: (bases, {'pre': slot, 'mid': slot or None, 'post': slot or None}) a layer, each slot a
-            row of X; a parallel block's mid is (pre slot, attention slot), their sum.
+        layers: (bases, {'pre': slot, 'mid': slot or None, 'post': slot or None, 'base': slot or None}) a
+            layer, each slot a row of X; a parallel block's mid is (pre slot, attention slot), their sum;
+            base: LN_t(pre) of a post-norm layer.
         X: (S, b, n, d) every reading slot's buffered steps.
         grid: the steps' grid, one for every layer.
         stacks: the bases stacked over the layers (made once).
@@ -75,9 +136,10 @@ def project_layers(
     kernels.norms(rows, norms)  # every slot's norms, each once (layer t's post is layer t+1's pre)
     groups: dict[tuple, list[int]] = {}
     for i, (bases, slots) in enumerate(layers):
-        names = tuple(p for p in ("pre", "mid", "post") if slots.get(p) is not None)
+        names = tuple(p for p in POINTS if slots.get(p) is not None)
         Bt, Bn = bases.on(X.device, X.dtype)
-        key = (bases.layout, names, bases.null_stride, Bt.shape, Bn.shape, Bt.dtype, isinstance(slots["mid"], tuple))
+        summed = isinstance(slots.get("mid"), tuple)  # a parallel block's mid
+        key = (bases.layout, names, bases.null_stride, Bt.shape, Bn.shape, Bt.dtype, summed)
         groups.setdefault(key, []).append(i)
     subs: dict[int, torch.Tensor] = {}
     for (_, names, null_stride, Btshape, Bnshape, Btdtype, _), idx in groups.items():
