@@ -16,7 +16,7 @@ import torch
 
 from . import stats
 from .forward import ForwardSums, LayerSums, Step, fold_copies
-from .measures import Sizes, close_rows, zero_state
+from .measures import Sizes, fold_rows, running_fields, zero_state
 from .plan import Plan
 from .reduce import reduce_many
 from .reduce.batched import Stacks, project_steps
@@ -50,7 +50,7 @@ class Accumulator:
             b = lp.bases
             self.state[i] = zero_state(layer_sizes(i, b), b.measures)
         self.zero = set(plan.layers)  # layers whose state is still zeros: replaced, not added to, at first
-        self.rows: dict[int, torch.Tensor] = {}  # open sequences' counters (b, 5, T)
+        self.rows: dict[int, torch.Tensor] = {}  # open sequences' per-row counters (b, len(measures.ROW), T)
         self.buf: list[Step] = []  # buffered one-token steps, one a forward
         self.buf_shapes: tuple = ()  # the buffered steps' grid shapes
         self.buf_rows = 0  # rows of a buffered step
@@ -59,7 +59,7 @@ class Accumulator:
         self.token_records: list[dict] = []
         self.stacks = Stacks()  # each layout's bases stacked over its layers, for the flush (``project_steps``)
         self.keyed: dict = {}  # a flat batch's open request key -> its slot in ``krows``
-        self.krows: dict[int, torch.Tensor] = {}  # layer -> (slots, 5, T) counters of the open requests
+        self.krows: dict[int, torch.Tensor] = {}  # layer -> (slots, len(measures.ROW), T) open requests' counters
         self.free: list[int] = []  # slots of ended requests, to reuse
 
     # ---- a forward ----
@@ -145,7 +145,7 @@ class Accumulator:
                 continue
             open_rows = self.rows.get(layer)
             if open_rows is not None and open_rows.shape[0] != rows.shape[0]:
-                self._close_rows(layer)
+                self._fold_open(layer)
                 open_rows = None
             if open_rows is None:
                 self.rows[layer] = rows
@@ -189,17 +189,15 @@ class Accumulator:
         for (_, device), layers in groups.items():
             idx = torch.tensor(slots, device=device)
             rows = torch.stack([self.krows[i].index_select(0, idx) for i in layers])
-            tgt = torch.stack([self.state[i]["tgt"].to(device) for i in layers])
-            for i, t in zip(layers, close_rows(tgt, rows)):
-                self.state[i] = {**self.state[i], "tgt": t}
+            for i, st in zip(layers, fold_rows([self.state[i] for i in layers], rows)):
+                self.state[i] = st
                 self.krows[i] = self.krows[i].index_fill(0, idx, 0)
         self.free.extend(slots)
 
-    def _close_rows(self, layer: int) -> None:
+    def _fold_open(self, layer: int) -> None:
         rows = self.rows.pop(layer, None)
         if rows is not None:
-            st = self.state[layer]
-            self.state[layer] = {**st, "tgt": close_rows(st["tgt"].to(rows.device), rows)}
+            self.state[layer] = fold_rows([self.state[layer]], rows[None])[0]
 
     def end_sequences(self) -> None:
         """The open sequences ended: fold their per-row counters into the cluster sums.
@@ -212,30 +210,29 @@ class Accumulator:
             groups.setdefault((rows.shape, rows.device), []).append(layer)
         for layers in groups.values():
             rows = torch.stack([self.rows.pop(i) for i in layers])
-            tgt = torch.stack([self.state[i]["tgt"].to(rows.device) for i in layers])
-            for i, t in zip(layers, close_rows(tgt, rows)):
-                self.state[i] = {**self.state[i], "tgt": t}
+            for i, st in zip(layers, fold_rows([self.state[i] for i in layers], rows)):
+                self.state[i] = st
 
     # ---- reading the state ----
     def current(self, layer: int) -> dict[str, torch.Tensor]:
         """This layer's state with the still-open sequences folded in, float64 on the CPU; buffered steps
         are reduced first (``flush``), so a reader and a forward's end reach the state by one door."""
         self.flush()
-        st = dict(self.state[layer])
+        st = self.state[layer]
         rows = self.rows.get(layer)
         if rows is not None:
-            st["tgt"] = close_rows(st["tgt"].to(rows.device), rows)
+            st = fold_rows([st], rows[None])[0]
         kr = self.krows.get(layer)
         if kr is not None and self.keyed:  # open requests of a flat batch
             idx = torch.tensor(list(self.keyed.values()), device=kr.device)
-            st["tgt"] = close_rows(st["tgt"].to(kr.device), kr.index_select(0, idx))
+            st = fold_rows([st], kr.index_select(0, idx)[None])[0]
         return {k: v.detach().to("cpu", torch.float64) for k, v in st.items()}
 
-    def target_sums(self) -> list[torch.Tensor]:
-        """Each layer's running per-target sums (T, len(TGT_FIELDS)), in layer order, on their devices
-        (buffered steps reduced first, as ``current``)."""
+    def running(self) -> list[list[torch.Tensor]]:
+        """Each layer's fields that the sinks' running values read (``measures.running_fields``), in layer
+        order, on their devices (buffered steps reduced first, as ``current``)."""
         self.flush()
-        return [self.state[i]["tgt"].detach() for i in sorted(self.plan.layers)]
+        return [[self.state[i][k].detach() for k in running_fields()] for i in sorted(self.plan.layers)]
 
     def replace(self, states: dict[int, dict[str, torch.Tensor]]) -> None:
         """The state becomes ``states`` (a loaded one); nothing open or buffered is kept."""

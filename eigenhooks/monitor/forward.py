@@ -28,7 +28,7 @@ _shape = attrgetter("shape")
 
 
 class LayerSums(NamedTuple):
-    """One layer's sums of one forward (``measures.zero_state``'s layout) and its per-row counters (b, 5, T)."""
+    """One layer's sums of one forward (``measures.zero_state``'s layout) and its per-row counters (b, len(measures.ROW), T)."""
 
     sums: dict[str, torch.Tensor]
     rows: torch.Tensor | None
@@ -468,7 +468,7 @@ def flat_grid(flat: FlatRows) -> tuple[torch.Tensor, Grid]:
 
 
 def fold_copies(rows: torch.Tensor | None, copies: int) -> torch.Tensor | None:
-    """Per-row counters (b, 5, T) of rows that are copies of one input row, summed per input row."""
+    """Per-row counters (b, len(measures.ROW), T) of rows that are copies of one input row, summed per input row."""
     if rows is None or copies == 1:
         return rows
     return rows.view(rows.shape[0] // copies, copies, *rows.shape[1:]).sum(1)

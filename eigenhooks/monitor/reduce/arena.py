@@ -39,7 +39,7 @@ class Arena:
         self.taken: set[tuple] = set()
         self.constants: dict[tuple, GroupConstants] = {}  # (rows, device) -> the group's constants there
 
-    def take(self, row: int, key: tuple) -> Row | None:
+    def take(self, row: int, key: tuple) -> ArenaRow | None:
         if (row, key) in self.taken:
             return None
         if key not in self.bufs:
@@ -47,7 +47,7 @@ class Arena:
             self.bufs = {k: v for k, v in self.bufs.items() if k in busy}
             self.views = {k: v for k, v in self.views.items() if k in busy}
         self.taken.add((row, key))
-        return Row(self, row, key)
+        return ArenaRow(self, row, key)
 
     def release(self) -> None:
         """Every row is free again (a forward that raised leaves rows taken)."""
@@ -62,7 +62,7 @@ def parts(out: dict[str, torch.Tensor], N: int) -> dict[str, tuple]:
     return views
 
 
-class Row:
+class ArenaRow:
     """One layer's row of an Arena, for one key (shapes, points, device)."""
 
     def __init__(self, arena: Arena, row: int, key: tuple):
