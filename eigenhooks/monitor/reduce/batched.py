@@ -78,7 +78,7 @@ def project_steps(steps: list, bases: dict, stacks: Stacks) -> list[tuple[int, P
         maps = [{sl.layer: sl for sl in s.order} for s in steps]
         seen = dict.fromkeys([sl.layer for s in steps for sl in s.order])
         layers = [[(s, m[i]) for s, m in zip(steps, maps) if i in m] for i in seen]
-    blocks: dict = {}  # (grid, shape, dtype, device) -> ([(layer, {point: column})], {column key: (k, readings)}, grids)
+    blocks: dict = {}  # (grid, shape, dtype, device) -> ([(layer, {point: column})], {column key: (j, readings)}, grids)
     for have in layers:
         s0, sl0 = have[0]
         x0 = s0.xs[sl0.pre]
@@ -91,7 +91,7 @@ def project_steps(steps: list, bases: dict, stacks: Stacks) -> list[tuple[int, P
             j0 = getattr(sl0, p)
             if j0 is None or not (alike or all([getattr(sl, p) is not None for _, sl in have])):
                 continue
-            ks = []
+            js = []
             for h in (0, 1) if isinstance(j0, tuple) else (None,):  # a parallel block's mid: (pre, attn)
                 j = j0 if h is None else j0[h]
                 if alike:
@@ -101,14 +101,14 @@ def project_steps(steps: list, bases: dict, stacks: Stacks) -> list[tuple[int, P
                     c = tuple(map(id, xs))
                 if c not in cols:
                     cols[c] = (len(cols), [s.xs[j] for s in steps] if xs is None else xs)
-                ks.append(cols[c][0])
-            slots[p] = ks[0] if len(ks) == 1 else tuple(ks)
+                js.append(cols[c][0])
+            slots[p] = js[0] if len(js) == 1 else tuple(js)
         block[0].append((sl0.layer, slots))
     out = {}
     for (_, shape, dtype, device), (ls, cols, grids) in blocks.items():
         X = torch.empty(len(cols), shape[0], len(grids) * shape[1], shape[2], dtype=dtype, device=device)
-        for k, xs in cols.values():
-            torch.cat(xs, 1, out=X[k])  # rows stay rows
+        for j, xs in cols.values():
+            torch.cat(xs, 1, out=X[j])  # rows stay rows
         prs = project_layers([(bases[i], sl) for i, sl in ls], X, Grid.cat(grids), stacks)
         out.update(zip([i for i, _ in ls], prs))
     return [(have[0][1].layer, out[have[0][1].layer]) for have in layers]
@@ -178,31 +178,27 @@ def project_layers(
     return out
 
 
-def _at(X: torch.Tensor, k: int | tuple | None) -> torch.Tensor | None:
-    return None if k is None else X[k[0]] + X[k[1]] if isinstance(k, tuple) else X[k]
-
-
-def _source(rows: torch.Tensor, sub: torch.Tensor, norms: torch.Tensor, ks: list, flat, null: bool, stacked: bool):
+def _source(rows: torch.Tensor, sub: torch.Tensor, norms: torch.Tensor, js: list, flat, null: bool, stacked: bool):
     """One point's readings for a layout's layers: (rows (L, b*n, d), their null subsample (L, N, d), or None
     when the point has no null, their norms (L, b*n)); not ``stacked`` (one mm a layer), the rows and
-    subsamples as a list of each layer's views, no copy. A parallel block's mid, ks of (pre, attention)
+    subsamples as a list of each layer's views, no copy. A parallel block's mid, js of (pre, attention)
     slots, is the sum pre + attn made once for all of them (elementwise: the bits of each layer's own
     sum), its norms and subsample its own."""
-    if not isinstance(ks[0], tuple):
-        pick = _pick if stacked else lambda t, ks: [t[k] for k in ks]  # noqa: E731
-        return pick(rows, ks), pick(sub, ks) if null else None, _pick(norms, ks)
-    M = _pick(rows, [k[0] for k in ks]) + _pick(rows, [k[1] for k in ks])
+    if not isinstance(js[0], tuple):
+        pick = _pick if stacked else lambda t, js: [t[j] for j in js]  # noqa: E731
+        return pick(rows, js), pick(sub, js) if null else None, _pick(norms, js)
+    M = _pick(rows, [j[0] for j in js]) + _pick(rows, [j[1] for j in js])
     own = M.new_empty(M.shape[:2], dtype=torch.float32)
     kernels.norms(M, own)
     return M, (M if flat is None else M.index_select(1, flat)) if null else None, own
 
 
-def _pick(t: torch.Tensor, ks: list[int]) -> torch.Tensor:
-    """t's rows ks along its first dimension: a view when they are evenly spaced (a layer's pre, mid
+def _pick(t: torch.Tensor, js: list[int]) -> torch.Tensor:
+    """t's rows js along its first dimension: a view when they are evenly spaced (a layer's pre, mid
     and post slots usually are), else one copy."""
-    if len(ks) == 1:
-        return t[ks[0] : ks[0] + 1]
-    step = ks[1] - ks[0]
-    if step > 0 and ks == list(range(ks[0], ks[0] + step * len(ks), step)):
-        return t[ks[0] : ks[-1] + 1 : step]
-    return torch.stack([t[k] for k in ks])
+    if len(js) == 1:
+        return t[js[0] : js[0] + 1]
+    step = js[1] - js[0]
+    if step > 0 and js == list(range(js[0], js[0] + step * len(js), step)):
+        return t[js[0] : js[-1] + 1 : step]
+    return torch.stack([t[j] for j in js])
