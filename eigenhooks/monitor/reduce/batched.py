@@ -17,6 +17,8 @@ by matrices but an mm inside it), and the CPU states are pinned bit for bit
 
 from __future__ import annotations
 
+from operator import attrgetter
+
 import torch
 
 from . import kernels
@@ -33,6 +35,7 @@ class Stacks:
 
     def __init__(self):
         self._made: dict[tuple, tuple] = {}  # key -> (Bt stack, Bn stack, the layers' float64 bases made from)
+        self.layouts: dict[tuple, tuple] = {}  # (a step order, its readings' shapes, ...) -> ``_layout``
 
     def get(self, group: list[LayerBases], device: torch.device, dtype: torch.dtype):
         key = (tuple(map(id, group)), device, dtype)
@@ -63,7 +66,7 @@ def project_steps(steps: list, bases: dict, stacks: Stacks) -> list[tuple[int, P
     Args:
         steps: ``forward.Step`` s of one shape, in the order they ran.
         bases: layer -> its ``LayerBases``.
-        stacks: the bases stacked over the layers (made once).
+        stacks: the bases stacked over the layers, and the steps' layouts (made once).
     Returns (layer, projection) for each layer, in the order they completed. A layer's readings are its
     steps' readings concatenated along the positions (rows stay rows), each reading once (post(t) is
     pre(t+1)); the layers whose steps share their grids and shape are one block, projected at once
@@ -71,47 +74,67 @@ def project_steps(steps: list, bases: dict, stacks: Stacks) -> list[tuple[int, P
     every one of them read.
     """
     first = steps[0].order
-    alike = all([s.order is first or s.order == first for s in steps])  # then an index is one reading
-    if alike:
-        layers = [[(s, sl) for s in steps] for sl in first]
-    else:
+    if all([s.order is first or s.order == first for s in steps]):  # read alike: an index is one reading
+        xs = steps[0].xs
+        key = (first, tuple(map(_shape, xs)), tuple(map(_dtype, xs)), tuple(map(_device, xs)))
+        layout = stacks.layouts.get(key)
+        if layout is None:
+            if len(stacks.layouts) > 64:
+                stacks.layouts.clear()
+            layout = stacks.layouts[key] = _layout([[(steps[0], sl)] for sl in first], True)
+    else:  # layers missing in some steps: a reading is known by its tensors
         maps = [{sl.layer: sl for sl in s.order} for s in steps]
         seen = dict.fromkeys([sl.layer for s in steps for sl in s.order])
-        layers = [[(s, m[i]) for s, m in zip(steps, maps) if i in m] for i in seen]
-    blocks: dict = {}  # (grid, shape, dtype, device) -> ([(layer, {point: column})], {column key: (j, readings)}, grids)
+        layout = _layout([[(s, m[i]) for s, m in zip(steps, maps) if i in m] for i in seen], False)
+    out = {}
+    for grid, ls, cols in layout[0]:
+        alike = isinstance(grid, int)  # indices into each step's grids and readings
+        grids = [s.grids[grid] for s in steps] if alike else grid
+        x0 = steps[0].xs[cols[0]] if alike else cols[0][0]
+        X = torch.empty(len(cols), x0.shape[0], len(grids) * x0.shape[1], x0.shape[2], dtype=x0.dtype, device=x0.device)
+        for j, c in enumerate(cols):
+            torch.cat([s.xs[c] for s in steps] if alike else c, 1, out=X[j])  # rows stay rows
+        prs = project_layers([(bases[i], sl) for i, sl in ls], X, Grid.cat(grids), stacks)
+        out.update(zip([i for i, _ in ls], prs))
+    return [(i, out[i]) for i in layout[1]]
+
+
+_shape, _dtype, _device = attrgetter("shape"), attrgetter("dtype"), attrgetter("device")
+
+
+def _layout(layers: list, alike: bool) -> tuple[list, list]:
+    """How a flush lays its steps out: ([(grid, [(layer, {point: column})], columns)] a block, the layers in
+    order). Each layer is [(step, its Slots)] for the steps that have it; ``alike``: the steps share one
+    order, so a block's grid and columns are indices into every step's grids and readings (the layout is
+    kept for the next flush), else the grids and readings themselves (a column: its steps' readings)."""
+    blocks: dict = {}  # (grid key, shape, dtype, device) -> (grid, [(layer, slots)], {column key: index}, columns)
     for have in layers:
         s0, sl0 = have[0]
         x0 = s0.xs[sl0.pre]
-        grid = sl0.grid if alike else tuple([id(s.grids[sl.grid]) for s, sl in have])
-        block = blocks.get((grid, x0.shape, x0.dtype, x0.device))
+        gkey = sl0.grid if alike else tuple([id(s.grids[sl.grid]) for s, sl in have])
+        block = blocks.get((gkey, x0.shape, x0.dtype, x0.device))
         if block is None:
-            block = blocks[grid, x0.shape, x0.dtype, x0.device] = ([], {}, [s.grids[sl.grid] for s, sl in have])
-        slots, cols = {}, block[1]
+            grid = sl0.grid if alike else [s.grids[sl.grid] for s, sl in have]
+            block = blocks[gkey, x0.shape, x0.dtype, x0.device] = (grid, [], {}, [])
+        slots, at, cols = {}, block[2], block[3]
         for p in POINTS:
             j0 = getattr(sl0, p)
             if j0 is None or not (alike or all([getattr(sl, p) is not None for _, sl in have])):
                 continue
             js = []
             for h in (0, 1) if isinstance(j0, tuple) else (None,):  # a parallel block's mid: (pre, attn)
-                j = j0 if h is None else j0[h]
                 if alike:
-                    c, xs = j, None
+                    c = col = j0 if h is None else j0[h]
                 else:
-                    xs = [s.xs[getattr(sl, p) if h is None else getattr(sl, p)[h]] for s, sl in have]
-                    c = tuple(map(id, xs))
-                if c not in cols:
-                    cols[c] = (len(cols), [s.xs[j] for s in steps] if xs is None else xs)
-                js.append(cols[c][0])
+                    col = [s.xs[getattr(sl, p) if h is None else getattr(sl, p)[h]] for s, sl in have]
+                    c = tuple(map(id, col))
+                if c not in at:
+                    at[c] = len(cols)
+                    cols.append(col)
+                js.append(at[c])
             slots[p] = js[0] if len(js) == 1 else tuple(js)
-        block[0].append((sl0.layer, slots))
-    out = {}
-    for (_, shape, dtype, device), (ls, cols, grids) in blocks.items():
-        X = torch.empty(len(cols), shape[0], len(grids) * shape[1], shape[2], dtype=dtype, device=device)
-        for j, xs in cols.values():
-            torch.cat(xs, 1, out=X[j])  # rows stay rows
-        prs = project_layers([(bases[i], sl) for i, sl in ls], X, Grid.cat(grids), stacks)
-        out.update(zip([i for i, _ in ls], prs))
-    return [(have[0][1].layer, out[have[0][1].layer]) for have in layers]
+        block[1].append((sl0.layer, slots))
+    return [(grid, ls, cols) for grid, ls, _, cols in blocks.values()], [have[0][1].layer for have in layers]
 
 
 def project_layers(
