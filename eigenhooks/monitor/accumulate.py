@@ -15,11 +15,11 @@ from dataclasses import dataclass
 import torch
 
 from . import stats
-from .forward import ForwardSums, LayerSums, LeanStep, Step, fold_copies
-from .measures import Sizes, close_rows, zero_state
+from .forward import ForwardSums, LayerSums, Step, fold_copies
+from .measures import Sizes, fold_rows, running_fields, zero_state
 from .plan import Plan
-from .reduce import Grid, project, reduce_many
-from .reduce.batched import Stacks, project_layers
+from .reduce import reduce_many
+from .reduce.batched import Stacks, project_steps
 
 BUFFER_TOKENS = 256  # one-token steps reduced together; bounds the buffer's memory
 
@@ -50,16 +50,16 @@ class Accumulator:
             b = lp.bases
             self.state[i] = zero_state(layer_sizes(i, b), b.measures)
         self.zero = set(plan.layers)  # layers whose state is still zeros: replaced, not added to, at first
-        self.rows: dict[int, torch.Tensor] = {}  # open sequences' counters (b, 5, T)
-        self.buf: list = []  # buffered one-token steps: each forward's LeanStep, or its {layer: Step}
+        self.rows: dict[int, torch.Tensor] = {}  # open sequences' per-row counters (b, len(measures.ROW), T)
+        self.buf: list[Step] = []  # buffered one-token steps, one a forward
         self.buf_shapes: tuple = ()  # the buffered steps' grid shapes
         self.buf_rows = 0  # rows of a buffered step
         self.seen: dict = {}  # stack -> (b, 1) valid tokens the open sequences have counted
         self.n_forwards = 0
         self.token_records: list[dict] = []
-        self.stacks = Stacks()  # each layout's bases stacked over its layers, for the flush (``project_layers``)
+        self.stacks = Stacks()  # each layout's bases stacked over its layers, for the flush (``project_steps``)
         self.keyed: dict = {}  # a flat batch's open request key -> its slot in ``krows``
-        self.krows: dict[int, torch.Tensor] = {}  # layer -> (slots, 5, T) counters of the open requests
+        self.krows: dict[int, torch.Tensor] = {}  # layer -> (slots, len(measures.ROW), T) open requests' counters
         self.free: list[int] = []  # slots of ended requests, to reuse
 
     # ---- a forward ----
@@ -81,7 +81,7 @@ class Accumulator:
             self._add_layers(list(fs.layers.items()), fs.keys)
         if fs.own:  # a researcher's measures' sums, taken in the forward (a decoding step's too)
             self._add_layers([(i, LayerSums(s, None)) for i, s in fs.own.items()])
-        self._buffer(fs.lean or fs.steps, fs.shapes)
+        self._buffer(fs.step, fs.shapes)
         self.seen.update(fs.seen)
         if fs.token_records:
             self.token_records.extend(fs.token_records)
@@ -94,77 +94,30 @@ class Accumulator:
         self.keyed, self.krows, self.free = u.keyed, u.krows, u.free
         del self.token_records[u.n_token_records :]
 
-    def _buffer(self, steps: LeanStep | dict[int, Step], shapes: tuple) -> None:
-        """Keep a forward's one-token steps as they are (one append; no work per layer), and flush every
-        layer at once when the buffer is full or the steps' shapes change (a flush taken before every
-        layer's step is in would split the stack in two). ``shapes``: the steps' grid shapes."""
-        if not steps:
+    def _buffer(self, step: Step | None, shapes: tuple) -> None:
+        """Keep a forward's one-token step as it is (one append; no work per layer), and flush every layer
+        at once when the buffer is full or the steps' shapes change (a flush taken before every layer's
+        step is in would split the stack in two). ``shapes``: the step's grid shapes."""
+        if step is None:
             return
         if self.buf and shapes != self.buf_shapes:
             self.flush()
         if not self.buf:
-            grid = steps.grid if isinstance(steps, LeanStep) else next(iter(steps.values())).grid
-            self.buf_shapes, self.buf_rows = shapes, grid.mask.shape[0]
-        self.buf.append(steps)
+            self.buf_shapes, self.buf_rows = shapes, step.grids[0].mask.shape[0]
+        self.buf.append(step)
         if len(self.buf) * self.buf_rows >= BUFFER_TOKENS:
             self.flush()
 
     def flush(self) -> None:
-        """Reduce the buffered one-token steps of every layer, stacked."""
+        """Reduce the buffered one-token steps of every layer, stacked (``reduce.batched.project_steps``)."""
         if not self.buf:
             return
         buffered, self.buf = self.buf, []
-        items = self._lean_items(buffered)
-        if items is None:
-            items = self._step_items([b.as_steps() if isinstance(b, LeanStep) else b for b in buffered])
-        done = reduce_many([(b, pr) for _, b, pr, _ in items])
-        self._add_layers([(i, LayerSums(d[0], fold_copies(d[1], c))) for (i, _, _, c), d in zip(items, done)])
-
-    def _lean_items(self, buffered: list) -> list | None:
-        """The projections of steps that all kept their readings in one order (``LeanStep``), None otherwise:
-        each reading slot's steps concatenated into one (S, b, n, d) tensor, and every layer projected from
-        it at once (``project_layers``, the same bits), a parallel block's mid summed once over the steps."""
-        first = buffered[0]
-        if not isinstance(first, LeanStep):
-            return None
-        order, copies = first.order, first.copies
-        if not all([isinstance(b, LeanStep) and b.order is order and b.copies == copies for b in buffered]):
-            return None
-        used = sorted({j for _, pre, mid, post in order for j in (pre, mid and mid[1], post) if j is not None})
-        x0 = buffered[0].xs[used[0]]
-        X = x0.new_empty(len(used), x0.shape[0], len(buffered), x0.shape[-1])
-        for k, j in enumerate(used):
-            torch.cat([b.xs[j] for b in buffered], 1, out=X[k])  # rows stay rows
-        at = {j: k for k, j in enumerate(used)}
-        layers = []
-        for i, pre, mid, post in order:  # a parallel block's mid: (pre, attn), their sum
-            m = None if mid is None else (at[pre], at[mid[1]]) if mid[0] else at[mid[1]]
-            layers.append((self.plan.layers[i].bases, {"pre": at[pre], "mid": m, "post": at.get(post)}))
-        prs = project_layers(layers, X, Grid.cat([b.grid for b in buffered]), self.stacks)
-        return [(i, bases, pr, copies) for (i, *_), (bases, _), pr in zip(order, layers, prs)]
-
-    def _step_items(self, buffered: list[dict[int, Step]]) -> list:
-        """The projections of buffered steps kept layer by layer (``Step``)."""
-        cat = lambda xs: None if any([x is None for x in xs]) else torch.cat(xs, 1)  # noqa: E731 (rows stay rows)
-        items = []
-        grids: dict[tuple, Grid] = {}  # the layers of a step share its Grid: their concatenations are one object,
-        done_cats: dict[tuple, torch.Tensor] = {}  # so the reduction subsamples once for all; post(t) and
-        for i in dict.fromkeys([i for steps in buffered for i in steps]):  # pre(t+1), one tensor, are cat once
-            buf = [steps[i] for steps in buffered if i in steps]
-            points = {}
-            for p in buf[0].points:
-                xs = [s.points[p] for s in buf]
-                key = tuple(map(id, xs))  # the readings, alive in buffered while this runs
-                if key not in done_cats:
-                    done_cats[key] = cat(xs)
-                points[p] = done_cats[key]
-            key = tuple([id(s.grid) for s in buf])
-            if key not in grids:
-                grids[key] = Grid.cat([s.grid for s in buf])
-            bases = self.plan.layers[i].bases
-            pr = project(bases, points, grids[key], cat([s.base for s in buf]), consensus=False)
-            items.append((i, bases, pr, buf[0].copies))
-        return items
+        bases = {i: lp.bases for i, lp in self.plan.layers.items()}
+        prs = project_steps(buffered, bases, self.stacks)
+        done = reduce_many([(bases[i], pr) for i, pr in prs])
+        c = buffered[0].copies
+        self._add_layers([(i, LayerSums(d[0], fold_copies(d[1], c))) for (i, _), d in zip(prs, done)])
 
     def _add_layers(self, results: list[tuple[int, LayerSums]], keys: tuple | None = None) -> None:
         """Add layers' sums into the running state: every (layer, field) sum in one ``torch._foreach_add``
@@ -192,7 +145,7 @@ class Accumulator:
                 continue
             open_rows = self.rows.get(layer)
             if open_rows is not None and open_rows.shape[0] != rows.shape[0]:
-                self._close_rows(layer)
+                self._fold_open(layer)
                 open_rows = None
             if open_rows is None:
                 self.rows[layer] = rows
@@ -236,17 +189,15 @@ class Accumulator:
         for (_, device), layers in groups.items():
             idx = torch.tensor(slots, device=device)
             rows = torch.stack([self.krows[i].index_select(0, idx) for i in layers])
-            tgt = torch.stack([self.state[i]["tgt"].to(device) for i in layers])
-            for i, t in zip(layers, close_rows(tgt, rows)):
-                self.state[i] = {**self.state[i], "tgt": t}
+            for i, st in zip(layers, fold_rows([self.state[i] for i in layers], rows)):
+                self.state[i] = st
                 self.krows[i] = self.krows[i].index_fill(0, idx, 0)
         self.free.extend(slots)
 
-    def _close_rows(self, layer: int) -> None:
+    def _fold_open(self, layer: int) -> None:
         rows = self.rows.pop(layer, None)
         if rows is not None:
-            st = self.state[layer]
-            self.state[layer] = {**st, "tgt": close_rows(st["tgt"].to(rows.device), rows)}
+            self.state[layer] = fold_rows([self.state[layer]], rows[None])[0]
 
     def end_sequences(self) -> None:
         """The open sequences ended: fold their per-row counters into the cluster sums.
@@ -259,30 +210,29 @@ class Accumulator:
             groups.setdefault((rows.shape, rows.device), []).append(layer)
         for layers in groups.values():
             rows = torch.stack([self.rows.pop(i) for i in layers])
-            tgt = torch.stack([self.state[i]["tgt"].to(rows.device) for i in layers])
-            for i, t in zip(layers, close_rows(tgt, rows)):
-                self.state[i] = {**self.state[i], "tgt": t}
+            for i, st in zip(layers, fold_rows([self.state[i] for i in layers], rows)):
+                self.state[i] = st
 
     # ---- reading the state ----
     def current(self, layer: int) -> dict[str, torch.Tensor]:
         """This layer's state with the still-open sequences folded in, float64 on the CPU; buffered steps
         are reduced first (``flush``), so a reader and a forward's end reach the state by one door."""
         self.flush()
-        st = dict(self.state[layer])
+        st = self.state[layer]
         rows = self.rows.get(layer)
         if rows is not None:
-            st["tgt"] = close_rows(st["tgt"].to(rows.device), rows)
+            st = fold_rows([st], rows[None])[0]
         kr = self.krows.get(layer)
         if kr is not None and self.keyed:  # open requests of a flat batch
             idx = torch.tensor(list(self.keyed.values()), device=kr.device)
-            st["tgt"] = close_rows(st["tgt"].to(kr.device), kr.index_select(0, idx))
+            st = fold_rows([st], kr.index_select(0, idx)[None])[0]
         return {k: v.detach().to("cpu", torch.float64) for k, v in st.items()}
 
-    def target_sums(self) -> list[torch.Tensor]:
-        """Each layer's running per-target sums (T, len(TGT_FIELDS)), in layer order, on their devices
-        (buffered steps reduced first, as ``current``)."""
+    def running(self) -> list[list[torch.Tensor]]:
+        """Each layer's fields that the sinks' running values read (``measures.running_fields``), in layer
+        order, on their devices (buffered steps reduced first, as ``current``)."""
         self.flush()
-        return [self.state[i]["tgt"].detach() for i in sorted(self.plan.layers)]
+        return [[self.state[i][k].detach() for k in running_fields()] for i in sorted(self.plan.layers)]
 
     def replace(self, states: dict[int, dict[str, torch.Tensor]]) -> None:
         """The state becomes ``states`` (a loaded one); nothing open or buffered is kept."""

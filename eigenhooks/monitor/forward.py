@@ -28,48 +28,41 @@ _shape = attrgetter("shape")
 
 
 class LayerSums(NamedTuple):
-    """One layer's sums of one forward (``measures.zero_state``'s layout) and its per-row counters (b, 5, T)."""
+    """One layer's sums of one forward (``measures.zero_state``'s layout) and its per-row counters (b, len(measures.ROW), T)."""
 
     sums: dict[str, torch.Tensor]
     rows: torch.Tensor | None
 
 
+class Slots(NamedTuple):
+    """Where one layer's readings sit in its ``Step``: indices into its ``xs``, its grid's into its ``grids``.
+
+    mid: an index, or (pre, attn) for a parallel block whose mid is their sum (made once at the flush,
+    elementwise: the same bits), or None; post and base (LN_t(pre) of a post-norm layer): an index or None.
+    """
+
+    layer: int
+    pre: int
+    mid: int | tuple | None
+    post: int | None
+    base: int | None
+    grid: int
+
+
 class Step(NamedTuple):
-    """One layer's readings of a one-token decoding step, kept for the accumulator's batched flush."""
+    """A one-token decoding step's readings, kept for the accumulator's batched flush
+    (``reduce.batched.project_steps``): nothing is projected per layer in the step.
 
-    points: dict[str, torch.Tensor | None]
-    grid: Grid
-    base: torch.Tensor | None
-    copies: int = 1  # rows that are copies of one input row (beams): their counters are summed
-
-
-class LeanStep(NamedTuple):
-    """A one-token decoding step whose readings all came, once each (``Forward.lean_start``): kept as they
-    came, one list, for the accumulator's flush; nothing is done per layer in the step.
-
-    order: ``lean_order``'s (layer, pre, mid, post) indices into xs, shared by the steps read in one order.
+    order: each layer's ``Slots``, in the order the layers completed; the steps whose readings came
+    whole and alike share one order object (``lean_order``). xs: the readings, each once (post(t) is
+    pre(t+1)). grids: the grids its layers use. copies: rows that are copies of one input row (beams):
+    their counters are summed.
     """
 
     order: tuple
     xs: list
-    grid: Grid
+    grids: tuple
     copies: int = 1
-
-    def as_steps(self) -> dict[int, Step]:
-        """The same readings as ``Forward._project`` keeps them, one ``Step`` a layer."""
-        return {
-            i: Step(lean_points(pre, mid, post, self.xs), self.grid, None, self.copies)
-            for i, pre, mid, post in self.order
-        }
-
-
-def lean_points(pre: int, mid: tuple | None, post: int | None, xs) -> dict:
-    """One layer's readings by ``lean_order``'s indices into a step's readings ``xs`` (``LeanStep.as_steps``;
-    a flush of whole steps lays them out itself, ``reduce.batched``). A parallel block's mid is the sum
-    pre + attn, elementwise."""
-    P = xs[pre]
-    M = None if mid is None else P + xs[mid[1]] if mid[0] else xs[mid[1]]
-    return {"pre": P, "mid": M, "post": None if post is None else xs[post]}
 
 
 LEAN_POINTS = ("pre", "attn", "mid", "post")  # what ``lean_order`` lays out
@@ -93,9 +86,9 @@ def lean_layout(plan: Plan, once: dict, n_slots: int, untapped: frozenset) -> bo
 
 
 def lean_order(plan: Plan, roles: list, read_mid: bool, ran: frozenset) -> tuple | None:
-    """Per layer, in the order the layers complete, (layer, pre, mid, post): the indices of its readings
-    among a step's readings (mid: (is a sum pre + attn, index), or None), taking each layer's points as
-    ``Forward.read`` would at its last point; None if a layer would be missing or partial there."""
+    """Per layer, in the order the layers complete, its ``Slots`` among a step's readings as they came (one
+    grid), taking each layer's points as ``Forward.read`` would at its last point; None if a layer would be
+    missing or partial there."""
     idx, out = {}, []
     for j, rs in enumerate(roles):
         for layer, point in rs:
@@ -112,8 +105,8 @@ def lean_order(plan: Plan, roles: list, read_mid: bool, ran: frozenset) -> tuple
                 key = (layer, "attn") if lp.mid_is_sum else (layer, "mid")
                 if key not in idx:
                     return None
-                mid = (lp.mid_is_sum, idx[key])
-            out.append((layer, idx[layer, "pre"], mid, idx.get((layer, "post"))))
+                mid = (idx[layer, "pre"], idx[key]) if lp.mid_is_sum else idx[key]
+            out.append(Slots(layer, idx[layer, "pre"], mid, idx.get((layer, "post")), None, 0))
     return tuple(out) if len(out) == len(plan.layers) else None
 
 
@@ -135,16 +128,15 @@ class Call(NamedTuple):
 
 @dataclass
 class ForwardSums:
-    """What one forward adds: each projected layer's sums, each buffered layer's step, and the open
-    sequences' valid-token counts once it is counted (per stack)."""
+    """What one forward adds: each projected layer's sums, its one-token layers' readings (a ``Step``), and
+    the open sequences' valid-token counts once it is counted (per stack)."""
 
     layers: dict[int, LayerSums] = field(default_factory=dict)
-    steps: dict[int, Step] = field(default_factory=dict)
+    step: Step | None = None  # its one-token layers' readings, for the accumulator's batched flush
     fresh: bool = True  # it starts new sequences: the open ones end before it counts
     seen: dict = field(default_factory=dict)  # stack -> (b, 1) valid tokens of each open sequence so far
     token_records: list[dict] = field(default_factory=list)  # per-token records (``tokens=True``)
     shapes: tuple = ()  # (stack, (b, n), device) of each Grid it made: its steps' shapes
-    lean: LeanStep | None = None  # a one-token step kept whole (instead of ``steps``)
     keys: tuple | None = None  # a flat batch's request keys, one a row: its rows stay open by key
     own: dict = field(default_factory=dict)  # layer -> the researcher's measures' sums (``measures.own``)
 
@@ -221,10 +213,11 @@ class Forward:
         self.grids: dict[tuple, Grid] = {}  # the valid tokens of this forward, per stack and shape
         self.memo: dict = {}  # norms and consensus sums of this forward's readings (reduce.Memo)
         self.projections: dict[int, Projection] = {}
-        self.steps: dict[int, Step] = {}
+        self.kept: list[Slots] = []  # one-token layers kept for the flush (``_keep``), their readings and grids:
+        self.kept_xs, self.kept_grids, self._kept_at = [], [], {}  # each once (id -> index in its list)
         self.token_records: list[dict] = []
         self.lean: tuple | None = None  # a one-token step's ([roles], [readings]) as they come (``lean_start``)
-        self.lean_step: LeanStep | None = None
+        self.lean_step: Step | None = None  # a one-token step kept as its readings came (``_settle``)
         self.own = of_plan(plan)  # a researcher's measures: their sums taken per layer, from the readings
         self.own_sums: dict[int, dict[str, torch.Tensor]] = {}
 
@@ -238,7 +231,7 @@ class Forward:
                 self.lean, self._lean_of = ([], []), (once_ids, known)
 
     def _settle(self) -> None:
-        """The step's readings whole and once each, in a known order: one ``LeanStep``; else each read
+        """The step's readings whole and once each, in a known order: one ``Step`` as they came; else each read
         again, in the order they came, as if read one by one (the general path)."""
         roles, xs = self.lean
         self.lean = None
@@ -254,8 +247,8 @@ class Forward:
         if order is not None and xs:
             s = xs[0].shape
             if len(s) == 3 and s[1] == 1 and len(set(map(_shape, xs))) == 1:  # no Python frame a reading
-                self.lean_step = LeanStep(order, xs, self._grid(xs[0], self.plan.layers[order[0][0]].stack),
-                                          self.call.copies)  # fmt: skip
+                grid = self._grid(xs[0], self.plan.layers[order[0].layer].stack)
+                self.lean_step = Step(order, xs, (grid,), self.call.copies)
                 return
         for rs, x in zip(roles, xs):
             for layer, point in rs:
@@ -313,13 +306,29 @@ class Forward:
             r = readings(lp.index, points, base, grid.mask, grid.vi, lp.bases.null_stride)
             self.own_sums[lp.index] = own_sums(self.own, r)
         if shape[1] == 1 and self.buffer_steps:
-            self.steps[lp.index] = Step(points, grid, base, self.call.copies)  # reduced in batches by the accumulator
+            self._keep(lp.index, points, base, grid)  # reduced in batches by the accumulator
             return
         # post(t) and pre(t+1) are one tensor: its norms and sums are taken once (the memo)
         whole = self.flat is None or self.flat.steps == 1  # one forward's sequences: their consensus counts
         self.projections[lp.index] = project(lp.bases, points, grid, base, consensus=whole, memo=self.memo)
         if self.tokens:
             self.token_records.extend(self._token_records(lp, points, base, grid.mask))
+
+    def _keep(self, layer: int, points: dict, base, grid: Grid) -> None:
+        """A one-token layer's readings kept for the flush: its ``Slots`` into the step's readings, each
+        reading and grid held once (post(t) is pre(t+1), the layers of a stack share a grid)."""
+        idx = []
+        for x, into in ((points["pre"], self.kept_xs), (points["mid"], self.kept_xs), (points["post"], self.kept_xs),
+                        (base, self.kept_xs), (grid, self.kept_grids)):  # fmt: skip
+            if x is None:
+                idx.append(None)
+                continue
+            j = self._kept_at.get(id(x))
+            if j is None:
+                j = self._kept_at[id(x)] = len(into)
+                into.append(x)
+            idx.append(j)
+        self.kept.append(Slots(layer, *idx))
 
     def _unflat(self, x: torch.Tensor) -> torch.Tensor:
         """A flat reading (tokens, d) as the padded batch (rows, n, d) of ``flat_grid`` (zeros where no token)."""
@@ -409,7 +418,7 @@ class Forward:
             return [], []
         plan, caps, ran, no = self.plan.layers, self.captures, self.attn_ran, {}
         expected = [i for i, lp in plan.items() if lp.stack not in stacks or lp.stack in self.ran]
-        measured = self.projections.keys() | self.steps.keys()
+        measured = self.projections.keys() | {s.layer for s in self.kept}
         missing = [i for i in expected if i not in measured]
         partial = [  # its attention output or its mid reading not seen (inline: this runs every step)
             i for i in expected if i in measured
@@ -428,17 +437,11 @@ class Forward:
             sums = {i: LayerSums(d[0], fold_copies(d[1], self.call.copies)) for i, d in zip(layers, done)}
         seen = {stack: grid.after for (stack, _, _), grid in self.grids.items()}
         keys = self.flat.keys if self.flat is not None else None
-        return ForwardSums(
-            sums,
-            self.steps,
-            self.call.fresh,
-            seen,
-            self.token_records,
-            tuple(self.grids),
-            self.lean_step,
-            keys,
-            self.own_sums,
-        )
+        step = self.lean_step
+        if self.kept:
+            step = Step(tuple(self.kept), self.kept_xs, tuple(self.kept_grids), self.call.copies)
+        shapes = tuple(self.grids)
+        return ForwardSums(sums, step, self.call.fresh, seen, self.token_records, shapes, keys, self.own_sums)
 
     def drop(self) -> None:
         """The forward raised: give back the arena rows it took; nothing of it counts."""
@@ -466,7 +469,7 @@ def flat_grid(flat: FlatRows) -> tuple[torch.Tensor, Grid]:
 
 
 def fold_copies(rows: torch.Tensor | None, copies: int) -> torch.Tensor | None:
-    """Per-row counters (b, 5, T) of rows that are copies of one input row, summed per input row."""
+    """Per-row counters (b, len(measures.ROW), T) of rows that are copies of one input row, summed per input row."""
     if rows is None or copies == 1:
         return rows
     return rows.view(rows.shape[0] // copies, copies, *rows.shape[1:]).sum(1)

@@ -21,9 +21,9 @@ import torch
 
 from .accumulate import Accumulator, layer_sizes
 from .forward import ForwardSums
-from .measures import TGT_FIELDS, Builtin, Row
+from .measures import Builtin, owner, running_fields, running_values, target_row, target_sums
 from .plan import Plan
-from .sinks import METRICS, SinkError, make_sinks, running, tag
+from .sinks import METRICS, SinkError, make_sinks, tag
 
 
 @dataclass
@@ -166,8 +166,7 @@ def forward_stats(plan: Plan, fs: ForwardSums) -> list[dict]:
     out = []
     for layer, ls in sorted(fs.layers.items()):
         for ti, meta in enumerate(plan.layers[layer].meta):
-            row = dict(zip(TGT_FIELDS, ls.sums["tgt"][ti].tolist()))
-            out.append({"layer": layer, "target": meta.name, **row})
+            out.append({"layer": layer, "target": meta.name, **target_sums(ls.sums, ti)})
     return out
 
 
@@ -189,31 +188,34 @@ class Labels:
             i: [(k, v.shape) for m in self.own[i] for k, v in m.zero(layer_sizes(i, b)).items()]
             for i, b in self.bases.items()
         }
+        self.running = {  # layer -> (name, shape) of the fields the running values read (``measures.running_fields``)
+            i: [(k, owner(k, b.measures).zero(layer_sizes(i, b))[k].shape) for k in running_fields()]
+            for i, b in self.bases.items()
+        }
 
     def tensors(self, acc: Accumulator) -> list[torch.Tensor]:
-        """The sums a log point reads, on their devices: each layer's ``tgt``, then its logged fields."""
+        """The sums a log point reads, on their devices: each layer's running fields, then its measures'."""
         out = []
-        for i, tgt in zip(sorted(self.bases), acc.target_sums()):
-            out += [tgt.detach()] + [acc.state[i][k].detach() for k, _ in self.shapes[i]]
+        for i, running in zip(sorted(self.bases), acc.running()):
+            out += running + [acc.state[i][k].detach() for k, _ in self.shapes[i]]
         return out
 
     def __call__(self, host: torch.Tensor) -> dict[str, float]:
         """``tensors``' values, flattened and concatenated on the host -> {tag: value}."""
-        fields = {i: [("tgt", torch.Size((b.T, len(TGT_FIELDS)))), *self.shapes[i]] for i, b in self.bases.items()}
+        fields = {i: self.running[i] + self.shapes[i] for i in self.bases}
         parts = iter(host.to(torch.float64).flatten().split([s.numel() for f in fields.values() for _, s in f]))
         read = {i: {k: next(parts).reshape(s) for k, s in f} for i, f in fields.items()}
         out = {}
         for layer, ti, target in self.rows:
-            row = read[layer]["tgt"][ti].tolist()
-            vals = running(row)
+            vals = running_values(read[layer], ti)
             for m in self.metrics:
                 out[tag(m, layer, target, self.width)] = vals[m]
-            if self.own[layer]:
+            if self.own[layer] and ti == 0:  # a researcher's measure: one value a layer, logged once
                 b = self.bases[layer]
-                r = Row(read[layer], ti, b.k_index[ti], b.targets[ti].k, dict(zip(TGT_FIELDS, row)), layer=layer)
+                r = target_row(read[layer], ti, b.k_index[ti], b.targets[ti].k, layer=layer)
                 for m in self.own[layer]:
                     for metric, v in m.scalars(r).items():
-                        out[tag(metric, layer, target, self.width)] = float(v)
+                        out[tag(metric, layer, None, self.width)] = float(v)
         return out
 
 

@@ -25,8 +25,6 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from .measures import TARGET
-
 log = logging.getLogger(__name__)
 METRICS = ("gamma_pre", "gamma_mid", "gamma_post", "rho", "n_tokens")
 SUMMARY_TAG = "eigenhooks/summary"
@@ -281,16 +279,11 @@ def _require(module: str, extra: str, what: str):
 # ---- the values ----
 
 
-def running(row: Sequence[float]) -> dict[str, float]:
-    """The running statistics of one (layer, target) from its sums (a row of ``measures.TGT_FIELDS``), as the
-    target measure defines them (``Target.running``): means over the tokens measured at each point."""
-    return TARGET.running(TARGET.named(row))
-
-
-def tag(metric: str, layer: int, target: str, width: int = 2) -> str:
+def tag(metric: str, layer: int, target: str | None, width: int = 2) -> str:
     """``eigenhooks/rho/L07/ov-modulus``: metric, then layer, then target ('/' and characters
-    the trackers refuse become '-')."""
-    return f"eigenhooks/{metric}/L{layer:0{width}d}/{_tag_part(target)}"
+    the trackers refuse become '-'); a per-layer value (a researcher's measure) has no target part."""
+    at = f"eigenhooks/{metric}/L{layer:0{width}d}"
+    return at if target is None else f"{at}/{_tag_part(target)}"
 
 
 def _tag_part(target: str) -> str:

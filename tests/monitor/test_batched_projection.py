@@ -1,5 +1,5 @@
-"""A flush projects every layer's buffered steps at once (``reduce.batched.project_layers``): on the CPU
-bit for bit what ``project`` gives layer by layer (a parallel block's mid, pre + attn, summed once); with a point's matmuls as one bmm over the layers
+"""A flush projects every layer's buffered steps at once (``reduce.batched.project_steps``, a block's layers by
+``project_layers``): on the CPU bit for bit what ``project`` gives layer by layer (a parallel block's mid, pre + attn, summed once); with a point's matmuls as one bmm over the layers
 (the CUDA path, forced here on the CPU) the same to float32 rounding, in fewer ops."""
 
 import collections
@@ -42,36 +42,40 @@ def _model(tiny, family):
     return _llama() if family == "llama6" else tiny(family)
 
 
-def _flush_inputs(tiny, family, monkeypatch, **kw):
-    """The (layers, X, grid) of a real flush: a generate past the 256-token buffer."""
-    model = _model(tiny, family)
+def _flushes(model, monkeypatch, **kw) -> list:
+    """The (bases, steps) of every flush of a generate past the 256-token buffer (its steps as they came,
+    unless ``lean_layout`` is patched)."""
     got = []
-    lean_items = accumulate.Accumulator._lean_items
+    project_steps = accumulate.project_steps
 
-    def spy(self, buffered):
-        out = lean_items(self, buffered)
-        if out is not None:
-            got.append((self.plan, buffered))
-        return out
+    def spy(steps, bases, stacks):
+        got.append((bases, steps))
+        return project_steps(steps, bases, stacks)
 
     ids = torch.randint(3, 60, (12, 6), generator=torch.Generator().manual_seed(1))
     mask = torch.ones_like(ids)
     mask[1, :2] = 0
-    monkeypatch.setattr(accumulate.Accumulator, "_lean_items", spy)
+    monkeypatch.setattr(accumulate, "project_steps", spy)
     with eh.monitor(model, **kw), torch.no_grad():
         model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=25, min_new_tokens=25,
                        do_sample=False, pad_token_id=0)  # fmt: skip
+    monkeypatch.setattr(accumulate, "project_steps", project_steps)
     assert got, "no flush took the batched path"
-    plan, buffered = got[0]
-    order, grid = buffered[0].order, Grid.cat([b.grid for b in buffered])
-    used = sorted({j for _, pre, mid, post in order for j in (pre, mid and mid[1], post) if j is not None})
+    return got
+
+
+def _flush_inputs(tiny, family, monkeypatch, **kw):
+    """The (layers, X, grid) of a real flush of steps kept as they came (one grid, one order)."""
+    bases, steps = _flushes(_model(tiny, family), monkeypatch, **kw)[0]
+    order, grid = steps[0].order, Grid.cat([s.grids[0] for s in steps])
+    assert all([s.order is order and len(s.grids) == 1 for s in steps]), "the steps were not kept as they came"
+    used = sorted({j for sl in order for j in (sl.pre, *(sl.mid if isinstance(sl.mid, tuple) else (sl.mid,)), sl.post)
+                   if j is not None})  # fmt: skip
     at = {j: k for k, j in enumerate(used)}
-    X = torch.stack([torch.cat([b.xs[j] for b in buffered], 1) for j in used])  # built apart from the code
-    mids = [None if mid is None else (at[pre], at[mid[1]]) if mid[0] else at[mid[1]] for _, pre, mid, _ in order]
-    layers = [
-        (plan.layers[i].bases, {"pre": at[pre], "mid": m, "post": at.get(post)})
-        for (i, pre, _, post), m in zip(order, mids)
-    ]
+    X = torch.stack([torch.cat([s.xs[j] for s in steps], 1) for j in used])  # built apart from the code
+    mids = [None if sl.mid is None else tuple(at[j] for j in sl.mid) if isinstance(sl.mid, tuple) else at[sl.mid]
+            for sl in order]  # fmt: skip
+    layers = [(bases[sl.layer], {"pre": at[sl.pre], "mid": m, "post": at.get(sl.post)}) for sl, m in zip(order, mids)]
     return layers, X, grid
 
 
@@ -147,3 +151,62 @@ def test_flushes_sum_alike_on_both_paths(tiny, monkeypatch):
     for col in ("rho", "gamma_pre", "gamma_mid", "delta_mean", "null_rho_mean", "cos_mid"):
         torch.testing.assert_close(torch.tensor(both[col].to_numpy(float)), torch.tensor(cpu[col].to_numpy(float)),
                                    rtol=1e-4, atol=1e-6, equal_nan=True, msg=col)  # fmt: skip
+
+
+def _layer_by_layer(bases: dict, steps: list) -> dict:
+    """Each layer's ``project`` of its steps' readings concatenated, made here apart: a parallel block's mid
+    summed a step, post-norm's base passed as base, a layer missing in a step left out of its steps."""
+    out = {}
+    for i in dict.fromkeys([sl.layer for s in steps for sl in s.order]):
+        have = [(s, sl) for s in steps for sl in s.order if sl.layer == i]
+
+        def cat(p):
+            if any([getattr(sl, p) is None for _, sl in have]):
+                return None
+            get = lambda s, j: torch.add(s.xs[j[0]], s.xs[j[1]]) if isinstance(j, tuple) else s.xs[j]  # noqa: E731
+            return torch.cat([get(s, getattr(sl, p)) for s, sl in have], 1)
+
+        grid = Grid.cat([s.grids[sl.grid] for s, sl in have])
+        points = {"pre": cat("pre"), "mid": cat("mid"), "post": cat("post")}
+        out[i] = project(bases[i], points, grid, cat("base"), consensus=False)
+    return out
+
+
+def _same(got: list, want: dict) -> None:
+    assert [i for i, _ in got] == list(want)
+    for i, g in got:
+        w = want[i]
+        assert g.names == w.names and g.shape == w.shape, (i, g.names, w.names)
+        for f in ("norms", "Pt", "Pn"):
+            assert torch.equal(getattr(g, f), getattr(w, f)), (i, f)
+
+
+@pytest.mark.parametrize("family,lean", [("llama", True), ("gptj", True), ("llama", False), ("gptj", False),
+                                         ("opt_postnorm", False)])  # fmt: skip
+def test_project_steps_is_project_layer_by_layer_bit_for_bit(tiny, family, lean, monkeypatch):
+    """Steps kept as they came or layer by layer (a post-norm layer's base among its readings): every layer's
+    projections are ``project``'s of its readings concatenated, bit for bit, each flush."""
+    from eigenhooks.monitor import record
+
+    if not lean:
+        monkeypatch.setattr(record, "lean_layout", lambda *a: False)
+    flushes = _flushes(tiny(family), monkeypatch, **KW[0])
+    assert len(flushes) >= 2
+    for bases, steps in flushes:
+        assert all([s.order is steps[0].order for s in steps]) == lean
+        if family == "opt_postnorm":
+            assert all([sl.base is not None for sl in steps[0].order])
+        _same(batched.project_steps(steps, bases, batched.Stacks()), _layer_by_layer(bases, steps))
+
+
+def test_a_layer_missing_in_some_steps_counts_the_steps_that_have_it(tiny, monkeypatch):
+    """Steps whose layers differ (a layer not read in some): each layer projects the steps that have it."""
+    from eigenhooks.monitor import record
+
+    monkeypatch.setattr(record, "lean_layout", lambda *a: False)
+    bases, steps = _flushes(tiny("llama"), monkeypatch, **KW[0])[0]
+    steps = [s._replace(order=s.order[1:]) if k % 3 == 1 else s for k, s in enumerate(steps)]  # layer 0 gone
+    got = batched.project_steps(steps, bases, batched.Stacks())
+    want = _layer_by_layer(bases, steps)
+    assert got[0][1].shape[1] == len(steps) - len(steps[1::3]) and got[1][1].shape[1] == len(steps)
+    _same(got, want)

@@ -1,6 +1,7 @@
-"""A one-token decoding step keeps its readings as they come (``forward.LeanStep``) and the flush lays them
-out once: the same sums, bit for bit, as the steps read layer by layer (the general path), which is kept
-for every step that is not whole (a layer missing, a module called twice, another thread)."""
+"""A one-token decoding step keeps its readings as they come (``Forward._settle``: one ``forward.Step`` whose
+order the steps read alike share) and the flush lays them out once: the same sums, bit for bit, as the steps
+read layer by layer (the general path, each layer's readings kept by ``Forward._keep``), which is kept for
+every step that is not whole (a layer missing, a module called twice, another thread)."""
 
 import pytest
 import torch
@@ -21,16 +22,15 @@ def _exactly_equal(a: dict, b: dict) -> None:
 
 def _run(model, ids, mask, monkeypatch, lean: bool):
     fast = []
-    items = accumulate.Accumulator._lean_items
+    project_steps = accumulate.project_steps
 
-    def spy(self, buffered):
-        out = items(self, buffered)
-        fast.append(out is not None)
-        return out
+    def spy(steps, bases, stacks):  # a flush of steps kept as they came: one order object
+        fast.append(all([s.order is steps[0].order for s in steps]))
+        return project_steps(steps, bases, stacks)
 
     kw = dict(targets=[("ov", "modulus"), ("ov", "residual")], null_draws=8, fnull_draws=4, eig_top=3, null_stride=3)
     with monkeypatch.context() as mp:
-        mp.setattr(accumulate.Accumulator, "_lean_items", spy)
+        mp.setattr(accumulate, "project_steps", spy)
         if not lean:
             mp.setattr(record, "lean_layout", lambda *a: False)
         with eh.monitor(model, **kw) as mon, torch.no_grad():  # 12 rows x 24 steps: past the 256-token buffer

@@ -115,15 +115,16 @@ def test_its_state_saves_loads_and_merges_and_other_directions_do_not_merge(ex):
 
 
 def test_its_running_values_reach_the_sinks_under_its_own_tags(ex):
-    """A ``logged`` measure's columns are logged beside the built-in metrics, tagged like them, at every log
-    point; the last equals its summary column (both read the same state)."""
+    """A ``logged`` measure's columns are logged beside the built-in metrics at every log point, once a layer
+    (its value is the layer's, not a target's: no target in its tag, however many targets); the last equals
+    its summary column (both read the same state)."""
     D = torch.randn(6, 128, generator=torch.Generator().manual_seed(5))
     model, tok = ex["model"], ex["tok"]
     tok.pad_token = tok.pad_token or tok.eos_token
     logged: list[tuple[int, dict]] = []
     sae = ex["Directions"]("sae", D)
     sae.logged = True
-    mon = eh.monitor(model, targets=[("ov", "modulus")], measures=[sae],
+    mon = eh.monitor(model, targets=[("ov", "modulus"), ("ov", "residual")], measures=[sae],
                      sink=lambda step, values: logged.append((step, dict(values))), log_every=1, **SETTINGS)  # fmt: skip
     with torch.no_grad(), mon:
         for text in TEXTS:
@@ -132,10 +133,12 @@ def test_its_running_values_reach_the_sinks_under_its_own_tags(ex):
     layers = sorted(mon.state_dict()["layers"], key=int)
     df = mon.summary().set_index("layer")
     for i in layers:
-        t = f"eigenhooks/sae.rho_max/L{int(i):02d}/ov-modulus"
+        t = f"eigenhooks/sae.rho_max/L{int(i):02d}"
         assert all(t in values for _, values in logged), t
+        assert [k for k in logged[-1][1] if k.startswith(t)] == [t]  # once, not once a target
         assert f"eigenhooks/rho/L{int(i):02d}/ov-modulus" in logged[-1][1]
-        assert logged[-1][1][t] == pytest.approx(float(df.loc[int(i), "sae.rho_max"]), abs=1e-12)
+        assert f"eigenhooks/rho/L{int(i):02d}/ov-residual" in logged[-1][1]
+        assert logged[-1][1][t] == pytest.approx(float(df.loc[int(i), "sae.rho_max"].iloc[0]), abs=1e-12)
     first = [v for k, v in logged[0][1].items() if k.startswith("eigenhooks/sae.rho_max/")]
     last = [v for k, v in logged[-1][1].items() if k.startswith("eigenhooks/sae.rho_max/")]
     assert first != last  # running values, not the final ones repeated

@@ -69,7 +69,7 @@ def test_padding_the_eigen_columns_changes_nothing(reducers):
     r = reducers[2]
     wide = copy.deepcopy(r)
     widths = [g.stop - g.start for g in r.g_slices]  # its group's layout, with 5 more eigen-columns
-    wide.pad_group(widths, r._haar.shape[2], r.eig_width + 5, r.g_ks, r.g_fks)
+    wide.pad_group(widths, r._haar.shape[2], r.eig_width + 5, r.group_ks, r.group_fks)
     assert wide.Bn64.shape[1] == r.Bn64.shape[1] + 5
     P, mask = points(r, 3, 20, seed=4)
     same(reduce_one(r, P, mask), reduce_one(wide, P, mask))

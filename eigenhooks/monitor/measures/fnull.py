@@ -27,9 +27,9 @@ class FNull(Builtin):
         return [lb._fnull[key].permute(1, 0, 2).reshape(lb.d, lb.fnull_draws * kw) for key in lb.fkeys]
 
     def constants(self, bases, picks, dev):
-        if picks["f"][0] and len({tuple(f) for f in picks["f"]}) > 1:  # picks float32 counts
-            hot = torch.nn.functional.one_hot(torch.tensor(picks["f"]), len(bases[0].g_fks)).transpose(1, 2)
-            return {"f_hot": hot.to(dev, torch.float32)}
+        if picks["fk_index"][0] and len({tuple(f) for f in picks["fk_index"]}) > 1:  # picks float32 counts
+            hot = torch.nn.functional.one_hot(torch.tensor(picks["fk_index"]), len(bases[0].group_fks)).transpose(1, 2)
+            return {"fk_hot": hot.to(dev, torch.float32)}
         return {}
 
     def align(self, stk, P, inv):
@@ -39,7 +39,7 @@ class FNull(Builtin):
         out = {}
         for i, key in enumerate(bases.fkeys):
             Fp = P[..., i * w : (i + 1) * w].reshape(L, N, bases.fnull_draws, bases.frame_width)
-            out["f:" + key] = prefix_norms(Fp, bases.g_fks) * inv[..., None, None]  # (L, N, Kf, len(fks))
+            out["f:" + key] = prefix_norms(Fp, bases.group_fks) * inv[..., None, None]  # (L, N, Kf, len(fks))
         return out
 
     def up(self, stk, aligned, on_null, cols, st, scratch):
@@ -47,15 +47,15 @@ class FNull(Builtin):
         bases, L = stk.bases, stk.L
         zmid, zref, up = on_null["mid"], scratch["zref"], stk.grew
         out = torch.zeros(L, bases.T, bases.fnull_draws, device=stk.dev)
-        f_hot, f0 = stk.consts.get("f_hot"), stk.picks["f"][0]
+        fk_hot, f0 = stk.consts.get("fk_hot"), stk.picks["fk_index"][0]
         for i, (ti, fkey, _) in enumerate(bases.fnull_targets):
             key = "f:" + fkey
-            if f_hot is None:  # every layer reads the same k: that column alone
+            if fk_hot is None:  # every layer reads the same k: that column alone
                 j = f0[i]
                 out[:, ti] = up(zmid[key][..., j], zref[key][..., j]).sum(1, dtype=torch.float32)
             else:  # each layer its own k: up-counts at every k, each layer's picked by its one-hot
                 ups = up(zmid[key], zref[key]).sum(1, dtype=torch.float32)  # (L, Kf, n_fk)
-                out[:, ti] = (ups * f_hot[:, None, :, i]).sum(-1)
+                out[:, ti] = (ups * fk_hot[:, None, :, i]).sum(-1)
         st["fnull_up"] = out
 
     def no_mid(self, stk, st):

@@ -49,15 +49,15 @@ class Haar(Builtin):
 
     def constants(self, bases, picks, dev):
         hot = lambda idx, n, dt: torch.nn.functional.one_hot(torch.tensor(idx), n).transpose(1, 2).to(dev, dt)  # noqa: E731
-        if len({tuple(k) for k in picks["k"]}) > 1:  # picks the float64 per-row means
-            return {"k_hot": hot(picks["k"], len(bases[0].g_ks), torch.float64)}
+        if len({tuple(k) for k in picks["k_index"]}) > 1:  # picks the float64 per-row means
+            return {"k_hot": hot(picks["k_index"], len(bases[0].group_ks), torch.float64)}
         return {}
 
     def align(self, stk, P, inv):
         bases = stk.bases
         L, N = P.shape[:2]
         H = P.reshape(L, N, bases.null_draws, bases.frame_width)
-        cum = prefix_norms(H, bases.g_ks).transpose(2, 3)  # (L, N, n_k, K) at the group's ks
+        cum = prefix_norms(H, bases.group_ks).transpose(2, 3)  # (L, N, n_k, K) at the group's ks
         return {"haar": cum * inv[..., None, None]}  # (L, N, n_k, K)
 
     def point_sums(self, stk, null_all, n_points, N):
@@ -76,12 +76,12 @@ class Haar(Builtin):
 
     def no_mid(self, stk, st):
         bases = stk.bases
-        st["null_up"] = st["null_mid"] = torch.zeros(stk.L, len(bases.g_ks), bases.null_draws, device=stk.dev)
+        st["null_up"] = st["null_mid"] = torch.zeros(stk.L, len(bases.group_ks), bases.null_draws, device=stk.dev)
 
     def rows(self, stk, scratch):
         bases = stk.bases
         ubar = stk.per_row(scratch["u_h"].sum(-1)) / bases.null_draws  # (L, b, n_k): mean over draws, per k
-        k0 = stk.picks["k"][0]
+        k0 = stk.picks["k_index"][0]
         if "k_hot" in stk.consts:  # each layer its targets' own k
             return [torch.bmm(ubar, stk.consts["k_hot"])]
         whole = k0 == list(range(ubar.shape[-1]))  # target ti reads the ti-th k, and there are T of them

@@ -61,7 +61,7 @@ class Measure:
     Its fields are kept as ``"<name>.<field>"`` in each layer's state (``mon.state_dict()``), its
     columns as ``"<name>.<column>"`` in ``mon.summary()``: one value per layer, the same on each of
     the layer's target rows (``df.attrs["per_layer"]`` names them). With ``logged = True`` its columns
-    are also logged at the sinks' log points (a copy of its sums to the host there).
+    are also logged at the sinks' log points, once a layer (a copy of its sums to the host there).
 
     ``fingerprint()`` says what its sums mean; two states merge only if it is equal. By default it is
     a digest of its class, its name and every tensor, number and string it holds (``vars(self)``).

@@ -24,7 +24,7 @@ from .stacked import reduce_many
 
 
 def reduce_one(bases: LayerBases, points: dict, mask, base=None, consensus: bool = True):
-    """Both stages for one layer alone: (state sums like ``measures.zero_state``, rows (b, 5, T))."""
+    """Both stages for one layer alone: (state sums like ``measures.zero_state``, per-row counters (b, len(measures.ROW), T))."""
     return reduce_many([(bases, project(bases, points, mask, base, consensus))])[0]
 
 

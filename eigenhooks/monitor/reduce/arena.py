@@ -18,7 +18,7 @@ from .bases import LayerBases
 class GroupConstants(NamedTuple):
     """A stacked group's constants on one device (``group_constants``)."""
 
-    tensors: dict[str, torch.Tensor]  # 'S', 'valid', 'k_hot', 'f_hot', 'cos' (where needed)
+    tensors: dict[str, torch.Tensor]  # 'S', 'valid', 'k_hot', 'fk_hot', 'cos' (where needed)
     picks: dict[str, list]  # ``picks``: what each layer reads back as its own
 
 
@@ -39,7 +39,7 @@ class Arena:
         self.taken: set[tuple] = set()
         self.constants: dict[tuple, GroupConstants] = {}  # (rows, device) -> the group's constants there
 
-    def take(self, row: int, key: tuple) -> Row | None:
+    def take(self, row: int, key: tuple) -> ArenaRow | None:
         if (row, key) in self.taken:
             return None
         if key not in self.bufs:
@@ -47,7 +47,7 @@ class Arena:
             self.bufs = {k: v for k, v in self.bufs.items() if k in busy}
             self.views = {k: v for k, v in self.views.items() if k in busy}
         self.taken.add((row, key))
-        return Row(self, row, key)
+        return ArenaRow(self, row, key)
 
     def release(self) -> None:
         """Every row is free again (a forward that raised leaves rows taken)."""
@@ -62,7 +62,7 @@ def parts(out: dict[str, torch.Tensor], N: int) -> dict[str, tuple]:
     return views
 
 
-class Row:
+class ArenaRow:
     """One layer's row of an Arena, for one key (shapes, points, device)."""
 
     def __init__(self, arena: Arena, row: int, key: tuple):
@@ -106,7 +106,7 @@ def pad_to_stack(bases: list[LayerBases], widen_frames: bool = False) -> list[Ar
         widths = [max(r.targets[ti].k for r in rs) for ti in range(rs[0].T)]
         k_max = max(r.k_max for r in rs)
         ks = sorted({k for r in rs for k in r.ks})
-        fks = sorted({k for r in rs for k in r.g_fks})
+        fks = sorted({k for r in rs for k in r.group_fks})
         eig_width = max(r.eig_width for r in rs)
         for r in rs:
             if len(rs) > 1:
@@ -134,13 +134,14 @@ def warm(arenas: list[Arena], where: dict[LayerBases, tuple[torch.device, torch.
 
 def picks(bases: list[LayerBases]) -> dict[str, list]:
     """What each layer of a padded group reads back as its own, per layer: the index of each target's
-    k among the group's ks ('k'), of each F-null target's k among its fks ('f'), which targets have
-    a cosine with v_1 ('cos', 0/1 per target), and the rows of the group's ks that are its own ('own')."""
+    k among the group's ks ('k_index', as ``LayerBases.k_index`` among its own), of each F-null target's k
+    among the group's fks ('fk_index'), which targets have a cosine with v_1 ('cos', 0/1 per target), and
+    the index of each of its own ks among the group's ('ks_index')."""
     return {
-        "k": [[r.g_ks.index(t.k) for t in r.targets] for r in bases],
-        "f": [[r.g_fks.index(k) for _, _, k in r.fnull_targets] for r in bases],
+        "k_index": [[r.group_ks.index(t.k) for t in r.targets] for r in bases],
+        "fk_index": [[r.group_fks.index(k) for _, _, k in r.fnull_targets] for r in bases],
         "cos": [[float(ti in r.cos_targets) for ti in range(r.T)] for r in bases],
-        "own": [[r.g_ks.index(k) for k in r.ks] for r in bases],
+        "ks_index": [[r.group_ks.index(k) for k in r.ks] for r in bases],
     }
 
 
@@ -148,7 +149,7 @@ def group_constants(bases: list[LayerBases], dev: torch.device) -> GroupConstant
     """The device constants of a stacked group on dev, made once and kept by its arena: each
     measure's (``Measure.constants``), e.g. 'S' (L, eig columns, T*eig_slots) float32 and 'valid'
     (L, T, eig_slots) when there are eigen-slots; and, where the layers' own k differ, one-hot
-    pickers 'k_hot' (L, n_k, T) float64 and 'f_hot' (L, n_fk, F-null targets) float32, and 'cos'
+    pickers 'k_hot' (L, n_k, T) float64 and 'fk_hot' (L, n_fk, F-null targets) float32, and 'cos'
     (L, 1, T), 1 where a target has a cosine with v_1."""
     arena = bases[0].arena
     key = (tuple(r.row for r in bases), dev)

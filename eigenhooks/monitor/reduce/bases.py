@@ -24,6 +24,12 @@ class LayerBases:
     fixed rate that does not depend on how sequences are batched. The targets' own alignments on
     the same tokens are kept beside them, so p_null, the percentiles and eig_rank compare like with like.
 
+    The dimension k, by name: ``t.k`` a target's; ``ks`` the layer's distinct k (``n_k`` of them, a state's
+    per-k rows), ``k_index`` each target's among them; ``group_ks`` / ``group_fks`` the distinct k of its
+    padded group (of its F-null targets), whose rows a group's reduction takes (``arena.picks``: the same
+    indices among those, one-hot as 'k_hot' / 'fk_hot'); ``k_max`` the widest k its frames are drawn at,
+    ``frame_width`` the columns a frame takes in ``Bn64`` (k_max, or its group's when widened).
+
     Args:
         targets: the layer's targets.
         haar: (null_draws, d, k_max) Haar frames. fnull: {key: (fnull_draws, d, k_max)} F-null frames.
@@ -58,8 +64,8 @@ class LayerBases:
             at += t.k
         self.Bt64 = torch.cat([t.U for t in targets], 1)  # (d, target columns)
         # the layout of the group this layer is reduced with (``pad_group``); its own until then
-        self.g_slices, self.g_ks = list(self.t_slices), list(self.ks)
-        self.g_fks = sorted({t.k for t in targets if t.fnull is not None})
+        self.g_slices, self.group_ks = list(self.t_slices), list(self.ks)
+        self.group_fks = sorted({t.k for t in targets if t.fnull is not None})
         self._haar, self._fnull = haar, fnull
         self._eig_cols, self._seg = eig_columns(self)
         self._build_null(sum(E.shape[1] for E in self._eig_cols))
@@ -101,7 +107,7 @@ class LayerBases:
         for w in widths:
             self.g_slices.append(slice(at, at + w))
             at += w
-        self.g_ks, self.g_fks = list(ks), list(fks)
+        self.group_ks, self.group_fks = list(ks), list(fks)
         self._haar = pad(self._haar, k_max)
         self._fnull = {key: pad(f, k_max) for key, f in self._fnull.items()}
         width = max(eig_width, self.eig_width) if self.eig_slots else self.eig_width
@@ -137,8 +143,8 @@ class LayerBases:
     def layout(self) -> tuple:
         """Everything the stacked reduction needs to be the same across layers."""
         return (
-            self.kind, tuple((g.start, g.stop) for g in self.g_slices), self.frame_width, tuple(self.g_ks),
-            tuple(self.g_fks), tuple(self.cols.items()), self.Bn64.shape[1],
+            self.kind, tuple((g.start, g.stop) for g in self.g_slices), self.frame_width, tuple(self.group_ks),
+            tuple(self.group_fks), tuple(self.cols.items()), self.Bn64.shape[1],
         )  # fmt: skip
 
     def on(self, device: torch.device, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:

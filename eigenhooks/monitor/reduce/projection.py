@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import torch
 
 from . import kernels
-from .arena import Row, parts
+from .arena import ArenaRow, parts
 from .bases import LayerBases
 from .grid import Grid
 
@@ -40,7 +40,7 @@ class Projection:
     Pn: torch.Tensor
     sv: torch.Tensor | None = None
     sv_parts: list[torch.Tensor] | None = None
-    slot: Row | None = None  # the arena row written into, given back by reduce_many
+    slot: ArenaRow | None = None  # the arena row written into, given back by reduce_many
     batch: tuple | None = None  # (fields stacked over a layout's layers, this layer's index, L): ``project_layers``
 
 
@@ -100,7 +100,7 @@ def project(
     shapes = {"norms": (len(Xs), b * n), "Pt": (len(Xs), b * n, Bt.shape[-1]), "Pn": (len(nulls) * N, Bn.shape[-1])}
     if cons and h == 1:  # float32: the bmm writes into the arena (halves: see below)
         shapes["sv"] = (len(cons), b, h, bases.d)
-    key = (b, n, tuple(names), consensus, Bt.dtype, pre.device)  # the device last: Row reads it
+    key = (b, n, tuple(names), consensus, Bt.dtype, pre.device)  # the device last: ArenaRow reads it
     slot = bases.arena.take(bases.row, key) if bases.arena is not None else None
     if slot:
         out, views = slot.buffers(shapes, N)

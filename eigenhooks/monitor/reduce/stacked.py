@@ -158,7 +158,7 @@ class Stacked:
 
     def _own(self, field: str, i: int, v: torch.Tensor) -> torch.Tensor:
         """Layer i's own rows of a per-k field (the group's ks may hold more than its own)."""
-        own = self.picks["own"][i]
+        own = self.picks["ks_index"][i]
         if field not in self.per_k or own == list(range(v.shape[0])):
             return v
         if own == list(range(own[0], own[0] + len(own))):
