@@ -10,8 +10,7 @@ import numpy as np
 import pytest
 import torch
 import transformers as T
-from harness import assert_tiny
-from harness import DECODER_BASE
+from harness import DECODER_BASE, assert_tiny
 
 import eigenhooks as eh
 from eigenhooks.linalg import Factors, part_spectra
