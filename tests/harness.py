@@ -241,7 +241,6 @@ def build(family: str, bare: bool = False, dtype=torch.float64, seed: int = 0, s
     return model.to(dtype).eval()
 
 
-
 def family_model(family: str, **overrides) -> nn.Module:
     """A model of the registry's ``family`` (its head class), its config changed by ``overrides``."""
     head, _, cfg = FAMILY_CONFIGS[family]

@@ -79,7 +79,10 @@ def test_report_shows_per_head_verdicts(runs):
     page = (heads_dir / "report.html").read_text()
     assert "Per-head verdicts" in page and page.count("ov_head/modulus") >= 4
     # the per-layer table (after the first screen's findings, which name the rows that stood out): layers only
-    assert "ov_head/modulus/h" not in page.split("What the direction is")[0].split('<section id="stood-out">')[-1].split("</section>", 1)[-1]
+    assert (
+        "ov_head/modulus/h"
+        not in page.split("What the direction is")[0].split('<section id="stood-out">')[-1].split("</section>", 1)[-1]
+    )
     assert "Per-head verdicts" not in (plain_dir / "report.html").read_text()
     meta = json.loads((heads_dir / "meta.json").read_text())
     assert meta["status"] == "complete"
