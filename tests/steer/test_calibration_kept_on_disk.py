@@ -109,11 +109,13 @@ def test_an_unwritable_folder_is_skipped(gpt2, sampled, tmp_path, monkeypatch):
     assert torch.equal(C.sample_tokens(model, SHAPE), ids) and sampled == [SHAPE, SHAPE]
 
 
-def test_cache_info_lists_the_samples_and_clear_removes_them(gpt2):
+def test_cache_info_lists_the_samples_and_clear_removes_them(gpt2, tmp_path, monkeypatch):
     from typer.testing import CliRunner
 
     from eigenhooks.cli import app
 
+    # `clear --models` removes converted models: a private models folder, so the session's real ones stay
+    monkeypatch.setenv("EIGENHOOKS_MODELS", str(tmp_path / "models"))
     model, _ = gpt2
     C.sample_tokens(model, SHAPE)
     C.sample_tokens(model, SHAPE, seed=1)
