@@ -268,10 +268,7 @@ class EngineRecord:
         rec = self.record
         if self._labels is None:
             self._labels = Labels(rec.plan, rec.config.reading_points, self.n_layers)
-        sums = self._labels.tensors(rec.acc)
-        self.log_points.append(
-            (self.n_forwards, self._labels(torch.cat([t.to("cpu", torch.float64).flatten() for t in sums])))
-        )
+        self.log_points.append((self.n_forwards, self._labels.now(rec.acc)))
 
     def take_log_points(self) -> list[tuple[int, dict[str, float]]]:
         """The log points kept since the last call, oldest first."""

@@ -20,8 +20,6 @@ import inspect
 from dataclasses import fields
 from pathlib import Path
 
-import torch
-
 from ..models import Adapter, get_adapter
 from ..models.attach import Attachment, MeasurementWarning, Warner
 from . import fingerprint, notebook, views
@@ -318,9 +316,7 @@ class Monitor:
     def scalars(self) -> dict[str, float]:
         """The running values now, ``{tag: value}``: gamma_pre/mid/post, rho, n_tokens and each own
         measure's ``scalars`` per (layer, target), tagged ``eigenhooks/rho/L07/ov-modulus``. A device sync."""
-        acc = self._prepare()
-        labels = self._labels()
-        return labels(torch.cat([t.to("cpu", torch.float64).flatten() for t in labels.tensors(acc)]))
+        return self._labels().now(self._prepare())
 
     def log(self, step: int | None = None) -> dict[str, float]:
         """Log the running values to the sinks now, at ``step`` (default ``mon.step``, else the

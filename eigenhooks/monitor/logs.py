@@ -200,6 +200,10 @@ class Labels:
             out += running + [acc.state[i][k].detach() for k, _ in self.shapes[i]]
         return out
 
+    def now(self, acc: Accumulator) -> dict[str, float]:
+        """The running values of ``acc`` at once, {tag: value} (a device sync: ``enqueue`` is the lazy way)."""
+        return self(torch.cat([t.to("cpu", torch.float64).flatten() for t in self.tensors(acc)]))
+
     def __call__(self, host: torch.Tensor) -> dict[str, float]:
         """``tensors``' values, flattened and concatenated on the host -> {tag: value}."""
         fields = {i: self.running[i] + self.shapes[i] for i in self.bases}
