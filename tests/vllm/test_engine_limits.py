@@ -48,3 +48,21 @@ def test_without_the_key_the_plugin_changes_nothing(tiny_llama):
     cfg2 = opted.create_engine_config()
     assert cfg2.parallel_config.worker_extension_cls == "eigenhooks.engines.vllm.worker.EigenhooksWorker"
     assert cfg.compute_hash() != cfg2.compute_hash()  # the compile cache keys them apart
+
+
+def test_the_taps_version_keys_the_compile_cache(tiny_llama, monkeypatch):
+    """A graph compiled with another version's taps (another op signature) is never taken from the cache:
+    the opt-in puts the taps' version in the config hash."""
+    from vllm.engine.arg_utils import EngineArgs
+
+    from eigenhooks.engines.vllm import plugin
+
+    def config_hash():
+        return EngineArgs(model=str(tiny_llama), dtype="float32", max_model_len=64,
+                          additional_config=OPT_IN).create_engine_config().compute_hash()  # fmt: skip
+
+    now = config_hash()
+    assert config_hash() == now  # the hash is stable for one version
+    monkeypatch.setattr(plugin, "TAPS", plugin.TAPS + 1)
+    assert config_hash() != now
+    assert OPT_IN == {"eigenhooks": {}}  # the user's dict is left as it was

@@ -3,11 +3,16 @@
 vLLM compiles its model at the first forward (``fullgraph=True``, guards skipped), so hooks added later
 never run, and Python run per reading would be traced away. The taps here are module hooks registered
 right after the model is loaded, before that first forward: dynamo traces them into the graph. Each
-computes its reading with graph ops (``hidden + residual``, models/vllm.py) and hands it to
+hands the pair it sees (``hidden``, ``residual``: the reading is their sum, models/vllm.py) to
 ``eigenhooks::vllm_tap``, a ``torch.library`` custom op that the compiler keeps opaque (it declares a
-write to a one-element token, so it is never dropped): at run time it copies the reading into a
-buffer kept across forwards (grown to the largest forward measured). A copy, made when the op runs, so an in-place fused add after it (vLLM's CPU
-``fused_add_rms_norm`` overwrites its inputs) cannot change what was read.
+write to a one-element token, so it is never dropped): at run time, while a monitor is entered, it
+writes ``hidden + residual`` straight into a buffer kept across forwards (grown to the largest forward
+measured); otherwise it returns at once, having computed nothing. The sum is written when the op runs,
+so an in-place fused add after it (vLLM's CPU ``fused_add_rms_norm`` overwrites its inputs) cannot
+change what was read. In eager mode (nothing traced) an idle tap does not even call the op.
+
+``plugin.TAPS`` names this layout; the opt-in puts it in the engine's config hash, so a graph compiled
+with another version's taps is never taken from vLLM's compile cache.
 
 Slots: ``2 i`` the pre of layer i, ``2 i + 1`` its attention output, ``2 L`` the last layer's post.
 """
@@ -33,14 +38,18 @@ class TapStore:
         self.capacity = 0  # the engine's max_num_batched_tokens (the most rows a buffer can need)
         self.n_slots = 0
 
-    def write(self, slot: int, x: torch.Tensor) -> None:
+    def write(self, slot: int, x: torch.Tensor, r: torch.Tensor | None = None) -> None:
+        """Write the reading ``x + r`` (``x`` when r is None) into buffer ``slot``, if copying."""
         if not self.active and not (x.is_cuda and torch.cuda.is_current_stream_capturing()):
             return
         n = x.shape[0]
         buf = self.bufs.get(slot)
         if buf is None or buf.shape[0] < n or buf.shape[1:] != x.shape[1:] or buf.dtype != x.dtype:
             buf = self.bufs[slot] = x.new_empty((n, *x.shape[1:]))  # grows to the largest forward measured
-        buf[:n].copy_(x)
+        if r is None:
+            buf[:n].copy_(x)
+        else:
+            torch.add(x, r, out=buf[:n])
         self.rows[slot] = n
 
     def start_forward(self) -> None:
@@ -62,15 +71,31 @@ STORE = TapStore()
 _TOKEN = torch.zeros(1)  # what the op declares it writes: an op with no output and no write would be dropped
 
 
-@torch.library.custom_op("eigenhooks::vllm_tap", mutates_args=("token",))
-def vllm_tap(token: torch.Tensor, x: torch.Tensor, slot: int) -> None:
-    """Copy reading ``x`` (tokens, hidden) into buffer ``slot`` (``TapStore.write``)."""
-    STORE.write(slot, x)
+_LIB = torch.library.Library("eigenhooks", "FRAGMENT")  # defined here, not by ``torch.library.custom_op``:
+# its Python wrapper costs ~50 us a call against ~13 us for a plain kernel (measured), 61 calls a forward
+_LIB.define("vllm_tap(Tensor(a!) token, Tensor x, Tensor? r, SymInt slot) -> ()")
 
 
-@vllm_tap.register_fake
-def _(token, x, slot):
+def vllm_tap(token: torch.Tensor, x: torch.Tensor, r: torch.Tensor | None, slot: int) -> None:
+    """Write reading ``x + r`` (``x`` when r is None) (tokens, hidden) into buffer ``slot`` (``TapStore.write``)."""
+    STORE.write(slot, x, r)
+
+
+_LIB.impl("vllm_tap", vllm_tap, "CompositeExplicitAutograd")
+
+
+@torch.library.register_fake("eigenhooks::vllm_tap", lib=_LIB)
+def _(token, x, r, slot):
     return None
+
+
+def _tap(x: torch.Tensor, r: torch.Tensor | None, slot: int) -> None:
+    """A reading: the op when traced (it is then in the graph, and runs whenever the graph does); in eager
+    mode the write itself, with no dispatch (an idle tap then costs its hook call and one check)."""
+    if torch.compiler.is_compiling():
+        torch.ops.eigenhooks.vllm_tap(_TOKEN, x, r, slot)
+    else:
+        STORE.write(slot, x, r)
 
 
 def _pair(args, kwargs):
@@ -82,23 +107,21 @@ def _pair(args, kwargs):
 
 def _pre_hook(slot: int):
     def hook(module, args, kwargs):
-        h, r = _pair(args, kwargs)
-        torch.ops.eigenhooks.vllm_tap(_TOKEN, h if r is None else h + r, slot)
+        _tap(*_pair(args, kwargs), slot)
 
     return hook
 
 
 def _out_hook(slot: int):
     def hook(module, args, output):
-        torch.ops.eigenhooks.vllm_tap(_TOKEN, output, slot)
+        _tap(output, None, slot)
 
     return hook
 
 
 def _post_hook(slot: int):
     def hook(module, args, output):
-        h, r = output
-        torch.ops.eigenhooks.vllm_tap(_TOKEN, h + r, slot)
+        _tap(*output, slot)
 
     return hook
 

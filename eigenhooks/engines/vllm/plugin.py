@@ -5,7 +5,8 @@
 server) the wrap checks what eigenhooks cannot measure (one line each, before anything loads) and names
 ``worker.EigenhooksWorker`` as the worker extension; vLLM's workers then import it, which places the taps
 when the model loads. The key is part of ``additional_config``, which vLLM hashes into its config hash,
-so its compile cache keeps monitored and plain graphs apart. Without the key the wrap passes the call on
+so its compile cache keeps monitored and plain graphs apart; the wrap adds the taps' version (``TAPS``)
+under it, so graphs compiled with another version's taps stay apart too. Without the key the wrap passes the call on
 untouched and nothing of eigenhooks is imported by the engine.
 
 Import nothing heavy here: vLLM loads this module in every process, for every engine.
@@ -16,6 +17,8 @@ from __future__ import annotations
 KEY = "eigenhooks"
 EXTENSION = "eigenhooks.engines.vllm.worker.EigenhooksWorker"
 OPTIONS = {"out", "settings"}  # out: the served sink's folder; settings: a served monitor's eh.monitor settings
+TAPS = 2  # the taps' layout and their op's signature (capture.py): bump on any change to either
+TAPS_KEY = "_taps"  # where the opt-in records TAPS in the options, so it enters vLLM's config hash
 
 
 class EigenhooksConfigError(ValueError):
@@ -32,7 +35,7 @@ def check_args(args) -> None:
     opts = args.additional_config.get(KEY)
     if not isinstance(opts, dict):
         raise EigenhooksConfigError(f"additional_config['eigenhooks'] must be a dict of options, got {opts!r}")
-    unknown = sorted(set(opts) - OPTIONS)
+    unknown = sorted(set(opts) - OPTIONS - {TAPS_KEY})
     if unknown:
         raise EigenhooksConfigError(f"unknown eigenhooks options {unknown}; known: {sorted(OPTIONS)}")
     if args.speculative_config:
@@ -68,6 +71,8 @@ def _wrap(cls) -> None:
         if not (isinstance(extra, dict) and KEY in extra):
             return inner(self, *args, **kwargs)
         check_args(self)
+        # the taps' version joins the config hash: a graph compiled with other taps is not reused
+        self.additional_config = {**extra, KEY: {**extra[KEY], TAPS_KEY: TAPS}}
         self.worker_extension_cls = EXTENSION
         config = inner(self, *args, **kwargs)
         from ...models.vllm import check_architecture
