@@ -11,7 +11,7 @@ a forward's end. This module is the engine-neutral contract between an engine's 
   so never counted (the request's first computed position says how long it was);
 - ``EngineRecord``: the forwards told to the monitor's record as flat batches (``models.attach.FlatRows``:
   the request is the cluster, its counters open until the scheduler ends it), and each request's own
-  counts and gamma/rho (``RequestRows``).
+  counts and gamma/rho (``RequestRows``), read from the record's counters of that request.
 
 It imports no engine.
 """
@@ -95,64 +95,51 @@ def flat_rows(tm: TokenMap, skips: list[int], device) -> tuple[FlatRows, torch.T
 class RequestRows:
     """Each request's own counts and gamma/rho per (layer, target): ``requests()``'s rows.
 
-    Per request, layer and target: its counted tokens, the sums of a(pre), a(mid), a(post), and the tokens
-    with a(mid) > a(pre), in float32 like the monitor's statistics; a request's rows sum to the table's.
+    They are the record's own per-request counters (``Record.requests_end``, ``open_requests``: the tokens
+    it counted, those up, and their sums of a(pre), a(mid), a(post), ``measures.ROW``), read when a request
+    ends or when the rows are asked for; nothing is measured twice. A request's rows sum to the table's.
     """
 
     def __init__(self, plan):
         self.plan, self.layers = plan, sorted(plan.layers)
-        self.open: dict[str, torch.Tensor] = {}  # request -> (L, T, 5)
-        self._U: list[torch.Tensor] | None = None
-        self.done: list[tuple[str, RequestInfo | None, torch.Tensor]] = []
+        self.done: list[tuple[str, RequestInfo | None, torch.Tensor]] = []  # ended: key, ledger, counters
 
-    def add(self, xs: dict[int, tuple], flat: FlatRows) -> None:
-        """xs: layer -> (pre, mid, post) flat readings of the counted tokens, (tokens, d) each."""
-        R = len(flat.keys)
-        X = torch.stack([torch.stack(xs[i]) for i in self.layers]).float()  # (L, 3, tokens, d)
-        norm = X.norm(dim=-1).clamp_min(1e-30)  # (L, 3, tokens); a zero reading aligns 0, as linalg.alignment
-        cols = []
-        for U in self._bases(X.device):  # per target: (L, d, k) stacked over the layers
-            a = torch.einsum("lptd,ldk->lptk", X, U).norm(dim=-1) / norm  # (L, 3, tokens): a(pre), a(mid), a(post)
-            up = (a[:, 1] > a[:, 0]).float()[:, None]
-            per = torch.cat([torch.ones_like(up), a, up], 1)  # (L, 5, tokens)
-            cols.append(torch.zeros(len(self.layers), 5, R, device=X.device).index_add_(2, flat.row, per))
-        own = torch.stack(cols, 1).permute(3, 0, 1, 2).double().cpu()  # (R, L, T, 5)
-        for j, key in enumerate(flat.keys):
-            self.open[key] = self.open[key] + own[j] if key in self.open else own[j]
+    def end(self, key: str, info: RequestInfo | None, counters: torch.Tensor | None) -> None:
+        if counters is not None:
+            self.done.append((key, info, counters))
 
-    def _bases(self, device) -> list[torch.Tensor]:
-        """Each target's bases stacked over the layers, (L, d, k), made once (a target whose k differs
-        between layers is padded with zero columns: they add nothing to the norm)."""
-        if self._U is None or self._U[0].device != device:
-            n_t = len(self.plan.layers[self.layers[0]].targets)
-            out = []
-            for ti in range(n_t):
-                Us = [self.plan.layers[i].targets[ti].U.to(device, torch.float32) for i in self.layers]
-                k = max(U.shape[1] for U in Us)
-                out.append(torch.stack([torch.nn.functional.pad(U, (0, k - U.shape[1])) for U in Us]))
-            self._U = out
-        return self._U
-
-    def end(self, key: str, info: RequestInfo | None) -> None:
-        if key in self.open:
-            self.done.append((key, info, self.open.pop(key)))
-
-    def rows(self, ledger: Ledger) -> list[dict]:
+    def rows(self, ledger: Ledger, open_counters: dict[str, torch.Tensor]) -> list[dict]:
         """One dict per (request, layer, target), ended requests first."""
+        out = []
+        for key, info, own in self.done:
+            out += self.request(key, info, own, True)
+        for key, own in open_counters.items():
+            out += self.request(key, ledger.info.get(key), own, False)
+        return out
+
+    def take_done(self) -> list[tuple[str, RequestInfo | None, list[dict]]]:
+        """The requests ended since the last call, each with its rows; then forgotten (a served engine's
+        memory stays bounded)."""
+        done, self.done = self.done, []
+        return [(key, info, self.request(key, info, own, True)) for key, info, own in done]
+
+    def request(self, key: str, info: RequestInfo | None, own: torch.Tensor, ended: bool) -> list[dict]:
+        """One request's rows, from its counters (layers, ``measures.ROW``, T)."""
+        from ..monitor.measures import ROW
+
+        at = [ROW.index(f) for f in ("n", "s_pre", "s_mid", "s_post", "u")]
+        sums = own[:, at].tolist()  # (layers, 5, T) as lists: one copy out, not one per entry
         out, nan = [], float("nan")
-        items = [(k, info, own, True) for k, info, own in self.done]
-        items += [(k, ledger.info.get(k), own, False) for k, own in self.open.items()]
-        for key, info, own, ended in items:
-            for li, i in enumerate(self.layers):
-                for ti, meta in enumerate(self.plan.layers[i].meta):
-                    n, s_pre, s_mid, s_post, up = own[li, ti].tolist()
-                    out.append({
-                        "request_id": key, "layer": i, "target": meta.name, "n_tokens": int(n),
-                        "gamma_pre": s_pre / n if n else nan, "gamma_mid": s_mid / n if n else nan,
-                        "gamma_post": s_post / n if n else nan, "rho": up / n if n else nan,
-                        "cached_prefix": max(info.first, 0) if info else 0,
-                        "recomputed": info.recomputed if info else 0, "finished": ended,
-                    })  # fmt: skip
+        for li, i in enumerate(self.layers):
+            for ti, meta in enumerate(self.plan.layers[i].meta):
+                n, s_pre, s_mid, s_post, up = (v[ti] for v in sums[li])
+                out.append({
+                    "request_id": key, "layer": i, "target": meta.name, "n_tokens": int(n),
+                    "gamma_pre": s_pre / n if n else nan, "gamma_mid": s_mid / n if n else nan,
+                    "gamma_post": s_post / n if n else nan, "rho": up / n if n else nan,
+                    "cached_prefix": max(info.first, 0) if info else 0,
+                    "recomputed": info.recomputed if info else 0, "finished": ended,
+                })  # fmt: skip
         return out
 
 
@@ -281,7 +268,7 @@ class EngineRecord:
             self._tell(*self.steps.take(), None)
 
     def _tell(self, readings: dict[str, list[torch.Tensor]], flat: FlatRows, keep) -> None:
-        rec, xs = self.record, {}
+        rec = self.record
         rec.forward_start(CallFacts(flat=flat))
         ok = False
         try:
@@ -294,30 +281,31 @@ class EngineRecord:
                 rec.read(i, "attn", A)
                 rec.read(i, "mid", M)
                 rec.read(i, "post", Q)
-                xs[i] = (P, M, Q)
             ok = True
         finally:
             rec.forward_end(ok)
-        if self.own is not None:
-            self.own.add(xs, flat)
 
     def end(self, keys) -> None:
         """The engine's scheduler finished these requests."""
         self.flush()
         keys = list(keys)
-        self.record.requests_end(keys)
+        own = self.record.requests_end(keys, own=self.own is not None)
         for k in keys:
             info = self.ledger.end(k)
             if self.own is not None:
-                self.own.end(k, info)
+                self.own.end(k, info, own.get(k))
 
     def state_dict(self) -> dict:
         self.flush()
         return self.record.state_dict()
 
+    def take_ended(self) -> list[tuple[str, RequestInfo | None, list[dict]]]:
+        """The requests ended since the last call, each with its rows (``RequestRows.take_done``)."""
+        return self.own.take_done() if self.own is not None else []
+
     def rows(self) -> list[dict]:
         self.flush()
-        return self.own.rows(self.ledger) if self.own is not None else []
+        return self.own.rows(self.ledger, self.record.open_requests()) if self.own is not None else []
 
 
 __all__ = ["STEP_TOKENS", "EngineRecord", "Ledger", "RequestInfo", "RequestRows", "Steps", "TokenMap", "flat_rows"]

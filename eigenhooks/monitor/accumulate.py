@@ -177,12 +177,16 @@ class Accumulator:
             self.krows[layer] = kr.index_add(0, idx[rows.device], rows)
 
     # ---- sequences ----
-    def end_requests(self, keys) -> None:
+    def end_requests(self, keys, own: bool = False) -> dict[str, torch.Tensor]:
         """A flat batch's requests ended (the engine's scheduler says so): their counters fold into the
-        cluster sums, as ``end_sequences`` folds a padded batch's rows, and their slots are freed."""
-        slots = [self.keyed.pop(k) for k in keys if k in self.keyed]
-        if not slots:
-            return
+        cluster sums, as ``end_sequences`` folds a padded batch's rows, and their slots are freed.
+
+        own: return each ended request's own counters (``request_counters``), else nothing."""
+        ended = [(k, self.keyed.pop(k)) for k in keys if k in self.keyed]
+        if not ended:
+            return {}
+        slots = [s for _, s in ended]
+        out = dict(zip([k for k, _ in ended], self.request_counters(slots))) if own else {}
         groups: dict[tuple, list[int]] = {}
         for layer, kr in self.krows.items():
             groups.setdefault((kr.shape, kr.device), []).append(layer)
@@ -193,6 +197,26 @@ class Accumulator:
                 self.state[i] = st
                 self.krows[i] = self.krows[i].index_fill(0, idx, 0)
         self.free.extend(slots)
+        return out
+
+    def open_requests(self) -> dict[str, torch.Tensor]:
+        """Each open request's own counters so far (``request_counters``), by key."""
+        if not self.keyed:
+            return {}
+        return dict(zip(self.keyed, self.request_counters(list(self.keyed.values()))))
+
+    def request_counters(self, slots: list[int]) -> torch.Tensor:
+        """The counters of the requests at ``slots``: (requests, layers, len(measures.ROW), T), float64 on the
+        host, the plan's layers in order (zeros at a layer that counted none of their tokens)."""
+        per = []
+        for i in sorted(self.plan.layers):
+            kr = self.krows.get(i)
+            per.append(None if kr is None else kr.index_select(0, torch.tensor(slots, device=kr.device)))
+        shape = next((p.shape for p in per if p is not None), None)
+        if shape is None:
+            return torch.zeros(len(slots), len(per), 0, 0, dtype=torch.float64)
+        zero = torch.zeros(shape, dtype=torch.float64)
+        return torch.stack([zero if p is None else p.to("cpu", torch.float64) for p in per], 1)
 
     def _fold_open(self, layer: int) -> None:
         rows = self.rows.pop(layer, None)

@@ -177,10 +177,17 @@ class Record:
         if self.ended is not None:
             self.ended(not ok)
 
-    def requests_end(self, keys) -> None:
-        """The engine finished these requests: their sequences end (their counters fold into the sums)."""
+    def requests_end(self, keys, own: bool = False) -> dict[str, torch.Tensor]:
+        """The engine finished these requests: their sequences end (their counters fold into the sums).
+        own: return each one's own counters (``Accumulator.request_counters``: its tokens, up-counts and
+        alignment sums per layer and target, ``measures.ROW``), by key."""
         with self._lock:
-            self.acc.end_requests(keys)
+            return self.acc.end_requests(keys, own)
+
+    def open_requests(self) -> dict[str, torch.Tensor]:
+        """Each open request's own counters so far, by key (as ``requests_end`` gives them)."""
+        with self._lock:
+            return self.acc.open_requests()
 
     # ---- counting ----
     def _count(self, ok: bool, intact: bool) -> None:

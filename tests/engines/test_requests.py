@@ -107,6 +107,33 @@ def test_flat_batches_equal_the_hf_monitor_on_whole_sequences(llama):
     rows = {r["request_id"]: r for r in sums.rows() if r["layer"] == 0 and r["target"] == "ov/modulus"}
     assert rows["A"]["n_tokens"] == 23 and rows["B"]["n_tokens"] == 11
     assert rows["B"]["recomputed"] == 12 and rows["A"]["recomputed"] == 0
+    assert_rows_are_each_requests_own(sums, reads)
+
+
+def assert_rows_are_each_requests_own(sums, reads):
+    """Each request's rows equal numpy's alignments of that request's own readings, a(x) = ||U^T x|| / ||x||
+    (each position once), and the requests' rows add up to the table's sums."""
+    plan, got = sums.record.plan, sums.rows()
+    assert len(got) == len(reads) * sum(len(plan.layers[i].meta) for i in plan.layers)
+    row = {(r["request_id"], r["layer"], r["target"]): r for r in got}
+    state = sums.state_dict()["layers"]
+    for i, lp in plan.layers.items():
+        for ti, meta in enumerate(lp.meta):
+            U = lp.targets[ti].U.double().numpy()
+            total = {"pre": 0.0, "mid": 0.0, "post": 0.0}
+            for key, rd in reads.items():
+                X = {p: rd[p][i].double().numpy() for p in ("pre", "attn", "post")}
+                X["mid"] = X["pre"] + X["attn"]
+                a = {p: np.linalg.norm(X[p] @ U, axis=1) / np.linalg.norm(X[p], axis=1) for p in total}
+                r, n = row[(key, i, meta.name)], len(X["pre"])
+                assert r["n_tokens"] == n
+                for p in total:
+                    assert r[f"gamma_{p}"] == pytest.approx(a[p].mean(), rel=1e-5), (key, i, p)
+                    total[p] += r[f"gamma_{p}"] * n
+                assert abs(r["rho"] - float(np.mean(a["mid"] - a["pre"] > 1e-6))) <= 1 / n + 1e-12
+            sums_t = dict(zip(eh.monitor.measures.TGT_FIELDS, state[str(i)]["tgt"][ti]))
+            for p in total:
+                assert total[p] == pytest.approx(sums_t[f"sum_{p}"], rel=1e-6), (i, p)
 
 
 def _table(model, sums):

@@ -85,7 +85,10 @@ def close(a, b):
         assert sa[k].shape == sb[k].shape, k
         assert torch.equal(torch.isnan(sa[k]), torch.isnan(sb[k])), k
         torch.testing.assert_close(sa[k].nan_to_num(-7.0), sb[k].nan_to_num(-7.0), rtol=1e-6, atol=2e-6, msg=k)
-    assert torch.equal(ra, rb)
+    sums = [measures.ROW.index(f) for f in ("s_pre", "s_mid", "s_post")]  # a row's alignment sums: float32
+    kept = [i for i in range(len(measures.ROW)) if i not in sums]  # its counters: exact
+    assert torch.equal(ra[:, kept], rb[:, kept])
+    torch.testing.assert_close(ra[:, sums], rb[:, sums], rtol=1e-6, atol=2e-6)
     counts = [measures.TGT_FIELDS.index(f) for f in ("n", "n_up", "n_sub", "n_up_sub", "n_seq", "n_nonfinite")]
     assert torch.equal(sa["tgt"][:, counts], sb["tgt"][:, counts])
     for k in ("null_up", "eig_up", "fnull_up"):
@@ -209,8 +212,8 @@ def test_a_forward_that_raises_gives_its_rows_back():
 def test_closing_rows_of_many_layers_at_once_equals_each_alone():
     g = torch.Generator().manual_seed(8)
     F = len(measures.TGT_FIELDS)
-    rows = torch.randint(0, 9, (3, 4, 5, 2), generator=g).double()
-    rows[1, 2, 0] = 0  # a row with no valid token: not a cluster
+    rows = torch.randint(0, 9, (3, 4, len(measures.ROW), 2), generator=g).double()
+    rows[1, 2, measures.ROW.index("n")] = 0  # a row with no valid token: not a cluster
     tgt = torch.rand(3, 2, F, generator=g, dtype=torch.float64)
     together = measures.close_rows(tgt, rows)
     for i in range(3):

@@ -18,6 +18,13 @@ import torch
 POINTS = ("pre", "mid", "post")  # the reading points, in order (``config.POINTS``)
 
 
+def row_at(field: str) -> int:
+    """The index of a per-sequence counter in ``measures.ROW`` (every measure's ``row_fields``, in order)."""
+    from . import ROW  # the package, loaded by the time a measure runs
+
+    return ROW.index(field)
+
+
 @dataclass(frozen=True)
 class Sizes:
     """The sizes of one layer's state, as ``Measure.zero`` gets them.

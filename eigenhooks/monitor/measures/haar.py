@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from .base import Builtin
+from .base import Builtin, row_at
 
 
 def prefix_norms(H: torch.Tensor, ks: list[int]) -> torch.Tensor:
@@ -159,7 +159,7 @@ class Haar(Builtin):
                 ubar[k] = float(ups.sum()) / K
         if "mid" in Y:
             for ti, t in enumerate(lb.targets):
-                row[4, ti] = ubar[t.k]
+                row[row_at("ubar_sub"), ti] = ubar[t.k]
 
 
 HAAR = Haar()

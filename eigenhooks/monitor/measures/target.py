@@ -3,14 +3,17 @@
 Columns: the targets' bases, ``Bt64`` (every token); the null measures compare against these
 alignments on the null's tokens. State: ``tgt`` (T, ``TGT_FIELDS``): counts, alignment sums per
 reading point, up-counts and deltas of mid against its baseline, signed cosines with v_1, the
-within-sequence consensus, and the cluster sums; per-sequence counters n, u, n_sub, u_sub.
+within-sequence consensus, and the cluster sums; per-sequence counters n, u, n_sub, u_sub (the cluster
+sums' terms) and s_pre, s_mid, s_post (each sequence's own gamma: an engine's per-request rows).
 """
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
-from .base import POINTS, Builtin
+from .base import POINTS, Builtin, row_at
 
 # Per-target sums; the cluster sums use u_s (tokens up in sequence s), n_s (tokens with a
 # delta in s) and w_s = u_s - mean over Haar draws of their u_s (for the lift's interval).
@@ -52,12 +55,21 @@ _CLU_SLICE = slice(_T[_CLU[0]], _T[_CLU[-1]] + 1)
 assert [_T[f] for f in _CLU] == list(range(_CLU_SLICE.start, _CLU_SLICE.stop)), "the cluster fields must be adjacent"
 
 
+_CLOSING = ("n", "u", "n_sub", "u_sub", "ubar_sub")  # the counters the cluster sums are made of
+
+
+@functools.cache
+def _closing() -> tuple[int, ...]:
+    """Where the counters ``_CLOSING`` sit in a row (``measures.ROW``)."""
+    return tuple(row_at(f) for f in _CLOSING)
+
+
 def close_rows(tgt: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
     """Add finished sequences' counters (..., b, R, T) (R: ``measures.ROW``, its order) to the cluster sums of ``tgt`` (..., T, F); new tgt.
 
     Leading dimensions are layers closed together (one op each for all of them).
     """
-    n, u, ns, us, ubar = rows.unbind(-2)  # (..., b, T) each
+    n, u, ns, us, ubar = (rows.select(-2, i) for i in _closing())  # (..., b, T) each
     w = us - ubar
     add = torch.stack([(n > 0).double(), u * u, u * n, n * n, w * w, w * ns, ns * ns], -1).sum(-3)  # (..., T, 7)
     tgt = tgt.clone()
@@ -71,9 +83,10 @@ def reference_close(tgt: torch.Tensor, rows: torch.Tensor) -> None:
     Per sequence s and target: n_s its counted tokens, u_s those up, ns_s and us_s the same on
     the null subsample, w_s = us_s - ubar_s (ubar_s: its up-counts there averaged over the draws).
     """
+    at = _closing()
     for r in rows:
         for ti in range(tgt.shape[0]):
-            n, u, ns, us, ubar = (float(v) for v in r[:, ti])
+            n, u, ns, us, ubar = (float(r[i, ti]) for i in at)
             w, c = us - ubar, tgt[ti]
             c[_T["n_clu"]] += float(n > 0)
             c[_T["clu_u2"]] += u * u
@@ -92,7 +105,9 @@ SIGNED = frozenset({"sum_delta", "cos_sum_pre", "cos_sum_mid", "cos_sum_post", "
 class Target(Builtin):
     name = "target"
     fields = ("tgt",)
-    row_fields = ("n", "u", "n_sub", "u_sub")
+    # per sequence: its tokens, those up, the same on the null's tokens, and its sums of a(pre), a(mid),
+    # a(post) (an engine's per-request rows read them; the cluster sums do not)
+    row_fields = ("n", "u", "n_sub", "u_sub", "s_pre", "s_mid", "s_post")
 
     def damaged(self, key, t):
         if t.dim() != 2:
@@ -197,11 +212,14 @@ class Target(Builtin):
 
     def rows(self, stk, scratch):
         f64 = torch.float64
+        per_point = stk._tgt.sum(3, dtype=f64)  # (L, P, b, T): each row's sums of its tokens' alignments
+        zero = per_point.new_zeros(per_point[:, 0].shape)
         return [
             stk.valid.sum(2, dtype=f64)[..., None],
             scratch["u_t"].sum(2, dtype=f64),
             stk.per_row(scratch["null_count"])[..., None],
             stk.per_row(scratch["u_s"]),
+            *(per_point[:, stk.pts.index(p)] if p in stk.pts else zero for p in POINTS),
         ]
 
     def finish(self, stk, cols, st):
@@ -266,8 +284,10 @@ class Target(Builtin):
             c[_T["n_sub"]] += float(sub.sum())
             c[_T["n_up_sub"]] += float(u[sub].sum())
             c[_T["sum_mid_sub"]] += float(a["mid"][sub].sum())
-            row[0, ti], row[1, ti] = n, float(u.sum())
-            row[2, ti], row[3, ti] = float(sub.sum()), float(u[sub].sum())
+            for f, v in (("n", n), ("u", u.sum()), ("n_sub", sub.sum()), ("u_sub", u[sub].sum())):
+                row[row_at(f), ti] = float(v)
+            for p, x in a.items():
+                row[row_at(f"s_{p}"), ti] = float(x.sum())
 
     @staticmethod
     def reference_close(state: dict, rows: torch.Tensor) -> None:
