@@ -8,7 +8,7 @@ import os
 import pytest
 
 from eigenhooks.engines.requests import EngineRecord
-from eigenhooks.engines.vllm.serve import JsonlSink, api_id, read_lines
+from eigenhooks.engines.vllm.serve import JsonlSink, api_id, read_lines, split_sample
 from eigenhooks.engines.vllm.worker import user_key
 
 
@@ -17,8 +17,11 @@ def test_internal_request_ids_map_to_the_users():
     assert user_key("cmpl-abc-0-1a2b3c4d", randomized=True) == "cmpl-abc-0"
     assert user_key("2_req-1a2b3c4d", randomized=True) == "2_req"  # sample 2 of an n > 1 request
     assert user_key("my-id", randomized=False) == "my-id"
-    assert api_id("cmpl-abc-3") == {"request_id": "cmpl-abc", "prompt_index": 3}
-    assert api_id("chatcmpl-xyz") == {"request_id": "chatcmpl-xyz"}
+    assert api_id("cmpl-abc-3") == {"request_id": "cmpl-abc", "sample": 0, "prompt_index": 3}
+    assert api_id("chatcmpl-xyz") == {"request_id": "chatcmpl-xyz", "sample": 0}
+    assert api_id("1_cmpl-abc-3") == {"request_id": "cmpl-abc", "sample": 1, "prompt_index": 3}  # n > 1
+    assert split_sample("2_7") == ("7", 2) and split_sample("7") == ("7", 0)
+    assert split_sample("cmpl-1_2") == ("cmpl-1_2", 0)
 
 
 def test_the_served_sink_writes_whole_lines_and_forgets_what_it_wrote(tmp_path):

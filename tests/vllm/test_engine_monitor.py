@@ -77,6 +77,22 @@ def test_a_request_beside_others_equals_it_alone(llm_opted_eager):
     assert (a["n_tokens"] == b["n_tokens"]).all()
 
 
+def test_samples_of_n_above_one_are_rows_of_their_request(llm_opted_eager):
+    """With n > 1 vLLM runs each sample as a request of its own: requests() gives each back under the id the
+    user sees, with its CompletionOutput.index, counting the tokens that sample's forwards processed."""
+    from vllm import SamplingParams
+
+    sp = SamplingParams(n=2, temperature=1.0, seed=3, max_tokens=5, ignore_eos=True)
+    with eh.monitor(llm_opted_eager, **OPTS) as mon:
+        outs = llm_opted_eager.generate(prompts([21, 33], seed=9), sp)
+    req = mon.requests()
+    got = req[(req.layer == 0) & (req.target == "ov/modulus")]
+    want = {(o.request_id, c.index): len(o.prompt_token_ids) + len(c.token_ids) - 1 for o in outs for c in o.outputs}
+    assert len(want) == 4
+    assert {(r.request_id, r.sample): r.n_tokens for r in got.itertuples()} == want
+    assert int(mon.summary()["n_tokens"].iloc[0]) == sum(want.values())
+
+
 def test_a_plain_engine_says_how_to_opt_in(llm_eager):
     with pytest.raises(RuntimeError, match=r"built without eigenhooks.*additional_config=\{'eigenhooks': \{\}\}"):
         eh.monitor(llm_eager)

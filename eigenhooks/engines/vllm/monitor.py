@@ -17,6 +17,7 @@ import warnings
 from ...monitor import MeasurementWarning, views
 from ...monitor.facade import make_config
 from .plugin import KEY
+from .serve import split_sample
 from .session import make_monitor
 
 
@@ -144,13 +145,18 @@ class EngineMonitor:
         return self._monitor().summary()
 
     def requests(self):
-        """pandas DataFrame, one row per (request_id, layer, target): the request's n_tokens, gamma_pre,
-        gamma_mid, gamma_post, rho; ``cached_prefix`` (positions served from the prefix cache, not computed,
-        not counted), ``recomputed`` (tokens computed again after a preemption, not counted twice) and
-        ``finished`` (the scheduler ended it). ``request_id`` is ``RequestOutput.request_id``."""
+        """pandas DataFrame, one row per (request_id, sample, layer, target): the sequence's n_tokens,
+        gamma_pre, gamma_mid, gamma_post, rho; ``cached_prefix`` (positions served from the prefix cache, not
+        computed, not counted), ``recomputed`` (tokens computed again after a preemption, not counted twice)
+        and ``finished`` (the scheduler ended it). ``request_id`` is ``RequestOutput.request_id``; ``sample``
+        is ``CompletionOutput.index`` (with ``n > 1`` each sample is its own sequence; else 0)."""
         import pandas as pd
 
-        return pd.DataFrame(self._rows)
+        rows = []
+        for r in self._rows:
+            rid, sample = split_sample(r["request_id"])
+            rows.append({"request_id": rid, "sample": sample, **{k: v for k, v in r.items() if k != "request_id"}})
+        return pd.DataFrame(rows)
 
     def state_dict(self) -> dict:
         return self._monitor().state_dict()

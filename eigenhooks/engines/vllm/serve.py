@@ -5,11 +5,11 @@ with-block: ``"settings"`` beside ``"out"`` are ``eh.monitor``'s settings). When
 request, the worker appends one line to ``DIR/eigenhooks-<host>-<pid>.jsonl`` (one file per writing
 process, so processes never share a file):
 
-    {"request_id": ..., "cached_prefix": ..., "recomputed": ..., "layers": [{"layer", "target",
+    {"request_id": ..., "sample": ..., "cached_prefix": ..., "recomputed": ..., "layers": [{"layer", "target",
      "n_tokens", "gamma_pre", "gamma_mid", "gamma_post", "rho"}, ...]}
 
 ``request_id`` is the id the API returned (a completion's ``cmpl-...``; a prompt of a batched completion
-gets ``prompt_index``). Each line is one ``os.write`` to a file opened for appending, after which the
+gets ``prompt_index``; ``sample`` is the choice's index, 0 unless ``n > 1``). Each line is one ``os.write`` to a file opened for appending, after which the
 request's sums are dropped (memory stays bounded however long the server runs); a reader keeps the
 lines that end in a newline, so a killed server leaves whole lines only.
 """
@@ -24,14 +24,28 @@ import socket
 from pathlib import Path
 
 _COMPLETION = re.compile(r"^(cmpl-.+)-(\d+)$")  # the completions API's engine id: f"{response id}-{prompt index}"
+_SAMPLE = re.compile(r"^(\d+)_(.+)$")  # a sample of n > 1: vLLM's child id f"{index}_{parent id}"
+
+
+def split_sample(key: str) -> tuple[str, int]:
+    """(the request's id, the sample's index) of an engine request key: vLLM runs each sample of ``n > 1`` as
+    its own request ``f"{index}_{request id}"`` (``CompletionOutput.index``); any other key is sample 0.
+
+    A request id of your own of the form ``<digits>_<rest>`` reads as a sample of ``<rest>`` too: vLLM's own
+    ids (offline counters, the API's ``cmpl-``/``chatcmpl-``) never have that form."""
+    m = _SAMPLE.match(key)
+    return (m.group(2), int(m.group(1))) if m else (key, 0)
 
 
 def api_id(key: str) -> dict:
-    """The id the OpenAI-compatible API returned for an engine request key (and the prompt's index)."""
-    m = _COMPLETION.match(key)
+    """The id the OpenAI-compatible API returned for an engine request key, the prompt's index (a batched
+    completion) and the sample's (``n > 1``: the choice's ``index``)."""
+    rid, sample = split_sample(key)
+    out = {"request_id": rid, "sample": sample}
+    m = _COMPLETION.match(rid)
     if m:
-        return {"request_id": m.group(1), "prompt_index": int(m.group(2))}
-    return {"request_id": key}
+        out.update(request_id=m.group(1), prompt_index=int(m.group(2)))
+    return out
 
 
 def _num(x: float):
@@ -49,16 +63,8 @@ class JsonlSink:
         self.written = 0
 
     def write_ended(self, engine) -> None:
-        """Write every request ``engine`` (an ``EngineRecord``) ended since the last call, then forget their rows."""
-        done = engine.own.done
-        if not done:
-            return
-        rows: dict[str, list] = {}
-        for r in engine.rows():
-            if r["finished"]:
-                rows.setdefault(r["request_id"], []).append(r)
-        for key, info, _ in done:
-            rs = rows.get(key, [])
+        """Write every request ``engine`` (an ``EngineRecord``) ended since the last call; it then forgets them."""
+        for key, info, rs in engine.take_ended():
             line = {
                 **api_id(key),
                 "cached_prefix": info.first if info else 0,
@@ -76,7 +82,6 @@ class JsonlSink:
             data = (json.dumps(line, separators=(",", ":")) + "\n").encode()
             os.write(self.fd, data)  # one write per line, appended
             self.written += 1
-        done.clear()
 
     def close(self) -> None:
         os.close(self.fd)
@@ -92,4 +97,4 @@ def read_lines(folder) -> list[dict]:
     return out
 
 
-__all__ = ["JsonlSink", "api_id", "read_lines"]
+__all__ = ["JsonlSink", "api_id", "read_lines", "split_sample"]
