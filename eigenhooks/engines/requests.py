@@ -89,7 +89,8 @@ def flat_rows(tm: TokenMap, skips: list[int], device) -> tuple[FlatRows, torch.T
         keep = (rank >= torch.tensor(skips, device=device)[row]).nonzero().squeeze(1)
         row, position = row[keep], position[keep]
     width = max(c - k for c, k in zip(tm.counts, skips))
-    return FlatRows(tuple(tm.keys), row, position, width), keep
+    full = keep is None and all(c == width for c in tm.counts)  # each request's chunk whole, all one length
+    return FlatRows(tuple(tm.keys), row, position, width, layout="rows" if full else ""), keep
 
 
 class RequestRows:
@@ -196,7 +197,7 @@ class Steps:
         views = [b[:S].view(S * R, -1) for b in self.bufs]  # one object a reading: shared points stay shared
         readings = {p: [views[j] for j in js] for p, js in self.where.items()}
         self.n = 0
-        return readings, FlatRows(self.keys, row, position, S, S)
+        return readings, FlatRows(self.keys, row, position, S, S, layout="steps")
 
 
 class EngineRecord:

@@ -48,6 +48,10 @@ class FlatRows(NamedTuple):
         steps: the engine forwards these readings gather (> 1: each row's tokens are its one-token
         decoding steps, told together as a padded batch's steps are flushed together). The
         within-sequence consensus is one forward's: it is taken only where steps is 1.
+        layout: what the engine knows of the tokens' order, on the host. ``"rows"``: every row has
+            ``width`` tokens, token ``r * width + i`` being row r's i-th; ``"steps"``: every row has
+            ``width`` tokens, token ``s * rows + r`` being row r's s-th. The readings are then the padded
+            batch as they stand (a view), not scattered into one. ``""``: any order (``row`` says).
     """
 
     keys: tuple
@@ -55,6 +59,7 @@ class FlatRows(NamedTuple):
     position: torch.Tensor
     width: int = 0
     steps: int = 1
+    layout: str = ""
 
 
 class CallFacts(NamedTuple):

@@ -335,8 +335,14 @@ class Forward:
         got = self._padded.get(id(x))
         if got is None:
             R, n = self.flat_grid.mask.shape
-            padded = x.new_zeros(R * n, x.shape[-1]).index_copy_(0, self.flat_place, x)
-            got = self._padded[id(x)] = (x, padded.view(R, n, x.shape[-1]))
+            d, layout = x.shape[-1], self.flat.layout
+            if layout == "rows":  # already row-major and full: the padded batch is a view
+                padded = x.view(R, n, d)
+            elif layout == "steps":  # step-major and full: a transposed view
+                padded = x.view(n, R, d).transpose(0, 1)
+            else:
+                padded = x.new_zeros(R * n, d).index_copy_(0, self.flat_place, x).view(R, n, d)
+            got = self._padded[id(x)] = (x, padded)
         return got[1]
 
     def _grid(self, x: torch.Tensor, stack) -> Grid:

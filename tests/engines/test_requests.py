@@ -241,3 +241,35 @@ def test_log_points_count_engine_forwards_and_hold_the_values_then(llama):
         assert values.keys() == want.keys() and len(values) > 10
         for k in want:
             assert values[k] == pytest.approx(want[k], rel=1e-6, abs=1e-12, nan_ok=True), (step, k)  # float32 sums
+
+
+def test_a_layout_the_engine_knows_changes_nothing(llama, monkeypatch):
+    """Full row-major chunks (``layout="rows"``) and staged steps (``"steps"``) are read as views of the
+    padded batch, not scattered into one: the state is bit for bit the one the scatter gives."""
+    from eigenhooks.engines import requests
+    from eigenhooks.models.attach import FlatRows
+
+    g = torch.Generator().manual_seed(6)
+    seqs = {k: torch.randint(0, 64, (n,), generator=g).tolist() for k in ("A", "B") for n in (20,)}
+    reads = {k: readings_of(llama, s) for k, s in seqs.items()}
+    schedule = [[("A", 0, 8), ("B", 0, 8)], [("A", 8, 12), ("B", 8, 10)]]  # rows, then unequal chunks
+    schedule += [[("A", t, t + 1), ("B", t - 2, t - 1)] for t in range(12, 20)]  # steps: staged
+
+    def run(hint: bool):
+        layouts = []
+
+        def made(*args, **kw):
+            f = FlatRows(*args, **kw)
+            layouts.append(f.layout)
+            return f if hint else f._replace(layout="")
+
+        monkeypatch.setattr(requests, "FlatRows", made)
+        sums = engine_record(llama)
+        for chunks in schedule:
+            sums.forward(*flat(chunks, reads))
+        sums.end(["A", "B"])
+        return sums.state_dict(), layouts
+
+    (hinted, layouts), (scattered, _) = run(True), run(False)
+    assert layouts == ["rows", "", "steps"]
+    assert hinted == scattered
