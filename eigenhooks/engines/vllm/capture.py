@@ -29,6 +29,12 @@ class TapStore:
 
     ``active``: copy readings (a monitor is entered). Off, the op returns at once; a CUDA graph being
     captured always copies (the capture is replayed whatever the flag says later).
+
+    Under CUDA graphs (a GPU engine's default; not run here: no device with vLLM was lent) a replay
+    writes into the buffer its capture wrote, but runs none of this Python: ``rows`` is not set, so
+    ``readings`` gives None and the forward is reported as not measured (``MeasurementWarning``), never
+    read from a stale buffer. A buffer a capture wrote into is never freed (``pinned``), so a replay
+    never writes into memory handed to something else.
     """
 
     def __init__(self):
@@ -37,15 +43,22 @@ class TapStore:
         self.active = False
         self.capacity = 0  # the engine's max_num_batched_tokens (the most rows a buffer can need)
         self.n_slots = 0
+        self.captured: set[int] = set()  # ids of the buffers a CUDA graph capture wrote into
+        self.pinned: list[torch.Tensor] = []  # such buffers, replaced by bigger ones but kept alive
 
     def write(self, slot: int, x: torch.Tensor, r: torch.Tensor | None = None) -> None:
         """Write the reading ``x + r`` (``x`` when r is None) into buffer ``slot``, if copying."""
-        if not self.active and not (x.is_cuda and torch.cuda.is_current_stream_capturing()):
+        capturing = x.is_cuda and torch.cuda.is_current_stream_capturing()
+        if not self.active and not capturing:
             return
         n = x.shape[0]
         buf = self.bufs.get(slot)
         if buf is None or buf.shape[0] < n or buf.shape[1:] != x.shape[1:] or buf.dtype != x.dtype:
+            if buf is not None and id(buf) in self.captured:
+                self.pinned.append(buf)  # a graph's replays write here: never freed
             buf = self.bufs[slot] = x.new_empty((n, *x.shape[1:]))  # grows to the largest forward measured
+        if capturing:
+            self.captured.add(id(buf))
         if r is None:
             buf[:n].copy_(x)
         else:
