@@ -14,7 +14,9 @@ entered: what an opted-in engine costs idle), ``monitored`` (opted in, and ``llm
 installed or ``eh.monitor`` cannot attach to the engine.
 
 Goal (issue 49), on this CPU: compiled <= 1.05, eager <= 1.10. On a GPU with CUDA graphs: <= 1.05
-(unmeasured here: the lent device has no vLLM).
+(unmeasured here: the lent device has no vLLM). Measured 2026-12-07, 2-core CPU, nothing else running,
+``--rounds 4 --repeats 3``: eager 1.016, compiled 1.028, eager opted in and idle 1.033 (identical
+arms differ by up to 6% here); docs/vllm.md has the table.
 
 Usage: python benchmarks/bench_vllm.py [--modes eager,compiled] [--against monitored|optin|plain]
        [--rounds 2] [--repeats 2]   (run under `flock /tmp/eigenhooks-heavy.lock`; the vllm venv)
