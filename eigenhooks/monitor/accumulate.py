@@ -186,16 +186,16 @@ class Accumulator:
         if not ended:
             return {}
         slots = [s for _, s in ended]
-        out = dict(zip([k for k, _ in ended], self.request_counters(slots))) if own else {}
+        picked, idx = self._pick(slots)
+        out = dict(zip([k for k, _ in ended], self.request_counters(picked, len(slots)))) if own else {}
         groups: dict[tuple, list[int]] = {}
         for layer, kr in self.krows.items():
             groups.setdefault((kr.shape, kr.device), []).append(layer)
         for (_, device), layers in groups.items():
-            idx = torch.tensor(slots, device=device)
-            rows = torch.stack([self.krows[i].index_select(0, idx) for i in layers])
+            rows = torch.stack([picked[i] for i in layers])
             for i, st in zip(layers, fold_rows([self.state[i] for i in layers], rows)):
                 self.state[i] = st
-                self.krows[i] = self.krows[i].index_fill(0, idx, 0)
+                self.krows[i] = self.krows[i].index_fill(0, idx[device], 0)
         self.free.extend(slots)
         return out
 
@@ -203,18 +203,28 @@ class Accumulator:
         """Each open request's own counters so far (``request_counters``), by key."""
         if not self.keyed:
             return {}
-        return dict(zip(self.keyed, self.request_counters(list(self.keyed.values()))))
+        picked, _ = self._pick(list(self.keyed.values()))
+        return dict(zip(self.keyed, self.request_counters(picked, len(self.keyed))))
 
-    def request_counters(self, slots: list[int]) -> torch.Tensor:
-        """The counters of the requests at ``slots``: (requests, layers, len(measures.ROW), T), float64 on the
-        host, the plan's layers in order (zeros at a layer that counted none of their tokens)."""
-        per = []
-        for i in sorted(self.plan.layers):
-            kr = self.krows.get(i)
-            per.append(None if kr is None else kr.index_select(0, torch.tensor(slots, device=kr.device)))
+    def _pick(self, slots: list[int]) -> tuple[dict[int, torch.Tensor], dict]:
+        """Each layer's counters of the requests at ``slots`` (slots, len(measures.ROW), T), and the slots as
+        an index on each device (made once a device)."""
+        idx: dict = {}
+        picked = {}
+        for i, kr in self.krows.items():
+            if kr.device not in idx:
+                idx[kr.device] = torch.tensor(slots, device=kr.device)
+            picked[i] = kr.index_select(0, idx[kr.device])
+        return picked, idx
+
+    def request_counters(self, picked: dict[int, torch.Tensor], n: int) -> torch.Tensor:
+        """``n`` requests' counters picked from each layer (``_pick``) as one (requests, layers,
+        len(measures.ROW), T) tensor, float64 on the host, the plan's layers in order (zeros at a layer that
+        counted none of their tokens)."""
+        per = [picked.get(i) for i in sorted(self.plan.layers)]
         shape = next((p.shape for p in per if p is not None), None)
         if shape is None:
-            return torch.zeros(len(slots), len(per), 0, 0, dtype=torch.float64)
+            return torch.zeros(n, len(per), 0, 0, dtype=torch.float64)
         zero = torch.zeros(shape, dtype=torch.float64)
         return torch.stack([zero if p is None else p.to("cpu", torch.float64) for p in per], 1)
 

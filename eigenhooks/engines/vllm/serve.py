@@ -5,13 +5,14 @@ with-block: ``"settings"`` beside ``"out"`` are ``eh.monitor``'s settings). When
 request, the worker appends one line to ``DIR/eigenhooks-<host>-<pid>.jsonl`` (one file per writing
 process, so processes never share a file):
 
-    {"request_id": ..., "sample": ..., "cached_prefix": ..., "recomputed": ..., "layers": [{"layer", "target",
-     "n_tokens", "gamma_pre", "gamma_mid", "gamma_post", "rho"}, ...]}
+    {"request_id": ..., "sample": ..., "cached_prefix": ..., "recomputed": ...,
+     "layers": [{"layer", "target", "n_tokens", "gamma_pre", "gamma_mid", "gamma_post", "rho"}, ...]}
 
 ``request_id`` is the id the API returned (a completion's ``cmpl-...``; a prompt of a batched completion
-gets ``prompt_index``; ``sample`` is the choice's index, 0 unless ``n > 1``). Each line is one ``os.write`` to a file opened for appending, after which the
-request's sums are dropped (memory stays bounded however long the server runs); a reader keeps the
-lines that end in a newline, so a killed server leaves whole lines only.
+gets ``prompt_index``; ``sample`` is the choice's index, 0 unless ``n > 1``). Each line is one
+``os.write`` to a file opened for appending, after which the request's sums are dropped (memory stays
+bounded however long the server runs); a reader keeps the lines that end in a newline, so a killed
+server leaves whole lines only.
 """
 
 from __future__ import annotations
