@@ -20,6 +20,7 @@ from .measures import Sizes, fold_rows, running_fields, zero_state
 from .plan import Plan
 from .reduce import reduce_many
 from .reduce.batched import Stacks, project_steps
+from .verdict.sample import Sample, content_ids
 
 BUFFER_TOKENS = 256  # one-token steps reduced together; bounds the buffer's memory
 
@@ -38,13 +39,22 @@ class Undo:
     keyed: dict
     krows: dict
     free: list
+    sample: list | None = None  # what ``Sample.add`` changed
+    ordinals: tuple = ()  # (open rows' ids, open requests' ids)
 
 
 class Accumulator:
     """The running state of every measured layer of a ``Plan``."""
 
-    def __init__(self, plan: Plan):
+    def __init__(self, plan: Plan, config=None):
         self.plan = plan
+        R = config.verdict_tokens if config is not None and "mid" in config.reading_points else 0
+        self.sample = Sample(R) if R else None  # the verdict's kept tokens (``verdict.sample``)
+        self.sample_seed = config.sample_seed if config is not None else 0
+        self.open_ids: torch.Tensor | None = None  # the open rows' sequence ids (device, int64)
+        self.request_ids: dict = {}  # a flat batch's open request key -> its sequence id (a device scalar)
+        self.verdict_cache: tuple = (None, None)  # (sample version, the verdict's columns)
+        self.sample_version = 0
         self.state: dict[int, dict[str, torch.Tensor]] = {}
         for i, lp in plan.layers.items():
             b = lp.bases
@@ -73,10 +83,18 @@ class Accumulator:
             undo = Undo(
                 self.n_forwards, {i: dict(st) for i, st in self.state.items()}, set(self.zero), dict(self.rows),
                 list(self.buf), dict(self.seen), len(self.token_records), dict(self.keyed), dict(self.krows),
-                list(self.free),
+                list(self.free), None, (self.open_ids, dict(self.request_ids)),
             )  # fmt: skip
         if fs.fresh:
             self.end_sequences()
+        if fs.sequences is not None:
+            fs.sequences.counted(self)
+        if self.sample is not None and fs.cands is not None:
+            for cands in fs.cands:
+                u = self.sample.add(cands, undoable)
+                if undo is not None:
+                    undo.sample = (undo.sample or []) + (u or [])
+            self.sample_version += 1
         if fs.layers:
             self._add_layers(list(fs.layers.items()), fs.keys)
         if fs.own:  # a researcher's measures' sums, taken in the forward (a decoding step's too)
@@ -93,6 +111,11 @@ class Accumulator:
         self.buf, self.seen = u.buf, u.seen
         self.keyed, self.krows, self.free = u.keyed, u.krows, u.free
         del self.token_records[u.n_token_records :]
+        if self.sample is not None and u.sample:
+            self.sample.undo(u.sample)
+            self.sample_version += 1
+        if u.ordinals:
+            self.open_ids, self.request_ids = u.ordinals
 
     def _buffer(self, step: Step | None, shapes: tuple) -> None:
         """Keep a forward's one-token step as it is (one append; no work per layer), and flush every layer
@@ -177,11 +200,23 @@ class Accumulator:
             self.krows[layer] = kr.index_add(0, idx[rows.device], rows)
 
     # ---- sequences ----
+    def sequences(self, fresh: bool, flat=None, copies: int = 1) -> Sequences | None:
+        """What a forward's rows are, as the forward starts (None: no verdict sample is kept): new sequences (a fresh
+        forward's rows, a flat batch's new requests), whose ids the forward makes from their content, or open ones,
+        whose ids were kept when they started (``Sequences.counted``)."""
+        if self.sample is None:
+            return None
+        known = [self.request_ids.get(k) for k in flat.keys] if flat is not None else None
+        return Sequences(self.sample.R, self.sample_seed, fresh, copies, None if fresh else self.open_ids, known,
+                         flat.keys if flat is not None else None)  # fmt: skip
+
     def end_requests(self, keys, own: bool = False) -> dict[str, torch.Tensor]:
         """A flat batch's requests ended (the engine's scheduler says so): their counters fold into the
         cluster sums, as ``end_sequences`` folds a padded batch's rows, and their slots are freed.
 
         own: return each ended request's own counters (``request_counters``), else nothing."""
+        for k in keys:
+            self.request_ids.pop(k, None)
         ended = [(k, self.keyed.pop(k)) for k in keys if k in self.keyed]
         if not ended:
             return {}
@@ -262,6 +297,21 @@ class Accumulator:
             st = fold_rows([st], kr.index_select(0, idx)[None])[0]
         return {k: v.detach().to("cpu", torch.float64) for k, v in st.items()}
 
+    def verdict(self, config) -> dict[int, list[dict]]:
+        """Each layer's targets' verdict columns (``verdict.layer_columns``), computed once per state of the sample."""
+        from .plan import seed
+        from .verdict import layer_columns
+
+        key = (self.sample_version, id(self.sample))
+        if self.verdict_cache[0] != key:
+            host = self.sample.host if self.sample is not None else (lambda i: None)
+            got = {
+                i: layer_columns(host(i), lp.targets, config, seed(config, i, 2000))
+                for i, lp in self.plan.layers.items()
+            }
+            self.verdict_cache = (key, got)
+        return self.verdict_cache[1]
+
     def running(self) -> list[list[torch.Tensor]]:
         """Each layer's fields that the sinks' running values read (``measures.running_fields``), in layer
         order, on their devices (buffered steps reduced first, as ``current``)."""
@@ -275,10 +325,19 @@ class Accumulator:
         self.keyed, self.krows, self.free = {}, {}, []
         self.state = dict(states)
 
-    def merge(self, states: dict[int, dict[str, torch.Tensor]]) -> None:
-        """Add a state of the same layout (``stats.merge_states``)."""
+    def merge(self, states: dict[int, dict[str, torch.Tensor]], sample: Sample | None = None) -> None:
+        """Add a state of the same layout (``stats.merge_states``), and take its verdict sample's tokens."""
         self.zero.clear()
         self.state = {i: stats.merge_states(self.state[i], states[i]) for i in self.state}
+        if self.sample is not None and sample is not None:
+            self.sample.merge(sample)
+            self.sample_version += 1
+
+    def replace_sample(self, sample: Sample | None) -> None:
+        """The verdict sample becomes ``sample`` (a loaded state's)."""
+        if self.sample is not None:
+            self.sample = sample if sample is not None else Sample(self.sample.R)
+            self.sample_version += 1
 
     def all_reduce(self, dist, group) -> None:
         """Sum the whole state across the ranks of ``group`` (open sequences and requests end first)."""
@@ -289,11 +348,61 @@ class Accumulator:
         parts = [(i, k, v) for i in sorted(self.state) for k, v in sorted(self.state[i].items())]
         flat = torch.cat([v.detach().reshape(-1).to(dev, torch.float64) for _, _, v in parts])
         dist.all_reduce(flat, op=dist.ReduceOp.SUM, group=group)
+        if self.sample is not None:
+            self.sample.all_gather(dist, group, dev)
+            self.sample_version += 1
         at = 0
         for i, k, v in parts:
             n = v.numel()
             self.state[i] = {**self.state[i], k: flat[at : at + n].reshape(v.shape).to(v.device)}
             at += n
+
+
+@dataclass
+class Sequences:
+    """The sequence ids of one forward's rows (``verdict.sample``): new rows get their content's id (``ids``), open
+    ones the id they started with. R and seed: the verdict sample's size and seed.
+
+    fresh: the forward starts new sequences (copies of one input row share the first copy's id). open_ids: the open
+    rows' ids (a continuing forward). known: a flat batch's rows' stored ids (None: a new request). keys: its
+    request keys."""
+
+    R: int
+    seed: int
+    fresh: bool
+    copies: int = 1
+    open_ids: torch.Tensor | None = None
+    known: list | None = None
+    keys: tuple | None = None
+    made: torch.Tensor | None = None  # the ids the forward used (``ids``)
+
+    def ids(self, x: torch.Tensor, grid) -> torch.Tensor:
+        """(b,) int64 on x's device: each row's id, made once a forward (at its first measured layer's pre x)."""
+        if self.made is not None and self.made.shape[0] == x.shape[0]:
+            return self.made
+        b = x.shape[0]
+        if self.known is not None:  # a flat batch: new requests by content, the others as they started
+            new = content_ids(x, grid.mask, grid.vi) if any(t is None for t in self.known) else None
+            ids = torch.stack([new[r] if t is None else t.to(x.device) for r, t in enumerate(self.known)])
+        elif self.fresh or self.open_ids is None or self.open_ids.shape[0] != b:
+            ids = content_ids(x, grid.mask, grid.vi)
+            if self.copies > 1:  # the first copy's id for every copy (the others' prompt is masked out)
+                ids = ids.view(-1, self.copies)[:, :1].expand(-1, self.copies).reshape(-1)
+        else:
+            ids = self.open_ids.to(x.device)
+        self.made = ids
+        return ids
+
+    def counted(self, acc: Accumulator) -> None:
+        """The forward counts: a fresh one's rows are the open sequences now; a flat batch's new requests keep theirs."""
+        if self.made is None:
+            return
+        if self.known is not None:
+            for row, (key, t) in enumerate(zip(self.keys, self.known)):
+                if t is None:
+                    acc.request_ids[key] = self.made[row]
+        elif self.fresh:
+            acc.open_ids = self.made
 
 
 def foreach_sum(a: list[torch.Tensor], b: list[torch.Tensor]) -> list[torch.Tensor]:

@@ -32,6 +32,11 @@ class MonitorConfig:
             its index there; odd, so not in step with power-of-two lengths); 1: every token (None is
             taken as 1, here, once: every part reads this int).
         log_every: forwards between the sinks' log points (0 or None: only on exit and ``mon.log()``).
+        verdict_tokens: the verdict's kept tokens per layer (R: the null's tokens with the smallest seeded hash of
+            (sequence, position); memory R * 2 * d * 4 bytes a layer); 0 keeps none, and no verdict is given.
+        verdict_draws: the verdict null's directions per layer (p's resolution is 2 / (verdict_draws + 1)).
+        sample_seed: seed of which tokens the verdict keeps and of their split into halves (not of the draws:
+            ``null_seed``).
         attach: register the hooks on enter (False: TransformerLens ``fwd_hooks()``).
         measures: a researcher's own measures (``eh.Measure`` instances, docs/api.md "Your own
             measure"), measured after the built-in ones; each name unique and none a built-in
@@ -47,6 +52,9 @@ class MonitorConfig:
     fnull_draws: int = 64
     eig_top: int = 16
     null_stride: int = 5
+    verdict_tokens: int = 1024
+    verdict_draws: int = 4999
+    sample_seed: int = 0
     log_every: int | None = 1
     attach: bool = True
     measures: tuple = ()
@@ -59,8 +67,14 @@ class MonitorConfig:
             raise ValueError(f"reading_points must include 'pre' and be among pre/mid/post, got {self.reading_points}")
         set_("reading_points", tuple(p for p in POINTS if p in self.reading_points))
         check_nulls(self.null_draws, self.fnull_draws, self.eig_top, self.null_stride)
-        if isinstance(self.null_seed, bool) or not isinstance(self.null_seed, numbers.Integral):
-            raise ValueError(f"null_seed must be an int, got {self.null_seed!r}")
+        for name in ("null_seed", "sample_seed"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, numbers.Integral):
+                raise ValueError(f"{name} must be an int, got {v!r}")
+        for name, low in (("verdict_tokens", 0), ("verdict_draws", 1)):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or v < low:
+                raise ValueError(f"{name} must be an int >= {low}, got {v!r}")
         if self.null_stride is None:
             set_("null_stride", 1)
         set_("null_seed", int(self.null_seed))

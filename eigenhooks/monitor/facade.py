@@ -29,6 +29,7 @@ from .logs import Labels, LogPoints
 from .plan import Plan, build_plan, parse_targets
 from .record import Record, RecordSpec, worker_plan
 from .summary import save_table, summary_table, target_stats
+from .verdict import Sample
 
 
 class Monitor:
@@ -96,7 +97,7 @@ class Monitor:
         """The plan (spectra, bases, nulls), an empty accumulator and the record counting into it, made once."""
         if self._plan is None:
             self._plan = build_plan(self.adapter, self.config, self.target_defs, self._vectors)
-            self._acc = Accumulator(self._plan)
+            self._acc = Accumulator(self._plan, self.config)
             self._record = Record(self._plan, self.config, self._acc, (self._logs, self._labels), self._warn,
                                   self.explicit_mask, self.adapter.stacks)  # fmt: skip
             self._record.ended = self._after_end
@@ -192,7 +193,8 @@ class Monitor:
 
     def summary(self):
         """pandas DataFrame, one row per (layer, target); see docs/concepts.md, 'Statistics'."""
-        return summary_table(self._plan, self._prepare().current, self.config, self.adapter.norm_position == "post")
+        acc = self._prepare()
+        return summary_table(self._plan, acc.current, self.config, self.adapter.norm_position == "post", acc.verdict)
 
     def requests(self):
         """Per-request rows are a serving engine's (``eh.monitor`` on a ``vllm.LLM``); here, one line saying so.
@@ -259,7 +261,10 @@ class Monitor:
         """
         acc = self._prepare()
         layers = {str(i): {k: v.tolist() for k, v in acc.current(i).items()} for i in self._plan.layers}
-        return {"fingerprint": copy.deepcopy(self._layout()), "layers": layers}  # the caller's own: edits stay there
+        out = {"fingerprint": copy.deepcopy(self._layout()), "layers": layers}  # the caller's own: edits stay there
+        if acc.sample is not None:
+            out["sample"] = acc.sample.to_dict()  # the verdict's kept tokens (base64 of their bytes)
+        return out
 
     def record_spec(self) -> RecordSpec:
         """What a record in another process (an engine's worker) is made from: picklable; its
@@ -275,7 +280,10 @@ class Monitor:
                 settings, predates the fingerprint, or is malformed; the message names what differs.
         """
         self._prepare()
-        self._acc.replace(fingerprint.check_state(self._layout(), state, self._acc.state))
+        layers = fingerprint.check_state(self._layout(), state, self._acc.state)
+        sample = self._state_sample(state)
+        self._acc.replace(layers)
+        self._acc.replace_sample(sample)
 
     def merge_state_dict(self, state: dict) -> None:
         """Add a saved state (another batch, process or run of a monitor that means the same) to this one.
@@ -284,7 +292,22 @@ class Monitor:
             ValueError: as ``load_state_dict``; a refused state adds nothing.
         """
         self._prepare()
-        self._acc.merge(fingerprint.check_state(self._layout(), state, self._acc.state))
+        layers = fingerprint.check_state(self._layout(), state, self._acc.state)
+        self._acc.merge(layers, self._state_sample(state))
+
+    def _state_sample(self, state: dict):
+        """A state's verdict sample (``verdict.Sample``), checked; None where this monitor keeps none.
+
+        Raises:
+            ValueError: this monitor keeps one and the state has none, or it is damaged."""
+        if self._acc.sample is None:
+            return None
+        if "sample" not in state:
+            raise ValueError(
+                "the state has no 'sample' (the verdict's kept tokens): it was saved by a monitor that kept none "
+                "(verdict_tokens=0) or by an older eigenhooks; recompute it, or make this monitor with verdict_tokens=0"
+            )
+        return Sample.from_dict(state["sample"], self._acc.sample.R)
 
     def all_reduce(self, group=None) -> None:
         """Sum the whole state across the ranks of ``group`` with torch.distributed (gloo or NCCL).

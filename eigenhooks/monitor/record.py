@@ -67,7 +67,7 @@ class Record:
     def __init__(self, plan: Plan, config: MonitorConfig, acc=None, logs=None, warn=None, mask=None, stacks=(),
                  fingerprint=None):  # fmt: skip
         self.plan, self.config, self.points = plan, config, config.reading_points
-        self.acc = acc if acc is not None else Accumulator(plan)
+        self.acc = acc if acc is not None else Accumulator(plan, config)
         self.logs, self.warn, self.mask, self.stacks = logs, warn or Warner(), mask, stacks
         self.fingerprint = fingerprint
         self.buffer = (logs is None or logs[0].sink_path is None) and not config.tokens
@@ -111,7 +111,7 @@ class Record:
         seen = {} if call.fresh else acc.seen
         buffer = self.buffer and flat is None
         fwd = Forward(self.plan, self.points, mask, seen, buffer, self.config.tokens, acc.n_forwards,
-                      self._all_valid, call, facts.attn_ran, flat)  # fmt: skip
+                      self._all_valid, call, facts.attn_ran, flat, acc.sequences(call.fresh, flat, call.copies))  # fmt: skip
         self._fwds[tid] = fwd
         self._tids.add(tid)
         # one thread so far: readings skip the thread lookup. Written before the check, so a second
@@ -253,4 +253,7 @@ class Record:
         """The whole state (open sequences folded in) as plain lists, with the fingerprint it was made with."""
         acc = self.acc
         layers = {str(i): {k: v.tolist() for k, v in acc.current(i).items()} for i in self.plan.layers}
-        return {"fingerprint": self.fingerprint, "layers": layers}
+        out = {"fingerprint": self.fingerprint, "layers": layers}
+        if acc.sample is not None:
+            out["sample"] = acc.sample.to_dict()
+        return out

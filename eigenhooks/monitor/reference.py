@@ -276,3 +276,88 @@ def _add_forward(ls: _LayerSums, rd: LayerReading, mask: torch.Tensor, index: to
 def to_state_dict_layers(states: dict[int, dict[str, torch.Tensor]]) -> dict[str, dict[str, list]]:
     """``reference_states``'s result as ``Monitor.state_dict()["layers"]`` (plain nested lists)."""
     return {str(i): {k: v.tolist() for k, v in st.items()} for i, st in states.items()}
+
+
+# ---- the verdict's kept tokens, the plain way (``verdict.sample``) ----
+_M64 = (1 << 64) - 1
+
+
+def _mix(x: int) -> int:
+    """splitmix64's finaliser on a Python int (mod 2**64): the twin of ``verdict.sample.mix``."""
+    x ^= x >> 30
+    x = (x * 0xBF58476D1CE4E5B9) & _M64
+    x ^= x >> 27
+    x = (x * 0x94D049BB133111EB) & _M64
+    return x ^ (x >> 31)
+
+
+def _signed(x: int) -> int:
+    return x - (1 << 64) if x >= 1 << 63 else x
+
+
+def reference_sample(
+    forwards: list[Recorded], R: int, seed: int, null_stride: int
+) -> dict[int, dict[str, torch.Tensor]]:
+    """The verdict's kept tokens after these forwards, the plain way: every layer's (keys, seq, pos, X).
+
+    A sequence's id hashes the bits of its first forward's valid readings at the first recorded layer's ``pre``
+    and their indices; a token's key hashes (id, index); every valid token of the null subsample of every layer
+    with a mid reading is a candidate, and the R smallest keys are kept (``verdict.sample`` says why). X holds
+    float64 unit (baseline, mid) readings, in key order; empty slots are not returned."""
+    gold = 0x9E3779B97F4A7C15
+    cands: dict[int, list] = {}
+    open_ids: list[int] = []
+    for fw in forwards:
+        mask, index = fw.mask.bool(), fw.index
+        first = fw.layers[min(fw.layers)].pre
+        if not fw.continues:
+            open_ids = []
+            for row in range(mask.shape[0]):
+                h = 0
+                bits = first[row].float().contiguous().view(torch.int32).to(torch.int64).tolist()
+                for j in range(mask.shape[1]):
+                    if not mask[row, j]:
+                        continue
+                    d = len(bits[j])
+                    for c, bv in enumerate(bits[j]):
+                        where = int(index[row, j]) * d + c
+                        h = (h + _mix(_mix((bv + where * gold) & _M64))) & _M64
+                open_ids.append(_mix((h + 1) & _M64))
+        for i, rd in fw.layers.items():
+            if rd.mid is None:
+                continue
+            base = rd.base if rd.base is not None else rd.pre
+            for row in range(mask.shape[0]):
+                sid = open_ids[row]
+                for j in range(mask.shape[1]):
+                    pos = int(index[row, j])
+                    if not mask[row, j] or pos % null_stride:
+                        continue
+                    h = _mix((_mix((sid * gold + seed) & _M64) + pos) & _M64)
+                    key = (h >> 11) * 2.0**-53
+                    x = torch.stack([base[row, j].double(), rd.mid[row, j].double()])
+                    cands.setdefault(i, []).append((key, _signed(sid), pos, x / x.norm(dim=-1, keepdim=True)))
+    out = {}
+    for i, cs in cands.items():
+        kept = sorted(cs, key=lambda c: c[0])[:R]
+        kept = [c for c in kept if torch.isfinite(c[3]).all()]
+        out[i] = {
+            "keys": torch.tensor([c[0] for c in kept], dtype=torch.float64),
+            "seq": torch.tensor([c[1] for c in kept], dtype=torch.int64),
+            "pos": torch.tensor([c[2] for c in kept], dtype=torch.int64),
+            "X": torch.stack([c[3] for c in kept]) if kept else torch.zeros(0, 2, 0, dtype=torch.float64),
+        }
+    return out
+
+
+def to_sample_dict(sample: dict[int, dict[str, torch.Tensor]], R: int) -> dict:
+    """``reference_sample``'s result as ``Monitor.state_dict()["sample"]`` (R slots a layer, the rest empty)."""
+    from .verdict.sample import Sample
+
+    s = Sample(R)
+    for i, h in sample.items():
+        n, d = len(h["keys"]), h["X"].shape[-1]
+        buf = s._buffer(i, torch.zeros(1, d))
+        buf["keys"][:n], buf["seq"][:n], buf["pos"][:n] = h["keys"], h["seq"], h["pos"]
+        buf["X"][:n] = h["X"].float()
+    return s.to_dict()

@@ -13,6 +13,7 @@ from pathlib import Path
 import torch
 
 from . import stats
+from . import verdict as V
 from .config import MonitorConfig
 from .measures import TARGET, summarize
 from .plan import Plan, seed
@@ -29,18 +30,21 @@ def target_stats(plan: Plan, current: Callable[[int], dict]) -> dict[tuple[int, 
 
 
 def summary_table(
-    plan: Plan, current: Callable[[int], dict[str, torch.Tensor]], config: MonitorConfig, post_norm: bool
-):
+    plan: Plan, current: Callable[[int], dict[str, torch.Tensor]], config: MonitorConfig, post_norm: bool,
+    verdict: Callable[[MonitorConfig], dict] | None = None,
+):  # fmt: skip
     """pandas DataFrame, one row per (layer, target). A researcher's measures' columns are per layer (the
     same on each of the layer's rows); ``df.attrs["per_layer"]`` names them.
 
     Args:
         plan: what was measured. current: layer -> its state, open sequences folded in (float64, CPU).
         config: the settings (the null seed is recorded). post_norm: the model normalises after the residual.
+        verdict: config -> {layer: each target's verdict columns} (``Accumulator.verdict``); None: none kept.
     """
     import pandas as pd
 
-    rows, bases = [], []
+    rows, bases, nulls = [], [], []
+    vcols = verdict(config) if verdict is not None else {}
     heads = any(meta.head is not None for lp in plan.layers.values() for meta in lp.meta)
     for layer, lp in sorted(plan.layers.items()):
         st = current(layer)
@@ -59,6 +63,10 @@ def summary_table(
             tie = seed(config, layer, 1000)
             row.update(summarize(st, ti, lp.bases.k_index[ti], t.k, post_norm, tie, lp.bases.measures, layer))
             row["null_seed"] = config.null_seed
+            got = vcols.get(layer)
+            v = dict(got[ti]) if got else V.nan_columns(K=config.verdict_draws)
+            nulls.append(v.pop("_null", None))
+            row.update(v)
             rows.append(row)
     df = pd.DataFrame(rows)
     if heads:  # head targets' query head; <NA> on the layer targets' rows (an empty cell in CSV)
@@ -70,13 +78,45 @@ def summary_table(
         first = hypotheses(df["layer"].tolist(), bases, fam)
         df["p_null"] = [df["p_null"].iat[j] for j in first]
         df["q_null"] = q_values(df["layer"].tolist(), bases, fam, df["p_null"].tolist(), first)
-        df["verdict"] = [
-            stats.verdict(q, lift, null_tokens=n, read_mid="mid" in config.reading_points)
+        read_mid = "mid" in config.reading_points
+        df["verdict_haar"] = [
+            stats.verdict(q, lift, null_tokens=n, read_mid=read_mid)
             for q, lift, n in zip(df["q_null"], df["dgamma_lift"], df["null_tokens"])
         ]
+        for p, q in (("p_tilt", "q_tilt"), ("p_static", "q_static")):  # BH per question (docs/concepts.md)
+            df[p] = [df[p].iat[j] for j in first]
+            df[q] = q_values(df["layer"].tolist(), bases, fam, df[p].tolist(), first)
+        df["static_lift"] = df["static"] - df["static_null_median"]
+        for name, q, lift in (("verdict", "q_tilt", "tilt_lift"), ("verdict_static", "q_static", "static_lift")):
+            df[name] = [V.verdict(qv, lv, n, read_mid) for qv, lv, n in zip(df[q], df[lift], df["verdict_sequences"])]
         detectable_columns(df, first, fam)
+        detectable_tilt(df, first, fam, nulls)
+        df = df[[c for c in FIRST if c in df.columns] + [c for c in df.columns if c not in FIRST]]
     df.attrs["per_layer"] = [c for m in config.measures for c in df.columns if c.startswith(m.name + ".")]
     return df
+
+
+# the columns a reader needs first: which row, what was decided, the tested effect and its interval, q
+FIRST = (
+    "layer", "target", "head", "verdict", "tilt", "tilt_ci_lo", "tilt_ci_hi", "q_tilt", "tilt_null_lo",
+    "tilt_null_hi", "verdict_static", "static", "static_ci_lo", "static_ci_hi", "q_static", "static_null_lo",
+    "static_null_hi", "p_tilt", "p_static", "tilt_lift", "static_lift", "eig_tilt_percentile", "detectable_tilt",
+    "verdict_sequences", "verdict_tokens",
+)  # fmt: skip
+
+
+def detectable_tilt(df, first: list[int], families: list[str], nulls: list) -> None:
+    """``detectable_tilt``: the smallest lift of the tilt above its null's median each row would have been called
+    at with 80% power, alone among its family's m hypotheses (those with a p_tilt), its own error across sequences
+    included (``verdict.detectable``)."""
+    import numpy as np
+
+    ok = df["p_tilt"].notna().to_numpy()
+    m = {f: sum(1 for i, j in enumerate(first) if i == j and families[i] == f and ok[i]) for f in set(families)}
+    df["detectable_tilt"] = [
+        V.detectable(nl, se, m[f]) if o and nl is not None else np.nan
+        for nl, se, f, o in zip(nulls, df["tilt_se"], families, ok)
+    ]
 
 
 LAYERS, HEADS = "layers", "heads"

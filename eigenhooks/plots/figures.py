@@ -50,6 +50,33 @@ MARK_OFFSET_PT, MARK_SIZE = 9.0, 40  # the verdict sits 9 pt beside its point, n
 RHO_YLIM = (-0.14, 1.14)  # room for a verdict marker at rho = 0 or 1, inside the axes
 
 
+def draw_tilt(ax, df, target: str) -> None:
+    """The verdict's test, on ``ax``: the tilt Δγ per layer with its 95% interval over sequences, against the band
+    of directions drawn from the stream's own covariance (the verdict's null), the verdict's marker beside it."""
+    from matplotlib.transforms import offset_copy
+
+    x = df["layer"].to_numpy()
+    ax.fill_between(
+        x, df["tilt_null_lo"], df["tilt_null_hi"], color="grey", alpha=0.3, label="null Δγ 95% (stream's directions)"
+    )
+    ax.plot(x, df["tilt_null_median"], color="grey", lw=0.8, ls="--", label="null Δγ median")
+    lo = (df["tilt"] - df["tilt_ci_lo"]).clip(lower=0).fillna(0)
+    hi = (df["tilt_ci_hi"] - df["tilt"]).clip(lower=0).fillna(0)
+    ax.errorbar(x, df["tilt"], yerr=[lo, hi], fmt="o", ms=4, color="C0", capsize=3, label="Δγ, 95% CI", zorder=4)
+    for verdict, (mk, col, side) in VERDICT_MARKS.items():
+        sel = (df["verdict"] == verdict).to_numpy()
+        if sel.any():
+            beside = offset_copy(ax.transData, fig=ax.figure, y=side * MARK_OFFSET_PT, units="points")
+            ax.scatter(
+                x[sel], df["tilt"].to_numpy()[sel], marker=mk, s=MARK_SIZE, color=col, transform=beside, zorder=3,
+                label=f"{verdict} (q < 0.05)",
+            )  # fmt: skip
+    ax.axhline(0.0, color="k", lw=0.6, ls=":", label="Δγ = 0")
+    ax.set_ylabel("Δγ = γ mid − γ pre")
+    ax.set_title(f"{target}: the tilt per layer against directions the stream favours (the verdict)", fontsize=10)
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))
+
+
 def draw_rho(ax, df, target: str) -> None:
     """rho per layer with its 95% CI against the Haar null's 95% band, on ``ax``.
 
@@ -108,8 +135,8 @@ def _layer_ticks(ax, x) -> None:
 
 
 def alignment_by_layer(summary, target: str = "ov/modulus"):
-    """rho per layer with its 95% CI against the Haar null's 95% band (top); gamma against its null
-    (below). A pyplot Figure, as the run folder saves it.
+    """The tilt Δγ per layer with its interval against the verdict's null (top: what the verdict tests); rho
+    against the Haar null's band; gamma against its null (below). A pyplot Figure, as the run folder saves it.
 
     Args:
         summary: the DataFrame of ``Monitor.summary()`` (or a run's summary.csv).
@@ -118,8 +145,10 @@ def alignment_by_layer(summary, target: str = "ov/modulus"):
     """
     plt = _plt()
     target, df = _target_rows(summary, target)
-    fig, (ax, ax2) = plt.subplots(2, 1, figsize=(9, 6.5), sharex=True, height_ratios=(3, 2))
+    fig, (ax0, ax, ax2) = plt.subplots(3, 1, figsize=(9, 9), sharex=True, height_ratios=(3, 2, 2))
+    draw_tilt(ax0, df, target)
     draw_rho(ax, df, target)
+    ax.set_title("ρ against the Haar null", fontsize=9)
     draw_gamma(ax2, df)
     _layer_ticks(ax2, df["layer"].to_numpy())
     fig.tight_layout()
@@ -127,7 +156,8 @@ def alignment_by_layer(summary, target: str = "ov/modulus"):
 
 
 def by_layer(summary, target: str | None = None):
-    """``Monitor.plot``: rho by layer with its null band over gamma, one column per target (``target``:
+    """``Monitor.plot``: the tilt by layer against the verdict's null, then rho against the Haar null's band, then
+    gamma, one column per target (``target``:
     one of them, e.g. 'modulus'; None: every target of ``summary``), in one Figure.
 
     The Figure is made without pyplot, so a notebook shows it once, as the cell's value; pyplot is
@@ -138,12 +168,14 @@ def by_layer(summary, target: str | None = None):
 
     targets = [target] if target is not None else list(dict.fromkeys(summary["target"]))
     frames = [_target_rows(summary, t) for t in targets]
-    fig = Figure(figsize=(7.5 * len(frames), 6.5), layout="constrained")
-    axes = fig.subplots(2, len(frames), squeeze=False, sharex="col", height_ratios=(3, 2))
+    fig = Figure(figsize=(7.5 * len(frames), 9), layout="constrained")
+    axes = fig.subplots(3, len(frames), squeeze=False, sharex="col", height_ratios=(3, 2, 2))
     for col, (name, df) in enumerate(frames):
-        draw_rho(axes[0, col], df, name)
-        draw_gamma(axes[1, col], df)
-        _layer_ticks(axes[1, col], df["layer"].to_numpy())
+        draw_tilt(axes[0, col], df, name)
+        draw_rho(axes[1, col], df, name)
+        axes[1, col].set_title("ρ against the Haar null", fontsize=9)
+        draw_gamma(axes[2, col], df)
+        _layer_ticks(axes[2, col], df["layer"].to_numpy())
     return fig
 
 

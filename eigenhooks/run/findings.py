@@ -3,13 +3,15 @@
 ``stood_out(df, doc)`` reads the summary table and directions.json and says, each with its figures:
 
 - the verdicts other than ``indistinguishable``, layer rows and head rows counted apart (two
-  Benjamini-Hochberg families); where none stood out, the q a lone row could reach at this run's K;
+  Benjamini-Hochberg families), each called subspace once, as one sentence of what was tested with its effect,
+  interval and the null's band: the tilt (``verdict``) and static alignment (``verdict_static``); where none
+  stood out, the smallest lift each row would have been called at, or the q a lone row could reach at this K;
 - the v_1, head and group subspaces whose token readout stands above its Haar null after BH over every
   readout the report shows (``direction_report.correct``: ~390 on SmolLM2), with score, band, p and q;
   where none did, the score a readout would have needed;
 - the strongest copying heads by circuit copying, said to have no null;
-- where no row stood out, "nothing above X" from the power study's detectable_dgamma and detectable_rho
-  columns (issue 51) when the summary has them, else the q a lone row could reach at this run's K.
+- where no row stood out, "nothing above X" from ``detectable_tilt`` (an 80%-power figure with the row's own
+  error across sequences) when the summary has it, else the q a lone row could reach at this run's K.
 """
 
 from __future__ import annotations
@@ -23,12 +25,19 @@ from .direction_report import reads_as
 
 ALPHA = 0.05
 SHOWN = 6  # findings listed on the first screen; the rest folded below them
-# the power study's (issue 51) smallest effect each row would have been called at with 80% power
-DETECTABLE = {"detectable_dgamma": "Δγ", "detectable_rho": "Δρ"}
+# the smallest lift of the tilt above its null's median each row would have been called at with 80% power
+DETECTABLE = {"detectable_tilt": "a Δγ lift of"}
 
 
 def _f(v, digits: int = 3) -> str:
     return "–" if v is None or (isinstance(v, float) and not math.isfinite(v)) else f"{v:.{digits}f}"
+
+
+def _s(v, sign: bool = True) -> str:
+    """A figure in words: the significant digits its size needs (``table.fmt_sig``)."""
+    from .table import fmt_sig
+
+    return fmt_sig(v, 2, sign)
 
 
 def _p(p) -> str:
@@ -38,9 +47,9 @@ def _p(p) -> str:
 
 
 def _hypotheses(rows) -> int:
-    """Distinct (layer, subspace) hypotheses of a family: rows of one share its layer, p and rho."""
-    ok = rows[rows["p_null"].notna()] if "p_null" in rows else rows.iloc[:0]
-    return len(ok[["layer", "p_null", "rho"]].drop_duplicates())
+    """Distinct (layer, subspace) hypotheses of a family: rows of one share its layer, p and tilt."""
+    ok = rows[rows["p_tilt"].notna()] if "p_tilt" in rows else rows.iloc[:0]
+    return len(ok[["layer", "p_tilt", "tilt"]].drop_duplicates())
 
 
 def _counts(rows) -> str:
@@ -51,44 +60,69 @@ def _counts(rows) -> str:
     return said or "none"
 
 
+def _one_per_subspace(rows, p: str, effect: str):
+    """One row per hypothesis: rows of one subspace (modulus and residual picking one eigenpair) share p and effect."""
+    return rows.drop_duplicates(subset=["layer", p, effect])
+
+
+def tested_sentence(r: dict, static: bool = False) -> str:
+    """One called row as what was tested, its effect with its interval, and the null's band (plain text)."""
+    layer, target = int(r["layer"]), str(r["target"])
+    if static:
+        rel = "more" if r["verdict_static"] == "toward" else "less"
+        return (
+            f"layer {layer} {target}: the stream already points along it {rel} than along directions it favours: "
+            f"γ {_s(r['static'], False)} [{_s(r['static_ci_lo'], False)}, {_s(r['static_ci_hi'], False)}], "
+            f"null 95% {_s(r['static_null_lo'], False)}…{_s(r['static_null_hi'], False)}, q {_p(r['q_static'])}"
+        )
+    rel = "more" if r["verdict"] == "toward" else "less"
+    return (
+        f"layer {layer} {target}: attention moves tokens toward it {rel} than toward directions the stream favours: "
+        f"Δγ {_s(r['tilt'])} [{_s(r['tilt_ci_lo'])}, {_s(r['tilt_ci_hi'])}], null 95% {_s(r['tilt_null_lo'])}…"
+        f"{_s(r['tilt_null_hi'])}, q {_p(r['q_tilt'])}"
+    )
+
+
 def verdict_lines(df) -> list[str]:
-    """The verdicts, layer rows and head rows apart: who stood out, or what a lone row could reach."""
+    """The verdicts, layer rows and head rows apart: who stood out, one sentence each, or what a lone row could reach."""
     lines = []
     for name, rows in (("layer", layer_rows(df)), ("head", head_rows(df))):
         if rows.empty or "verdict" not in rows:
             continue
         said = f"<b>{len(rows)} {name} rows</b>: {_counts(rows)}."
-        hits = rows[rows["verdict"].isin(["toward", "away"])]
+        hits = _one_per_subspace(rows[rows["verdict"].isin(["toward", "away"])], "p_tilt", "tilt")
         if len(hits):
-            items = [
-                f"layer {int(r['layer'])} {html.escape(str(r['target']))}: <b>{r['verdict']}</b>, ρ {_f(r['rho'])} "
-                f"(null band {_f(r.get('null_rho_lo'), 2)}–{_f(r.get('null_rho_hi'), 2)}), q {_p(r.get('q_null'))}"
-                for r in hits.sort_values("q_null").to_dict("records")
-            ]
-            more = f" and {len(items) - SHOWN} more (the tables below)" if len(items) > SHOWN else ""
-            said += " Stood out: " + "; ".join(items[:SHOWN]) + more + "."
+            items = [html.escape(tested_sentence(r)) for r in hits.sort_values("q_tilt").to_dict("records")]
+            more = f" and {len(items) - SHOWN} more (summary.csv)" if len(items) > SHOWN else ""
+            said += f" The tilt stood out in {len(items)} subspaces: " + "; ".join(items[:SHOWN]) + more + "."
         else:
             said += " " + (_nothing_above(rows, name) or _reach(rows, name))
+        if "verdict_static" in rows:
+            st = _one_per_subspace(rows[rows["verdict_static"].isin(["toward", "away"])], "p_static", "static")
+            if len(st):
+                items = [html.escape(tested_sentence(r, True)) for r in st.sort_values("q_static").to_dict("records")]
+                more = f" and {len(items) - SHOWN} more (summary.csv)" if len(items) > SHOWN else ""
+                said += f" Static alignment stood out in {len(items)}: " + "; ".join(items[:SHOWN]) + more + "."
         lines.append(said)
     return lines
 
 
 def _reach(rows, name: str) -> str:
     """Why nothing could stand out, when a lone row cannot: the Monte-Carlo p's floor times the family."""
-    draws = rows["null_draws"].dropna() if "null_draws" in rows else []
+    draws = rows["verdict_draws"].dropna() if "verdict_draws" in rows else []
     m = _hypotheses(rows)
     if not len(draws) or not m:
-        return f"No {name} row differs from its null."
+        return f"No {name} row differs from its null (none had enough sequences for a verdict)."
     K = int(draws.max())
     floor = 2 / (K + 1)
     best = min(1.0, floor * m)
-    said = f"No {name} row differs from its null: a verdict needs q_null &lt; {ALPHA}; "
+    said = f"No {name} row differs from its null: a verdict needs q_tilt &lt; {ALPHA}; "
     if best < ALPHA:
-        return said + f"a lone row could reach q {_p(best)} here (p_null ≥ {_p(floor)}, K = {K}, {m} hypotheses)."
+        return said + f"a lone row could reach q {_p(best)} here (p_tilt ≥ {_p(floor)}, K = {K}, {m} hypotheses)."
     need = math.ceil(2 * m / ALPHA - 1)
     return (
-        said + f"with K = {K} null draws p_null ≥ {_p(floor)}, so a lone row among {m} hypotheses could reach at best "
-        f"q {_p(best)}, not {ALPHA} (--null-draws {need} or more lets it)."
+        said + f"with K = {K} null draws p_tilt ≥ {_p(floor)}, so a lone row among {m} hypotheses could reach at best "
+        f"q {_p(best)}, not {ALPHA} (verdict_draws={need} or more lets it)."
     )
 
 
@@ -166,18 +200,18 @@ def copying_line(doc: dict | None, n: int = 5) -> str:
 
 
 def _nothing_above(rows, name: str) -> str:
-    """'Nothing above X': the smallest effects the rows would have been called at, when the run has them."""
+    """'Nothing above X': the smallest lifts the rows would have been called at, when the run has them."""
     said = []
     for col, what in DETECTABLE.items():
         x = rows[col].replace([math.inf, -math.inf], math.nan).dropna() if col in rows else []
         if len(x):
             lo, hi = float(x.min()), float(x.max())
-            said.append(f"{what} {_f(lo)}" + (f"–{_f(hi)}" if hi > lo else ""))
+            said.append(f"{what} {_s(lo, False)}" + (f"–{_s(hi, False)}" if hi > lo else ""))
     if not said:
         return ""
     return (
-        f"No {name} row differs from its null: nothing above {' or '.join(said)} (the smallest effect each row "
-        "would have been called at, 80% power)."
+        f"No {name} row differs from its null: nothing above {' or '.join(said)} over the null's median (the "
+        "smallest each row would have been called at, 80% power, its error across sequences included)."
     )
 
 

@@ -24,8 +24,12 @@ from .findings import stood_out
 from .integrity import cut_rows, damage
 
 PLOTS = (
-    ("alignment_modulus.png", "ρ per layer with its 95% CI against the Haar null band, then γ (v_1 ranked by |λ|)"),
-    ("alignment_residual.png", "ρ per layer with its 95% CI against the Haar null band, then γ (ranked by |1 + λ|)"),
+    (
+        "alignment_modulus.png",
+        "The tilt Δγ per layer with its 95% interval over sequences against directions the "
+        "stream favours (the verdict's test), then ρ against the Haar null band, then γ (v_1 ranked by |λ|)",
+    ),
+    ("alignment_residual.png", "The same for v_1 ranked by |1 + λ|: Δγ against the verdict's null, ρ, γ"),
     ("eigenvalues.png", "Eigenvalues of each layer's F in the complex plane"),
     ("heatmap.png", "Per-token alignment, first sequence (tokens x layers)"),
 )
@@ -52,25 +56,27 @@ EXTRA = (
 LEGEND = {
     "layer": "attention layer, 0 = the first",
     "target": "the direction measured: v_1 of F = O V ranked by |λ| (ov/modulus) or by |1 + λ| (ov/residual)",
+    "Δγ [95% CI]": "the tilt, the verdict's test: mean over the verdict's scoring tokens of a(mid) − a(pre), "
+    "a(x) = ||Uᵀx|| / ||x||; its 95% interval is a cluster bootstrap over sequences (the sequence is the unit)",
+    "null Δγ 95%": "where Δγ falls for directions drawn from the residual stream's own covariance at the layer "
+    "(estimated on the other half of the sequences): directions the stream already favours",
+    "q": "Benjamini-Hochberg q of Δγ's two-sided rank among those directions, over the table's distinct "
+    "(layer, subspace) rows",
+    "verdict": "toward / away when q < 0.05 (attention moves tokens toward the subspace more / less than toward "
+    "the stream's own directions), else indistinguishable; too few sequences below 10 in either half; no mid "
+    "reading when the run read no 'mid'",
+    "γ pre (static)": "mean alignment before the attention step on the scoring tokens; above / below when it "
+    "differs from the same null at q_static < 0.05 (the stream already points along it): verdict_static",
+    "eig pct": "Δγ's percentile among F's own other top eigen-subspaces: 1 = v_1 tilts most among them",
+    "ρ [95% CI]": "share of tokens the attention step tilted toward the subspace; cluster-robust interval "
+    "(the sequence is the cluster)",
+    "null ρ 95% (ρ there)": "where ρ falls for Haar-random subspaces of the same dimension, on every "
+    "null_stride-th token of each sequence, the target's ρ there in brackets: descriptive (not the verdict)",
     "kind": "real-dominant (λ1 real), complex-dominant (λ1 complex: its plane, k = 2) or near-degenerate "
     "(gap ratio above 0.99)",
     "|λ1|": "modulus of the principal eigenvalue of F",
-    "γ pre": "mean alignment ||Uᵀx|| / ||x|| with the principal subspace, before the attention step",
-    "γ mid": "the same after the attention step",
-    "ρ [95% CI]": "share of tokens the attention step tilted toward the subspace; cluster-robust interval "
-    "(the sequence is the cluster)",
-    "null ρ 95% (ρ there)": "where ρ falls for Haar-random subspaces of the same dimension, measured on every "
-    "null_stride-th token of each sequence; in brackets the target's ρ on those same tokens, which pct, p and "
-    "the verdict test (it can differ from ρ on all tokens when there are few)",
-    "pct": "ρ's percentile among those random subspaces",
-    "p_null": "two-sided p of Δγ = γ mid − γ pre on the null's tokens against a t_8 fitted to the random "
-    "subspaces' Δγ (the verdict's test; rho's Monte-Carlo p is p_rho_mc in summary.csv)",
-    "q_null": "its Benjamini-Hochberg q over the table's distinct (layer, subspace) rows",
-    "eig rank": "ρ's rank among F's own top eigen-directions (1 = highest)",
-    "verdict": "toward / away when q_null < 0.05, else indistinguishable; too few tokens below 64 null tokens; "
-    "no mid reading when the run read no 'mid' (ρ compares a(mid) with a(pre))",
 }
-VERDICTS = ("toward", "away", "indistinguishable", "too few tokens", "no mid reading")
+VERDICTS = ("toward", "away", "indistinguishable", "too few sequences", "no mid reading")
 LEFT = {"target", "kind", "verdict"}
 CSS = """
 body { font-family: system-ui, sans-serif; margin: 1.5em auto; max-width: 1200px; padding: 0 1em; color: #222; }
@@ -90,7 +96,7 @@ td.verdict { font-weight: 600; text-align: left; }
 .tablebox tr td.v-toward, .chip.v-toward { background: #d4efd9; color: #14532d; }
 .tablebox tr td.v-away, .chip.v-away { background: #fbd9cb; color: #7c2d12; }
 .tablebox tr td.v-indistinguishable, .chip.v-indistinguishable { color: #666; font-weight: 400; background: #f1f1f1; }
-.tablebox tr td.v-too-few-tokens, .chip.v-too-few-tokens { color: #666; font-weight: 400; font-style: italic; background: #fdf6d8; }
+.tablebox tr td.v-too-few-sequences, .chip.v-too-few-sequences { color: #666; font-weight: 400; font-style: italic; background: #fdf6d8; }
 .tablebox tr td.v-no-mid-reading, .chip.v-no-mid-reading { color: #666; font-weight: 400; font-style: italic; background: #fdf6d8; }
 .legend { display: grid; grid-template-columns: max-content 1fr; gap: 1px 12px; font-size: 13px; margin: .5em 0 1em; }
 .legend dt { font-weight: 600; } .legend dd { margin: 0; color: #444; }

@@ -1,10 +1,11 @@
 """The per-layer results table as people read it: one formatting for the CLI and the report.
 
-It leads with what decides a claim: rho with its cluster-robust interval, the band the
-Haar null puts rho in (with rho on the null's own tokens, which is what it is tested on), the
-percentile, the Monte-Carlo p and BH q, v_1's rank among F's own eigen-directions, and the
-verdict. P-values never print as 0: a Monte-Carlo p at its floor prints as "<=floor", any other
-small p in scientific notation.
+It leads with what decides the verdict: the tilt Δγ on the verdict's tokens with its interval over
+sequences, the band its null (directions drawn from the stream's own covariance) puts Δγ in, the BH q
+and the verdict; then static alignment (γ pre against the same null) and its verdict; then rho with
+its interval and the Haar null's band, and the tilt's percentile among F's own eigen-subspaces.
+P-values never print as 0: a Monte-Carlo p at its floor prints as "<=floor", any other small p in
+scientific notation. Effects print with the significant digits their size needs (``fmt_sig``).
 """
 
 from __future__ import annotations
@@ -37,6 +38,47 @@ def fmt_p(p, draws: int | None = None) -> str:
     return f"{p:.2g}" if p >= 1e-3 else f"{p:.1e}"
 
 
+def fmt_sig(v, digits: int = 2, sign: bool = True) -> str:
+    """A number with ``digits`` significant digits, never '0.000' for a small one: 0.024, -0.0033, 1.2e-05."""
+    if v is None or (isinstance(v, float) and math.isnan(v)):
+        return "–"
+    v = float(v)
+    if v == 0 or not math.isfinite(v):
+        return f"{v:g}"
+    mag = math.floor(math.log10(abs(v)))
+    plus = "+" if sign else ""
+    if mag < -4 or mag >= 4:
+        return f"{v:{plus}.{digits - 1}e}"
+    return f"{v:{plus}.{max(digits - 1 - mag, 0)}f}"
+
+
+def _tilt(r) -> str:
+    """The tilt Δγ on the verdict's tokens and its 95% interval over sequences."""
+    t = r.get("tilt", math.nan)
+    if t is None or math.isnan(t):
+        return "–"
+    lo, hi = r.get("tilt_ci_lo", math.nan), r.get("tilt_ci_hi", math.nan)
+    return f"{fmt_sig(t)} [{fmt_sig(lo)}, {fmt_sig(hi)}]"
+
+
+def _band(lo_col: str, hi_col: str, sign: bool = True):
+    def cell(r) -> str:
+        lo, hi = r.get(lo_col, math.nan), r.get(hi_col, math.nan)
+        return "–" if lo is None or math.isnan(lo) else f"{fmt_sig(lo, sign=sign)}…{fmt_sig(hi, sign=sign)}"
+
+    return cell
+
+
+def _static(r) -> str:
+    """γ pre on the verdict's tokens and its static verdict, short."""
+    g = r.get("static", math.nan)
+    if g is None or math.isnan(g):
+        return "–"
+    v = str(r.get("verdict_static", ""))
+    mark = {"toward": " above", "away": " below"}.get(v, "")
+    return f"{fmt_sig(g, sign=False)}{mark}"
+
+
 def _ci(r) -> str:
     if math.isnan(r.get("rho", math.nan)):
         return "–"
@@ -65,33 +107,36 @@ def _rank(r) -> str:
 RUN_COLUMNS = (
     ("layer", lambda r: str(int(r["layer"]))),
     ("target", lambda r: str(r["target"])),
+    ("Δγ [95% CI]", _tilt),  # the tested number: the tilt on the verdict's tokens, interval over sequences
+    ("null Δγ 95%", _band("tilt_null_lo", "tilt_null_hi")),  # directions drawn from the stream's covariance
+    ("q", lambda r: fmt_p(r.get("q_tilt"))),
+    ("verdict", lambda r: fmt_verdict(r)),
+    ("γ pre (static)", _static),  # static alignment against the same null: above / below it at q < 0.05
+    ("eig pct", lambda r: fmt_num(r.get("eig_tilt_percentile"), 2)),  # Δγ's percentile among F's own subspaces
+    ("ρ [95% CI]", _ci),
+    ("null ρ 95% (ρ there)", fmt_band),  # the Haar null's band, on the null's tokens
     ("kind", lambda r: str(r["kind"])),  # DESIGN's names, as the API and the report spell them
     ("|λ1|", lambda r: fmt_num(r["abs_lambda_1"])),
-    ("γ pre", lambda r: fmt_num(r["gamma_pre"])),
-    ("γ mid", lambda r: fmt_num(r["gamma_mid"])),
-    ("ρ [95% CI]", _ci),
-    ("null ρ 95% (ρ there)", fmt_band),
-    ("pct", lambda r: fmt_num(r["rho_percentile"], 2)),
-    ("p_null", lambda r: fmt_p(r["p_null"])),  # the verdict's p: Δγ's fitted tail, no Monte-Carlo floor
-    ("q_null", lambda r: fmt_p(r["q_null"])),
-    ("eig rank", _rank),
-    ("verdict", lambda r: fmt_verdict(r)),
 )
 
 
-# what a narrow terminal gives up first, last one last; layer, target, ρ and verdict always stay
-DROP_ORDER = ("|λ1|", "kind", "γ pre", "γ mid", "eig rank", "pct", "p_null", "null ρ 95% (ρ there)", "q_null")
+# what a narrow terminal gives up first, last one last; layer, target, Δγ and the verdict always stay
+DROP_ORDER = ("|λ1|", "kind", "null ρ 95% (ρ there)", "ρ [95% CI]", "eig pct", "γ pre (static)", "null Δγ 95%", "q")
 FULL_WIDTH = 160  # at this width or more, and when piped, every column
 
 
 def fmt_verdict(r) -> str:
-    """The verdict; 'too few tokens' with the count the null saw and the minimum it needs; 'no mid reading'
-    with what rho needs."""
+    """The verdict; 'too few sequences' with the count of the scoring half and the minimum it needs; 'no mid
+    reading' with what Δγ needs."""
     from ..monitor.stats import MIN_NULL_TOKENS, NO_MID, TOO_FEW
+    from ..monitor.verdict import MIN_SEQUENCES, TOO_FEW_SEQ
 
     v = str(r["verdict"])
     if v == NO_MID:
-        return f"{v} (ρ needs 'mid')"
+        return f"{v} (Δγ needs 'mid')"
+    if v == TOO_FEW_SEQ:
+        n = r.get("verdict_sequences", 0)
+        return f"{v} ({int(n) if n == n else 0} < {MIN_SEQUENCES})"
     return f"{v} ({int(r['null_tokens'])} < {MIN_NULL_TOKENS})" if v == TOO_FEW else v
 
 
@@ -110,7 +155,7 @@ def _head_cell(r) -> str:
 
 def head_table(summary) -> tuple[list[str], list[list[str]]]:
     """The head targets compactly: one row per (layer, head target), ρ of each head in turn (+ toward,
-    − away at q_null < 0.05) and the verdicts counted; every column is in summary.csv."""
+    − away at q_tilt < 0.05) and the verdicts counted; every column is in summary.csv."""
     heads = head_rows(summary)
     cells = []
     for (layer, name), g in heads.groupby(["layer", heads["target"].str.rsplit("/", n=1).str[0]], sort=True):
@@ -297,7 +342,7 @@ def print_head_table(title: str, summary, console=None) -> None:
     if not cells:
         return
     n = len(head_rows(summary))
-    caption = f"{n} head rows: every column (p_null, q_null, the null band ...) in summary.csv, column head"
+    caption = f"{n} head rows: every column (Δγ, its interval and null band, q_tilt ...) in summary.csv, column head"
     print_table(title, heads, cells, wrap=(heads[2],), console=console, caption=caption)
 
 

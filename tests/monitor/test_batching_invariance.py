@@ -13,6 +13,7 @@ import pytest
 import torch
 
 import eigenhooks as eh
+from eigenhooks.monitor.verdict import SAMPLE_COLUMNS
 
 TEXTS = [
     "def f(x):\n    return x + 1",
@@ -98,7 +99,9 @@ def test_generated_with_a_kv_cache_equals_one_forward_of_the_sequence(gpt2):
     """generate's prompt forward plus single-token steps vs one forward of what they saw.
 
     Consensus is a within-forward statistic (a KV-cache step sees one token of each sequence), so
-    its columns are the one thing that may differ; every other column, nulls included, is equal."""
+    its columns may differ; so may the verdict's, whose kept tokens are chosen by each sequence's id, the
+    content of its first forward (generate's is the prompt; the one forward's, the whole sequence:
+    docs/concepts.md, "The verdict's tokens"). Every other column, the Haar nulls included, is equal."""
     model, tok = gpt2
     tok.padding_side = "left"
     prompts = tok(TEXTS[:3], return_tensors="pt", padding=True)
@@ -115,7 +118,7 @@ def test_generated_with_a_kv_cache_equals_one_forward_of_the_sequence(gpt2):
     )
     full = {"input_ids": seen, "attention_mask": mask, "position_ids": (mask.cumsum(-1) - 1).clamp_min(0)}
     ref = _run(model, [full]).summary()
-    cons = [c for c in ref.columns if c.startswith("consensus") or c == "n_seq"]
+    cons = [c for c in ref.columns if c.startswith("consensus") or c == "n_seq" or c in SAMPLE_COLUMNS]
     assert_same_summary(ref, mon.summary(), skip=cons)
     assert (mon.summary()["n_tokens"] == int(mask.sum())).all()
 

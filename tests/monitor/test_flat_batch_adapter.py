@@ -12,6 +12,7 @@ import torch
 
 import eigenhooks as eh
 from eigenhooks.monitor.measures import TGT_FIELDS
+from eigenhooks.monitor.verdict import SAMPLE_COLUMNS
 
 from .flat_engine import FlatEngine, padded, tiny_llama, worker
 
@@ -54,7 +55,10 @@ def _same_states(a: dict, b: dict, exact: bool) -> None:
 
 
 def _per_request(df):
-    return df[[c for c in df.columns if not c.startswith("consensus")]]
+    """The columns a flat batch shares with the padded run of its requests: not consensus (a within-forward
+    statistic), and not the verdict's, whose kept tokens are chosen by each sequence's first forward (under a
+    chunked prefill, a request's first chunk: docs/concepts.md, "The verdict's tokens")."""
+    return df[[c for c in df.columns if not c.startswith("consensus") and c not in SAMPLE_COLUMNS]]
 
 
 ONE_FORWARD = [[(k, 0, len(s)) for k, s in SEQS.items()], ("end", list(SEQS))]

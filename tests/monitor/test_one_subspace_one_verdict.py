@@ -81,12 +81,15 @@ def test_too_few_tokens_says_so(gpt2):
     df = mon.summary()
     assert (df["null_tokens"] < M.MIN_NULL_TOKENS).all()
     assert df["p_null"].isna().all() and df["q_null"].isna().all()
-    assert (df["verdict"] == "too few tokens").all()
+    assert (df["verdict_haar"] == "too few tokens").all()
+    assert (df["verdict"] == "too few sequences").all() and (df["verdict_sequences"] < 10).all()
     assert df["rho"].notna().all() and df["null_rho_lo"].notna().all()  # the rest is still measured
+    from eigenhooks.monitor.verdict import MIN_SEQUENCES
     from eigenhooks.run.table import rows
 
-    _, cells = rows(df)
-    assert all(c[-1].startswith("too few tokens") and str(M.MIN_NULL_TOKENS) in c[-1] for c in cells)
+    heads, cells = rows(df)
+    verdict = heads.index("verdict")
+    assert all(c[verdict].startswith("too few sequences") and f"< {MIN_SEQUENCES}" in c[verdict] for c in cells)
 
 
 def test_no_mid_reading_says_rho_needs_mid_not_too_few_tokens(gpt2):

@@ -43,15 +43,21 @@ from eigenhooks.monitor.reference import (
     Recorded,
     TargetBases,
     build_bases,
+    reference_sample,
     reference_states,
+    to_sample_dict,
     to_state_dict_layers,
 )
+from eigenhooks.monitor.verdict import SAMPLE_COLUMNS
 
 from .readings import Recorder
 
 RTOL = 1e-5
 ATOL_PER_TERM = 1e-6
-SETTINGS = dict(null_draws=16, fnull_draws=8, eig_top=4, null_stride=3, null_seed=7)
+# verdict_tokens=24: fewer than most cases' null tokens, so the kept sample's bound is exercised
+SETTINGS = dict(
+    null_draws=16, fnull_draws=8, eig_top=4, null_stride=3, null_seed=7, verdict_tokens=24, verdict_draws=199
+)
 DEFAULT = [("ov", "modulus"), ("ov", "residual")]
 
 COUNTS = {f for f in TGT_FIELDS if f.startswith("n") or f in ("clu_u2", "clu_un", "clu_n2", "clu_ns2")}
@@ -65,7 +71,11 @@ EXACT_COLUMNS = [
     "layer", "null_seed",
 ]  # fmt: skip
 NEAR_EXACT_COLUMNS = ["lift_ci_lo", "lift_ci_hi", "detectable_rho"]  # from the rational cluster sums
-TEXT_COLUMNS = ["target", "variant", "rank", "kind", "verdict"]
+TEXT_COLUMNS = ["target", "variant", "rank", "kind", "verdict", "verdict_static", "verdict_haar"]
+# the verdict's columns (its kept tokens are compared to the twin's in ``compare_sample``): counts exactly, the
+# rest (means of float32 alignments, and ranks among draws made from them) to RTOL
+VERDICT_EXACT = ["verdict_sequences", "verdict_tokens", "verdict_draws"]
+VERDICT_FLOAT = [c for c in SAMPLE_COLUMNS if c not in VERDICT_EXACT + TEXT_COLUMNS]
 FLOAT_COLUMNS = [  # means of alignments, cosines and consensus (to RTOL), and the spectrum's numbers
     "gamma_pre", "gamma_mid", "gamma_post", "delta_mean", "null_gamma_pre_mean", "null_gamma_pre_lo",
     "null_gamma_pre_hi", "null_gamma_mid_mean", "cos_pre", "cos_mid", "cos_post", "consensus_pre",
@@ -104,7 +114,35 @@ def run(model, feed, targets=DEFAULT, settings=SETTINGS, points=POINTS):
         settings["eig_top"],
         settings["null_seed"],
     )
-    return mon, reference_states(rec.forwards, bases, settings["null_stride"]), rec
+    ref = Reference(reference_states(rec.forwards, bases, settings["null_stride"]))
+    R = settings.get("verdict_tokens", eh.monitor.DEFAULTS.verdict_tokens)
+    seed = settings.get("sample_seed", 0)
+    ref.sample = reference_sample(rec.forwards, R, seed, settings["null_stride"]) if "mid" in points else None
+    return mon, ref, rec
+
+
+class Reference(dict):
+    """The reference's states by layer, and its verdict sample (``reference_sample``) as ``.sample``."""
+
+    sample = None
+
+
+def compare_sample(fast: dict | None, ref, R: int) -> None:
+    """(a'): the verdict's kept tokens: the same (key, sequence, position) of every layer, in key order, exactly;
+    their unit readings to float32's rounding."""
+    if ref.sample is None:
+        assert fast is None, "the monitor kept a verdict sample without a mid reading"
+        return
+    from eigenhooks.monitor.verdict import Sample
+
+    got = Sample.from_dict(fast, R)
+    assert sorted(got.layers) == sorted(ref.sample), "the layers with kept tokens differ"
+    for i, want in ref.sample.items():
+        h = got.host(i)
+        order = torch.argsort(h["keys"])
+        for k in ("keys", "seq", "pos"):
+            assert torch.equal(h[k][order], want[k]), f"layer {i}, {k}: {h[k][order].tolist()} vs {want[k].tolist()}"
+        torch.testing.assert_close(h["X"][order].double(), want["X"], rtol=1e-5, atol=1e-6)
 
 
 def compare_states(fast_layers: dict, ref: dict) -> None:
@@ -136,11 +174,14 @@ def compare_states(fast_layers: dict, ref: dict) -> None:
 def compare_summaries(model, mon, ref, targets=DEFAULT, settings=SETTINGS, points=POINTS) -> pd.DataFrame:
     """(b): every column of summary(), the reference's state loaded into a fresh monitor."""
     fresh = eh.monitor(model, targets=targets, reading_points=points, **settings)
-    fresh.load_state_dict({"fingerprint": mon.state_dict()["fingerprint"], "layers": to_state_dict_layers(ref)})
+    state = {"fingerprint": mon.state_dict()["fingerprint"], "layers": to_state_dict_layers(ref)}
+    if getattr(ref, "sample", None) is not None:
+        state["sample"] = to_sample_dict(ref.sample, settings.get("verdict_tokens", eh.monitor.DEFAULTS.verdict_tokens))
+    fresh.load_state_dict(state)
     got, want = mon.summary(), fresh.summary()
     assert list(got.columns) == list(want.columns) and len(got) == len(want)
     exact = EXACT_COLUMNS + (["head"] if "head" in got.columns else [])  # head targets' query head
-    kinds = [exact, NEAR_EXACT_COLUMNS, TEXT_COLUMNS, FLOAT_COLUMNS]
+    kinds = [exact + VERDICT_EXACT, NEAR_EXACT_COLUMNS, TEXT_COLUMNS, FLOAT_COLUMNS + VERDICT_FLOAT]
     assert set(got.columns) == set().union(*kinds), "a summary column this oracle does not classify (add it above)"
     for col in got.columns:
         g, w = got[col].to_numpy(), want[col].to_numpy()
@@ -148,7 +189,7 @@ def compare_summaries(model, mon, ref, targets=DEFAULT, settings=SETTINGS, point
             assert list(g) == list(w), f"column {col}: {list(g)} vs {list(w)}"
             continue
         g, w = torch.tensor(g.astype(float)), torch.tensor(w.astype(float))
-        if col in exact:
+        if col in exact + VERDICT_EXACT:
             assert torch.equal(g.nan_to_num(-9.0), w.nan_to_num(-9.0)), f"column {col}: {g.tolist()} vs {w.tolist()}"
         elif col in NEAR_EXACT_COLUMNS:
             torch.testing.assert_close(g, w, rtol=1e-9, atol=1e-12, equal_nan=True, msg=f"column {col}")
@@ -158,7 +199,10 @@ def compare_summaries(model, mon, ref, targets=DEFAULT, settings=SETTINGS, point
 
 
 def check(model, mon, ref, targets=DEFAULT, settings=SETTINGS, points=POINTS) -> pd.DataFrame:
-    compare_states(mon.state_dict()["layers"], ref)
+    state = mon.state_dict()
+    compare_states(state["layers"], ref)
+    if isinstance(ref, Reference):
+        compare_sample(state.get("sample"), ref, settings.get("verdict_tokens", eh.monitor.DEFAULTS.verdict_tokens))
     return compare_summaries(model, mon, ref, targets, settings, points)
 
 
@@ -243,6 +287,24 @@ def test_llama_gqa():
     batch = ids_batch(64, [20, 11], seed=2)
     mon, ref, _ = run(model, lambda m: m(**batch))
     check(model, mon, ref)
+
+
+def test_verdict_from_the_kept_tokens_equals_the_twins():
+    """Enough sequences for a verdict in both halves (48 of 12 tokens, in three batches, one left-padded): the
+    kept tokens (96 of ~192 candidates: the bound binds) and every verdict column equal the float64 twin's."""
+    cfg = T.LlamaConfig(**{**DECODER_BASE, "max_position_embeddings": 64})
+    model = seeded(lambda: T.LlamaForCausalLM(cfg))
+    settings = {**SETTINGS, "verdict_tokens": 96}
+    batches = [ids_batch(64, [12] * 16, seed=s, left=s == 1) for s in range(3)]
+
+    def feed(m):
+        for b in batches:
+            m(**b)
+
+    mon, ref, _ = run(model, feed, settings=settings)
+    df = check(model, mon, ref, settings=settings)
+    assert (df["verdict_sequences"] >= 10).all() and df["p_tilt"].notna().all(), df[["verdict_sequences", "p_tilt"]]
+    assert df["verdict"].isin(["toward", "away", "indistinguishable"]).all()
 
 
 @pytest.fixture(scope="module")
@@ -340,7 +402,10 @@ def test_merged_states(gpt2):
     bases = build_bases(
         get_adapter(model), DEFAULT, *(SETTINGS[k] for k in ("null_draws", "fnull_draws", "eig_top", "null_seed"))
     )
-    ref = reference_states(rec_a.forwards + rec_b.forwards, bases, SETTINGS["null_stride"])  # b does not continue a
+    ref = Reference(reference_states(rec_a.forwards + rec_b.forwards, bases, SETTINGS["null_stride"]))  # b: new
+    ref.sample = reference_sample(
+        rec_a.forwards + rec_b.forwards, SETTINGS["verdict_tokens"], 0, SETTINGS["null_stride"]
+    )
     check(model, mon, ref)
 
 
