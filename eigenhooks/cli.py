@@ -192,6 +192,16 @@ def run(
     eig_top: Annotated[
         int | None, typer.Option(help=f"F's top eigen-subspaces the target is ranked among (default {D.eig_top})")
     ] = None,
+    verdict_draws: Annotated[
+        int | None,
+        typer.Option(
+            help=f"directions drawn from the stream's covariance per layer, the verdict's null (default "
+            f"{D.verdict_draws}; p >= 2/(K+1))"
+        ),
+    ] = None,
+    verdict_tokens: Annotated[
+        int | None, typer.Option(help=f"tokens per layer the verdict keeps and tests on (default {D.verdict_tokens})")
+    ] = None,
     dist_timeout: Annotated[
         float, typer.Option(help="under torchrun: seconds to wait for the other ranks (start and each exchange)")
     ] = 300.0,
@@ -224,6 +234,8 @@ def run(
                 "null_stride": null_stride,
                 "fnull_draws": fnull_draws,
                 "eig_top": eig_top,
+                "verdict_draws": verdict_draws,
+                "verdict_tokens": verdict_tokens,
             },
             heads=heads,
             command=["eigenhooks", *sys.argv[1:]],

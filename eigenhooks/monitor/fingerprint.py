@@ -37,9 +37,6 @@ def vector_digest(u) -> str:
     return tensors_digest([t], {"digest": "target"})
 
 
-VERDICT_SETTINGS = ("verdict_tokens", "verdict_draws", "sample_seed")  # what the verdict's numbers depend on
-
-
 def fingerprint(adapter, config, plan, target_defs) -> dict:
     """The fingerprint of a monitor's plan.
 
@@ -72,7 +69,6 @@ def fingerprint(adapter, config, plan, target_defs) -> dict:
                 k: v for m in MEASURES + config.measures for k, v in m.fingerprint(config).items()
             },  # each measure's keys
             "reading_points": list(config.reading_points),
-            **{k: getattr(config, k) for k in VERDICT_SETTINGS},  # the verdict's kept tokens and draws
             **({"measures": [m.name for m in config.measures]} if config.measures else {}),
         },
         "model": {

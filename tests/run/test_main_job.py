@@ -144,12 +144,15 @@ def test_run_with_lens_backend(tmp_path):
 
 
 def test_cli_null_options_reach_the_monitor(tmp_path):
-    args = ["--null-draws", "39", "--null-seed", "7", "--null-stride", "3", "--fnull-draws", "8", "--eig-top", "4"]
+    args = ["--null-draws", "39", "--null-seed", "7", "--null-stride", "3", "--fnull-draws", "8", "--eig-top", "4",
+            "--verdict-draws", "199", "--verdict-tokens", "256"]  # fmt: skip
     r = runner.invoke(app, ["run", "--max-tokens", "300", "--batch-size", "2", "--out", str(tmp_path / "r"), *args])
     assert r.exit_code == 0, r.output
     meta = json.loads((tmp_path / "r" / "meta.json").read_text())
-    want = {"null_draws": 39, "null_seed": 7, "null_stride": 3, "fnull_draws": 8, "eig_top": 4}
-    assert meta["nulls"] == want
+    want = {"null_draws": 39, "null_seed": 7, "null_stride": 3, "fnull_draws": 8, "eig_top": 4,
+            "verdict_draws": 199, "verdict_tokens": 256}  # fmt: skip
+    assert meta["nulls"] == {**want, "sample_seed": 0}
+    assert (pd.read_csv(tmp_path / "r" / "summary.csv")["verdict_draws"] == 199).all()
     df = pd.read_csv(tmp_path / "r" / "summary.csv")
     assert (df["null_draws"] == 39).all() and (df["null_seed"] == 7).all()
     direct = _direct_summary(300, 2, **want)  # a monitor built with these settings by hand, on the same batches

@@ -32,9 +32,10 @@ def _unlisted(ax, legend_labels: set[str]) -> list[str]:
 def test_every_line_of_the_rho_and_gamma_plots_is_in_the_legend():
     model, tok = eh.zoo.load("gpt2-tiny")
     with eh.monitor(model) as mon, torch.no_grad():
-        model(**tok(["def f(x):\n    return x + 1\n" * 8], return_tensors="pt"))
+        # 24 distinct sequences: enough in both halves for the verdict's panel to draw its test
+        model(**tok([f"def f{i}(x):\n    return x + {i}\n" * 4 for i in range(24)], return_tensors="pt", padding=True))
     fig = mon.plot()
-    rho = fig.axes[0]
+    rho = next(ax for ax in fig.axes if ax.get_ylabel().startswith("ρ"))  # below the verdict's Δγ panel
     labels = {t.get_text() for t in rho.get_legend().get_texts()}
     assert {"null ρ mean", "ρ = 0.5: as many tokens tilt away as toward"} <= labels
     for ax in fig.axes:

@@ -172,24 +172,24 @@ def test_verdict_markers_sit_beside_their_points_inside_the_axes():
     from eigenhooks.plots.figures import MARK_SIZE
 
     nan = float("nan")
-    rows = []  # toward at rho = 1 and away at rho = 0: the cases that were cut at the axis
-    for layer, (rho, verdict) in enumerate([(1.0, "toward"), (0.0, "away"), (0.5, "toward"), (0.51, "away")]):
+    rows = []  # toward at the highest Δγ and away at the lowest: the cases that were cut at the axis
+    for layer, (tilt, verdict) in enumerate([(0.05, "toward"), (-0.04, "away"), (0.0, "toward"), (0.001, "away")]):
         rows.append(
-            dict(layer=layer, target="ov/modulus", rho=rho, rho_null_tokens=rho, verdict=verdict, n_tokens=60,
-                 null_tokens=14, rho_ci_lo=max(0, rho - 0.05), rho_ci_hi=min(1, rho + 0.05), null_rho_lo=0.2,
-                 null_rho_hi=0.8, null_rho_mean=0.5, gamma_pre=0.1, gamma_mid=0.1, null_gamma_pre_lo=0.05,
-                 null_gamma_pre_hi=0.15, q_null=nan)
+            dict(layer=layer, target="ov/modulus", rho=0.5, rho_null_tokens=0.5, verdict=verdict, n_tokens=60,
+                 null_tokens=14, rho_ci_lo=0.45, rho_ci_hi=0.55, null_rho_lo=0.2, null_rho_hi=0.8, null_rho_mean=0.5,
+                 gamma_pre=0.1, gamma_mid=0.1, null_gamma_pre_lo=0.05, null_gamma_pre_hi=0.15, q_null=nan, tilt=tilt,
+                 tilt_ci_lo=tilt - 0.002, tilt_ci_hi=tilt + 0.002, tilt_null_lo=-0.01, tilt_null_hi=0.01,
+                 tilt_null_median=0.0)
         )  # fmt: skip
     fig = plots.alignment_by_layer(pd.DataFrame(rows), "modulus")
     fig.set_dpi(110)
     fig.canvas.draw()
-    ax = fig.axes[0]
+    ax = fig.axes[0]  # the verdict's panel: Δγ
     box = ax.get_window_extent()
     px = fig.dpi / 72
     points = {c.get_label(): c for c in ax.collections}
-    ring = points["ρ on the null's tokens"]
-    ring_r = (ring.get_sizes()[0] ** 0.5) / 2 * px
-    centres = ax.transData.transform([(r["layer"], r["rho_null_tokens"]) for r in rows])
+    dot_r = 4 / 2 * px  # the errorbar's marker, ms = 4 points
+    centres = ax.transData.transform([(r["layer"], r["tilt"]) for r in rows])
     for verdict in ("toward", "away"):
         marks = points[f"{verdict} (q < 0.05)"]
         where = marks.get_offset_transform().transform(marks.get_offsets())
@@ -197,7 +197,7 @@ def test_verdict_markers_sit_beside_their_points_inside_the_axes():
         for x, y in where:
             assert box.x0 <= x - r and x + r <= box.x1 and box.y0 <= y - r and y + r <= box.y1  # inside the axes
             for cx, cy in centres:  # never on a point (the one it marks, or another)
-                assert ((x - cx) ** 2 + (y - cy) ** 2) ** 0.5 >= r + ring_r, (verdict, x, y, cx, cy)
+                assert ((x - cx) ** 2 + (y - cy) ** 2) ** 0.5 >= r + dot_r, (verdict, x, y, cx, cy)
 
 
 def test_eigenvalue_planes_of_thirty_layers_keep_their_titles_inside():

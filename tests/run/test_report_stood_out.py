@@ -14,15 +14,20 @@ from eigenhooks.run.findings import DETECTABLE, stood_out
 from eigenhooks.spectra.tail import tail_p
 
 
-def _summary(verdicts_layers, verdicts_heads=(), K=128):
+def _summary(verdicts_layers, verdicts_heads=(), K=4999):
     rows = []
+
+    def row(layer, target, head, v, i, q):
+        return dict(layer=layer, target=target, head=head, rho=0.3 + 0.01 * i, tilt=0.01 + 0.001 * i,
+                    tilt_ci_lo=0.005 + 0.001 * i, tilt_ci_hi=0.015 + 0.001 * i, tilt_null_lo=-0.01,
+                    tilt_null_hi=0.004, p_tilt=0.2 + 0.01 * i if q > 0.05 else 0.002, q_tilt=q, static=0.1,
+                    static_ci_lo=0.09, static_ci_hi=0.11, static_null_lo=0.12, static_null_hi=0.2, p_static=0.3,
+                    q_static=0.5, verdict_static="indistinguishable", verdict_draws=K, verdict=v)  # fmt: skip
+
     for i, v in enumerate(verdicts_layers):
-        rows.append(dict(layer=i, target="ov/modulus", head=math.nan, rho=0.3 + 0.01 * i, p_null=0.2 + 0.01 * i,
-                         q_null=0.01 if v != "indistinguishable" else 0.5, null_rho_lo=0.2, null_rho_hi=0.8,
-                         null_draws=K, verdict=v))  # fmt: skip
+        rows.append(row(i, "ov/modulus", math.nan, v, i, 0.01 if v != "indistinguishable" else 0.5))
     for i, v in enumerate(verdicts_heads):
-        rows.append(dict(layer=i // 2, target=f"ov_head/modulus/{i % 2}", head=i % 2, rho=0.5, p_null=0.3 + 0.001 * i,
-                         q_null=0.6, null_rho_lo=0.2, null_rho_hi=0.8, null_draws=K, verdict=v))  # fmt: skip
+        rows.append(row(i // 2, f"ov_head/modulus/{i % 2}", i % 2, v, 20 + i, 0.6))
     return pd.DataFrame(rows)
 
 
@@ -54,14 +59,20 @@ def test_layer_and_head_rows_are_counted_apart_and_what_stood_out_is_named():
     page = stood_out(df, None)
     assert "5 layer rows" in page and "6 head rows" in page
     assert "1 toward" in page and "4 indistinguishable" in page and "6 indistinguishable" in page
-    assert "layer 4 ov/modulus: <b>toward</b>, ρ 0.340 (null band 0.20–0.80), q 0.01" in page
+    said = (
+        "layer 4 ov/modulus: attention moves tokens toward it more than toward directions the stream favours: "
+        "Δγ +0.014 [+0.0090, +0.019], null 95% -0.010…+0.0040, q 0.01"
+    )
+    assert said in page, page
     assert "No head row differs from its null" in page
 
 
 def test_no_verdict_says_what_a_lone_row_could_reach():
-    page = stood_out(_summary(["indistinguishable"] * 30), None)
-    # K = 128: p_null >= 2/129; 30 hypotheses: q >= 0.47; 40 m - 1 = 1199 draws would let a lone row reach 0.05
-    assert "a lone row among 30 hypotheses could reach at best q 0.47" in page and "--null-draws 1199" in page
+    page = stood_out(_summary(["indistinguishable"] * 30, K=128), None)
+    # K = 128: p_tilt >= 2/129; 30 hypotheses: q >= 0.47; 40 m - 1 = 1199 draws would let a lone row reach 0.05
+    assert "a lone row among 30 hypotheses could reach at best q 0.47" in page and "verdict_draws=1199" in page
+    page = stood_out(_summary(["indistinguishable"] * 30), None)  # K = 4999: a lone row could be called
+    assert "a lone row could reach q 0.012 here (p_tilt ≥ 4.0e-04, K = 4999, 30 hypotheses)" in page, page
 
 
 def test_readouts_above_their_null_after_bh_with_score_and_band():
@@ -103,13 +114,12 @@ def test_a_score_past_one_is_said_to_be_out_of_reach():
 def test_nothing_above_x_when_the_power_columns_are_there():
     df = _summary(["indistinguishable"] * 3, ["indistinguishable"] * 2)
     assert "Nothing above" not in stood_out(df, None) and "nothing above" not in stood_out(df, None)
-    assert set(DETECTABLE) == {"detectable_dgamma", "detectable_rho"}  # the power study's names (issue 51)
-    df["detectable_dgamma"] = [0.012, 0.02, 0.031, 0.05, 0.05]
-    df["detectable_rho"] = [0.12, 0.2, math.inf, 0.4, 0.4]  # inf: not even rho = 1 would be called
+    assert set(DETECTABLE) == {"detectable_tilt"}  # an 80%-power figure with the row's own error (issue 56)
+    df["detectable_tilt"] = [0.012, 0.02, math.inf, 0.05, 0.05]  # inf: the draws cannot resolve alpha / m
     page = stood_out(df, None)
-    assert "No layer row differs from its null: nothing above Δγ 0.012–0.031 or Δρ 0.120–0.200" in page
-    assert "nothing above Δγ 0.050 or Δρ 0.400" in page  # the head rows, their own family
-    assert "--null-draws" not in page  # the Monte-Carlo floor's sentence is for runs without them
+    assert "No layer row differs from its null: nothing above a Δγ lift of 0.012–0.020 over the null" in page, page
+    assert "nothing above a Δγ lift of 0.050 over" in page  # the head rows, their own family
+    assert "verdict_draws=" not in page  # the Monte-Carlo floor's sentence is for runs without them
 
 
 def test_the_command_says_what_stood_out_below_its_tables(tmp_path):

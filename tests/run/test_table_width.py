@@ -57,7 +57,7 @@ def test_no_cell_is_cut_at_any_width(summary, width):
     for h in (h for i, h in enumerate(heads) if i in kept):
         assert h in text  # whole headers too
     assert dropped == list(DROP_ORDER[: len(dropped)])  # whole columns, in their order
-    for must in ("layer", "target", "ρ [95% CI]", "verdict"):
+    for must in ("layer", "target", "Δγ [95% CI]", "verdict"):  # the tested number and what it decided
         assert must not in dropped
     if width >= 160:
         assert dropped == [] and "--wide" not in text
@@ -65,7 +65,7 @@ def test_no_cell_is_cut_at_any_width(summary, width):
         assert dropped and "--wide, or summary.csv" in " ".join(text.split())
         assert all(h in " ".join(text.split()) for h in dropped)  # the caption names what went
     if width >= 100:  # what decides a claim reads at 100 columns
-        assert {"null ρ 95% (ρ there)", "q_null"}.isdisjoint(dropped)
+        assert {"null Δγ 95%", "q"}.isdisjoint(dropped)
 
 
 def test_kind_reads_as_the_api_spells_it(summary):

@@ -79,8 +79,14 @@ def test_the_plot_rings_the_tested_rho_and_marks_the_verdict_on_it():
         r.update(target="ov/modulus", n_tokens=60, null_tokens=14, rho_ci_lo=r["rho"] - 0.1, rho_ci_hi=r["rho"] + 0.1)
         r.update(null_rho_lo=0.16, null_rho_hi=0.86, null_rho_mean=0.5, gamma_pre=0.1, gamma_mid=0.1)
         r.update(null_gamma_pre_lo=0.05, null_gamma_pre_hi=0.15, q_null=nan)
+    for r, t in zip(rows, (0.03, 0.001, -0.02)):  # the verdict's test: Δγ against the stream's directions
+        r.update(tilt=t, tilt_ci_lo=t - 0.005, tilt_ci_hi=t + 0.005, tilt_null_lo=-0.01, tilt_null_hi=0.01)
+        r.update(tilt_null_median=0.0)
     df = pd.DataFrame(rows)
-    ax = plots.alignment_by_layer(df, "modulus").axes[0]  # rho on top, gamma below
+    fig = plots.alignment_by_layer(df, "modulus")  # Δγ on top, then rho, then gamma
+    tilt, ax = fig.axes[0], fig.axes[1]
     by_label = {c.get_label(): [tuple(p) for p in c.get_offsets()] for c in ax.collections}
     assert by_label["ρ on the null's tokens"] == [(0, 0.929), (1, 0.50), (2, 0.08)]
-    assert by_label["toward (q < 0.05)"] == [(0, 0.929)] and by_label["away (q < 0.05)"] == [(2, 0.08)]
+    assert "toward (q < 0.05)" not in by_label  # rho does not decide the verdict: no marker there
+    marks = {c.get_label(): [tuple(p) for p in c.get_offsets()] for c in tilt.collections}
+    assert marks["toward (q < 0.05)"] == [(0, 0.03)] and marks["away (q < 0.05)"] == [(2, -0.02)]

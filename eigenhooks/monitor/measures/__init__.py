@@ -3,7 +3,8 @@
 - ``target``: target projection, a(x) = ||U^T x|| / ||x|| of every token, its deltas and up-counts;
 - ``haar``: the Haar null, K random k-subspaces per layer;
 - ``eig``: eig rank, each target among F's own top eigen-subspaces;
-- ``fnull``: the F-null, directions orth(F g).
+- ``fnull``: the F-null, directions orth(F g);
+- ``verdict``: the verdict's settings only (its numbers come from the kept tokens at ``summary()``: ``monitor/verdict``).
 
 Each holds its state fields, its columns and slice of the fast reduction (``base.Builtin``, the
 engine's private protocol); the reduction engine (``reduce/``) hands each its columns and knows none
@@ -19,8 +20,9 @@ from .fnull import FNULL
 from .haar import HAAR
 from .own import Measure, Readings
 from .target import TARGET, TGT_FIELDS, close_rows
+from .verdict import VERDICT
 
-MEASURES: tuple[Builtin, ...] = (TARGET, HAAR, EIG, FNULL)  # the state's fields and the rows' order
+MEASURES: tuple[Builtin, ...] = (TARGET, HAAR, EIG, FNULL, VERDICT)  # the state's fields and the rows' order
 NULL_COLUMNS: tuple[Builtin, ...] = (EIG, HAAR, FNULL)  # the order of their columns in ``Bn64``
 NULL_SETTINGS = tuple(k for m in MEASURES for k in m.settings)  # the settings the numbers depend on
 ROW = tuple(f for m in MEASURES for f in m.row_fields)  # a sequence's open counters, per target
