@@ -27,6 +27,8 @@ CONFIGS = {
     "default (K=128 Haar, 64 power-step, 16 eig; nulls on every 5th token)": {},
     "nulls on every token": {"null_stride": 1},
     "no nulls (K=1, 0, 0)": {"null_draws": 1, "fnull_draws": 0, "eig_top": 0},
+    # the verdict's kept tokens (issue 56) cost their candidates' gather and the in-place merge a forward
+    "no verdict sample (verdict_tokens=0)": {"verdict_tokens": 0},
 }
 # --knobs: what each of the monitor's cost knobs buys, against the default (docs/concepts.md, "What the monitor costs")
 KNOBS = {

@@ -117,15 +117,24 @@ def capture(model, tok, docs, n_tokens: int, batch: int = 16):
     return [np.concatenate(p) for p in pre], [np.concatenate(m) for m in mid], np.concatenate(seq)
 
 
-def cov_draws(X: np.ndarray, K: int, k: int, rng) -> list[np.ndarray]:
-    """K orthonormal (d, k) bases, each column Σ^{1/2} g, Σ = XᵀX/n (uncentred), g ~ N(0, I)."""
-    w, V = np.linalg.eigh(X.T @ X / len(X))
-    root = V * np.sqrt(np.clip(w, 0, None))
-    G = rng.standard_normal((K, X.shape[1], k))
-    out = root @ G  # (K, d, k)
+def cov_draws(X: np.ndarray, seq: np.ndarray, K: int, k: int, rng) -> np.ndarray:
+    """K orthonormal (d, k) frames, each column drawn from N(0, Σ_j), Σ_j the uncentred covariance of X's rows over
+    a bootstrap resample of their sequences (one resample a draw): u = Xᵀ(√w ⊙ z), w each token's multiplicity."""
+    _, s = np.unique(seq, return_inverse=True)
+    S = s.max() + 1
+    mult = np.stack([np.bincount(rng.integers(0, S, S), minlength=S) for _ in range(K)])  # (K, S)
+    w = np.sqrt(mult[:, s]).T.astype(np.float32)  # (n, K)
+    X32 = X.astype(np.float32)
+    cols = []
+    for _j in range(k):
+        z = rng.standard_normal((len(X), K), dtype=np.float32) * w
+        cols.append((X32.T @ z).T.astype(np.float64))  # (K, d)
+    out = np.stack(cols, 2)  # (K, d, k)
     if k == 1:
         return out / np.linalg.norm(out, axis=1, keepdims=True)
-    return np.linalg.qr(out)[0]
+    u1 = out[:, :, 0] / np.linalg.norm(out[:, :, 0], axis=1, keepdims=True)
+    c2 = out[:, :, 1] - (u1 * out[:, :, 1]).sum(1, keepdims=True) * u1
+    return np.stack([u1, c2 / np.linalg.norm(c2, axis=1, keepdims=True)], 2)
 
 
 def haar_draws(d: int, K: int, k: int, rng) -> np.ndarray:
@@ -200,7 +209,7 @@ def study(pre, mid, seq, Fs, args, label: str, calibrate: bool):
         U1 = bases[0]
         k = U1.shape[1]
         Xp, Xm = pre[i].astype(np.float64), mid[i].astype(np.float64)
-        draws = cov_draws(Xp[tokE], args.K, k, rng)
+        draws = cov_draws(Xp[tokE], seq[tokE], args.K, k, rng)
         sp, sm, n = per_seq(np.concatenate([U1[None], draws]), Xp[tokS], Xm[tokS], seqS, nS)
         dg = (sm - sp).sum(1) / n.sum()  # (1 + K,) Δγ on S's tokens
         g0 = sp.sum(1) / n.sum()
@@ -218,7 +227,7 @@ def study(pre, mid, seq, Fs, args, label: str, calibrate: bool):
         others = bases[1:]
         null_of = {k: dg[1:]}
         for kk in {Q.shape[1] for Q in others} - {k}:
-            a, b, _ = per_seq(cov_draws(Xp[tokE], args.K, kk, rng), Xp[tokS], Xm[tokS], seqS, nS)
+            a, b, _ = per_seq(cov_draws(Xp[tokE], seq[tokE], args.K, kk, rng), Xp[tokS], Xm[tokS], seqS, nS)
             null_of[kk] = (b - a).sum(1) / n.sum()
         d_eig, pe = [], []
         for Q in others:  # each of F's other subspaces tested as v_1 is, against the draws of its own k
@@ -232,8 +241,8 @@ def study(pre, mid, seq, Fs, args, label: str, calibrate: bool):
         row["haar_called"] = float(np.mean(rank_p((b - a).sum(1) / n.sum(), dg[1:], rng) < 0.05))
         if calibrate:  # targets drawn by the null's own rule from disjoint text (C), against a large pool from E
             tokC = (part == 2)[seq]
-            pool = cov_draws(Xp[tokE], args.pool, k, rng)
-            targ = cov_draws(Xp[tokC], args.targets, k, rng)
+            pool = cov_draws(Xp[tokE], seq[tokE], args.pool, k, rng)
+            targ = cov_draws(Xp[tokC], seq[tokC], args.targets, k, rng)
             a, b, _ = per_seq(np.concatenate([targ, pool]), Xp[tokS], Xm[tokS], seqS, nS)
             d_ = (b - a).sum(1) / n.sum()
             g_ = a.sum(1) / n.sum()
@@ -307,16 +316,29 @@ def main():
     print(describe(docs))
     Fs = [layer_F(attn, kind, model.config) for _, _, attn, kind in layers_of(model)]
     halves = split(docs, seed=0)
-    parts = [("all", [d for h in halves for d in h][: args.docs])]
-    if args.replicate:
-        parts = [(f"half {j}", h[: args.docs]) for j, h in enumerate(halves)]
-    out = {}
-    for label, ds in parts:
+    ds = halves[0][: args.docs // 2] + halves[1][: args.docs // 2]
+    half = np.array([0] * len(halves[0][: args.docs // 2]) + [1] * len(halves[1][: args.docs // 2]))
+    cache = f"/tmp/verdict_null_{args.model}_{args.control or 'trained'}_{len(ds)}_{args.tokens}.npz"
+    try:
+        z = np.load(cache)
+        L = len(Fs)
+        pre, mid, seq = [z[f"pre{i}"] for i in range(L)], [z[f"mid{i}"] for i in range(L)], z["seq"]
+        print(f"[capture] read {cache}")
+    except FileNotFoundError:
         pre, mid, seq = capture(model, tok, ds, args.tokens)
-        print(f"[{label}] {len(ds)} documents, {len(seq)} tokens, captured in {time.time() - t0:.0f} s", flush=True)
-        out[label] = study(pre, mid, seq, Fs, args, label, args.calibrate)
+        np.savez(
+            cache, seq=seq, **{f"pre{i}": p for i, p in enumerate(pre)}, **{f"mid{i}": m for i, m in enumerate(mid)}
+        )
+    print(f"{len(ds)} documents, {len(seq)} tokens, captured in {time.time() - t0:.0f} s", flush=True)
+    if args.calibrate:
+        study(pre, mid, seq, Fs, args, "all, calibration", True)
     if args.replicate:
-        a, b = out["half 0"], out["half 1"]
+        out = {}
+        for j in (0, 1):
+            keep = half[seq] == j
+            _, s_ = np.unique(seq[keep], return_inverse=True)
+            out[j] = study([p[keep] for p in pre], [m[keep] for m in mid], s_, Fs, args, f"half {j}", False)
+        a, b = out[0], out[1]
         called = [r["layer"] for r in a if r["call"] != "-"]
         lift = lambda r: np.sign(r["dgamma"] - r["null_med"])  # noqa: E731
         same = [i for i in called if b[i]["call"] == a[i]["call"] or (b[i]["p"] < 0.05 and lift(b[i]) == lift(a[i]))]
@@ -324,6 +346,8 @@ def main():
         excl = [r["layer"] for r in a if r["lo"] > 0 or r["hi"] < 0]
         agree = [i for i in excl if np.sign(a[i]["dgamma"]) == np.sign(b[i]["dgamma"])]
         print(f"  Δγ interval excludes 0 on half 0 at {len(excl)} layers; same sign on half 1 at {len(agree)}")
+    if not (args.calibrate or args.replicate):
+        study(pre, mid, seq, Fs, args, "all", False)
     print(f"done in {time.time() - t0:.0f} s")
 
 

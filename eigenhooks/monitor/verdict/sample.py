@@ -62,8 +62,14 @@ def content_ids(x: torch.Tensor, mask: torch.Tensor, vi: torch.Tensor) -> torch.
 
 
 def halves(seed: int, seq: torch.Tensor) -> torch.Tensor:
-    """(n,) bool: True for the sequences of the estimation half, by a seeded hash of the sequence alone."""
-    return _lsr(mix(seq * _C2 + (seed + 1) * _GOLD), 63) == 0
+    """(n,) bool: True for the tokens of the estimation half. The distinct sequences are ordered by a seeded hash
+    of the sequence alone and the first floor(S/2) of them estimate (balanced, and independent of the tokens'
+    order, so a sample and its merge split alike)."""
+    uniq, inv = torch.unique(seq, return_inverse=True)
+    h = _lsr(mix(uniq * _C2 + (seed + 1) * _GOLD), 11)
+    est = torch.zeros(len(uniq), dtype=torch.bool)
+    est[torch.argsort(h)[: len(uniq) // 2]] = True
+    return est[inv]
 
 
 class Candidates:
