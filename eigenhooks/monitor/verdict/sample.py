@@ -66,7 +66,7 @@ def halves(seed: int, seq: torch.Tensor) -> torch.Tensor:
     of the sequence alone and the first floor(S/2) of them estimate (balanced, and independent of the tokens'
     order, so a sample and its merge split alike)."""
     uniq, inv = torch.unique(seq, return_inverse=True)
-    h = _lsr(mix(uniq * _C2 + (seed + 1) * _GOLD), 11)
+    h = _lsr(mix(uniq * _C2 + torch.tensor(seed + 1, dtype=torch.int64) * _GOLD), 11)  # wraps, as int64 does
     est = torch.zeros(len(uniq), dtype=torch.bool)
     est[torch.argsort(h)[: len(uniq) // 2]] = True
     return est[inv]
