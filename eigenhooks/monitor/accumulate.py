@@ -90,10 +90,9 @@ class Accumulator:
         if fs.sequences is not None:
             fs.sequences.counted(self)
         if self.sample is not None and fs.cands is not None:
-            for cands in fs.cands:
-                u = self.sample.add(cands, undoable)
-                if undo is not None:
-                    undo.sample = (undo.sample or []) + (u or [])
+            u = self.sample.add(fs.cands, undoable)  # every layer's kept tokens, in place
+            if undo is not None:
+                undo.sample = u
             self.sample_version += 1
         if fs.layers:
             self._add_layers(list(fs.layers.items()), fs.keys)

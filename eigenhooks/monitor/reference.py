@@ -357,7 +357,8 @@ def to_sample_dict(sample: dict[int, dict[str, torch.Tensor]], R: int) -> dict:
     s = Sample(R)
     for i, h in sample.items():
         n, d = len(h["keys"]), h["X"].shape[-1]
-        buf = s._buffer(i, torch.zeros(1, d))
+        s.ensure([i], d, "cpu")
+        buf = s.of[i].view(i)
         buf["keys"][:n], buf["seq"][:n], buf["pos"][:n] = h["keys"], h["seq"], h["pos"]
         buf["X"][:n] = h["X"].float()
     return s.to_dict()

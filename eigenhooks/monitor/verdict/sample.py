@@ -105,90 +105,140 @@ class Candidates:
         return Candidates(flat, keys, seq, vi)
 
     def take(self, layer: int, base: torch.Tensor, mid: torch.Tensor) -> None:
-        """Keep layer's readings (b, n, d) at the candidates, as float32 unit vectors (non-finite rows stay NaN)."""
+        """Keep layer's readings (b, n, d) at the candidates, (c, 2, d) as they are (made float32 unit vectors once
+        for every layer, when the sample takes them: ``Sample.add``)."""
         with torch.no_grad():
-            x = torch.stack([base.reshape(-1, base.shape[-1])[self.flat], mid.reshape(-1, mid.shape[-1])[self.flat]], 1)
-            x = x.float()
-            self.X[layer] = x / x.norm(dim=-1, keepdim=True)
+            d = base.shape[-1]
+            self.X[layer] = torch.stack([base.reshape(-1, d)[self.flat], mid.reshape(-1, d)[self.flat]], 1)
+
+
+FIELDS = ("keys", "seq", "pos", "X")
+
+
+class Group:
+    """The kept tokens of layers of one width and device, stacked: keys, seq, pos (L, R), X (L, R, 2, d) float32,
+    so that a forward's merge is a dozen ops whatever the number of layers."""
+
+    def __init__(self, layers: list[int], R: int, d: int, device):
+        self.layers, self.row = list(layers), {i: r for r, i in enumerate(layers)}
+        L = len(layers)
+        self.t = {
+            "keys": torch.full((L, R), float("inf"), dtype=torch.float64, device=device),
+            "seq": torch.zeros(L, R, dtype=torch.int64, device=device),
+            "pos": torch.zeros(L, R, dtype=torch.int64, device=device),
+            "X": torch.full((L, R, 2, d), float("nan"), dtype=torch.float32, device=device),
+        }
+
+    def view(self, layer: int) -> dict[str, torch.Tensor]:
+        return {k: v[self.row[layer]] for k, v in self.t.items()}
 
 
 class Sample:
-    """The kept tokens of every layer: per layer, keys (R,), seq (R,), pos (R,) and X (R, 2, d) float32.
+    """The kept tokens of every layer: per layer, keys (R,), seq (R,), pos (R,) and X (R, 2, d) float32 (views into
+    ``Group``s that stack the layers of one width).
 
     ``add`` merges one forward's candidates in place and returns what undoes it; ``merge`` takes another sample's
     union; ``to_dict`` / ``from_dict`` carry it in a state dict (base64 of its bytes: JSON-able)."""
 
     def __init__(self, R: int):
         self.R = R
-        self.layers: dict[int, dict[str, torch.Tensor]] = {}
+        self.groups: list[Group] = []
+        self.of: dict[int, Group] = {}  # layer -> its group
 
-    def _buffer(self, layer: int, like: torch.Tensor) -> dict[str, torch.Tensor]:
-        buf = self.layers.get(layer)
-        if buf is None:
-            dev, d = like.device, like.shape[-1]
-            buf = self.layers[layer] = {
-                "keys": torch.full((self.R,), float("inf"), dtype=torch.float64, device=dev),
-                "seq": torch.zeros(self.R, dtype=torch.int64, device=dev),
-                "pos": torch.zeros(self.R, dtype=torch.int64, device=dev),
-                "X": torch.full((self.R, 2, d), float("nan"), dtype=torch.float32, device=dev),
-            }
-        return buf
+    @property
+    def layers(self) -> dict[int, dict[str, torch.Tensor]]:
+        return {i: g.view(i) for i, g in sorted(self.of.items())}
 
-    def add(self, cands: Candidates | None, undoable: bool = True) -> list | None:
-        """Merge a forward's candidates into every layer it read, in place: the union's R smallest keys.
+    def ensure(self, layers: list[int], d: int, device) -> None:
+        """Buffers for these layers (one group for those not held yet), empty."""
+        new = [i for i in layers if i not in self.of]
+        if new:
+            g = Group(new, self.R, d, device)
+            self.groups.append(g)
+            self.of.update({i: g for i in new})
 
-        The candidates' c keys, sorted up, are paired with the c largest kept keys, sorted down: candidate j takes
-        its partner's slot when its key is smaller (the pairs that swap are a prefix, and what is kept is then
-        exactly the R smallest of both). Returns [(layer, slots, old rows)] to undo it, or None."""
-        if cands is None or not cands.X:
+    def add(self, cands: list[Candidates] | None, undoable: bool = True) -> list | None:
+        """Merge a forward's candidates (one set a grid) into every layer they read, in place: for each layer, the
+        union's R smallest keys.
+
+        A layer's c candidates, sorted up by key, are paired with its c largest kept keys, sorted down: candidate j
+        takes its partner's slot when its key is smaller (the pairs that swap are a prefix, and what is kept is
+        then exactly the R smallest of both). Every layer of a group in one op each. Returns what undoes it."""
+        got = {i: c for c in cands or () for i in c.X}  # layer -> its candidates
+        if not got:
             return None
+        for i, c in got.items():
+            if i not in self.of:
+                self.ensure([j for j in got if got[j].X[j].shape[-1] == c.X[i].shape[-1]], c.X[i].shape[-1],
+                            c.X[i].device)  # fmt: skip
         undo = [] if undoable else None
-        c = cands.keys.numel()
-        ck, order = torch.sort(cands.keys)
-        for layer, X in cands.X.items():
-            buf = self._buffer(layer, X)
-            top, slots = torch.topk(buf["keys"], c, largest=True)  # (c,) kept keys, sorted down
-            enter = ck < top
-            if undo is not None:
-                undo.append((layer, slots, {k: v[slots].clone() for k, v in buf.items()}))
-            for k, new in (("keys", ck), ("seq", cands.seq[order]), ("pos", cands.pos[order]), ("X", X[order])):
-                e = enter.view(-1, *([1] * (new.dim() - 1)))
-                buf[k].index_copy_(0, slots, torch.where(e, new.to(buf[k].device), buf[k][slots]))
+        for g in self.groups:
+            here = [i for i in g.layers if i in got]
+            if here:
+                self._add_group(g, here, got, undo)
         return undo
 
+    def _add_group(self, g: Group, here: list[int], got: dict, undo: list | None) -> None:
+        sets = {id(got[i]) for i in here}
+        c = max(got[i].keys.numel() for i in here)
+        if len(sets) == 1 and len(here) == len(g.layers):  # one grid, every layer: the candidates' keys broadcast
+            one = got[here[0]]
+            keys, seq, pos = (one.keys.expand(len(here), c), one.seq.expand(len(here), c), one.pos.expand(len(here), c))
+            X = torch.stack([got[i].X[i] for i in g.layers])
+        else:  # layers of several grids, or some not read: each row its own, padded with empty candidates
+            keys, seq, pos, X = _padded(g, got, c)
+        if c > self.R:  # more than it can keep (``Candidates.pick`` already holds a forward to R): the R smallest
+            keys, at = torch.topk(keys, self.R, dim=1, largest=False)
+            seq, pos, X, c = seq.gather(1, at), pos.gather(1, at), _rows(X, at), self.R
+        X = X.float()
+        X = X / X.norm(dim=-1, keepdim=True)  # (L, c, 2, d) unit readings
+        ck, order = torch.sort(keys, dim=1)
+        top, slots = torch.topk(g.t["keys"], c, dim=1, largest=True)  # (L, c): the kept keys, sorted down
+        enter = ck < top
+        if undo is not None:
+            undo.append((g, slots, {k: _rows(v, slots).clone() for k, v in g.t.items()}))
+        for k, new in (
+            ("keys", ck),
+            ("seq", seq.gather(1, order)),
+            ("pos", pos.gather(1, order)),
+            ("X", _rows(X, order)),
+        ):
+            e = enter.view(*enter.shape, *([1] * (new.dim() - 2)))
+            _put(g.t[k], slots, torch.where(e, new, _rows(g.t[k], slots)))
+
     def undo(self, undo: list | None) -> None:
-        for layer, slots, old in reversed(undo or []):
+        for g, slots, old in reversed(undo or []):
             for k, v in old.items():
-                self.layers[layer][k].index_copy_(0, slots, v)
+                _put(g.t[k], slots, v)
 
     def merge(self, other: Sample) -> None:
         """Take another sample's tokens: every layer keeps the union's R smallest keys."""
         for layer, theirs in other.layers.items():
-            ours = self.layers.get(layer)
-            if ours is None:
-                self.layers[layer] = {k: v.clone() for k, v in theirs.items()}
-                continue
-            both = {k: torch.cat([ours[k], theirs[k].to(ours[k].device)]) for k in ours}
+            if layer not in self.of:
+                self.ensure([layer], theirs["X"].shape[-1], theirs["X"].device)
+            ours = self.of[layer].view(layer)
+            both = {k: torch.cat([ours[k], theirs[k].to(ours[k].device)]) for k in FIELDS}
             at = torch.sort(both["keys"], stable=True).indices[: self.R]
-            self.layers[layer] = {k: v[at].contiguous() for k, v in both.items()}
+            for k in FIELDS:
+                ours[k].copy_(both[k][at])
 
     def host(self, layer: int) -> dict[str, torch.Tensor] | None:
         """Layer's kept tokens on the CPU in key order (which slot a token took depends on the order tokens came
         in; the key order does not), empty slots and non-finite readings left out."""
-        buf = self.layers.get(layer)
-        if buf is None:
+        g = self.of.get(layer)
+        if g is None:
             return None
-        cpu = {k: v.detach().cpu() for k, v in buf.items()}
+        cpu = {k: v.detach().cpu() for k, v in g.view(layer).items()}
         ok = torch.isfinite(cpu["keys"]) & torch.isfinite(cpu["X"]).all(-1).all(-1)
         order = torch.argsort(cpu["keys"][ok], stable=True)
         return {k: v[ok][order] for k, v in cpu.items()}
 
     def to_dict(self) -> dict:
         """JSON-able: per layer, each tensor as {dtype, shape, base64 of its bytes}."""
-        out = {}
-        for layer, buf in self.layers.items():
-            out[str(layer)] = {k: _pack(v) for k, v in buf.items()}
-        return {"R": self.R, "layers": out}
+        return {
+            "R": self.R,
+            "layers": {str(i): {k: _pack(v) for k, v in buf.items()} for i, buf in self.layers.items()},
+        }
 
     @staticmethod
     def from_dict(d: dict, R: int, device=None) -> Sample:
@@ -198,23 +248,53 @@ class Sample:
             raise ValueError(f"the state's verdict sample holds R={got!r} tokens, this monitor keeps {R}")
         s = Sample(R)
         for key, buf in d["layers"].items():
-            s.layers[int(key)] = {k: _unpack(v, device) for k, v in buf.items()}
+            t = {k: _unpack(v, device) for k, v in buf.items()}
+            if set(t) != set(FIELDS) or t["keys"].shape != (R,):
+                raise ValueError(f"the state's verdict sample is damaged at layer {key}")
+            s.ensure([int(key)], t["X"].shape[-1], t["X"].device)
+            for k, v in s.of[int(key)].view(int(key)).items():
+                v.copy_(t[k])
         return s
 
     def all_gather(self, dist, group, device) -> None:
         """Every rank ends with the union's R smallest keys of every rank's sample (ranks' layers must agree)."""
-        for layer in sorted(self.layers):
-            buf = self.layers[layer]
+        for layer, buf in self.layers.items():
             parts = {}
             for k, v in buf.items():
                 got = [torch.empty_like(v, device=device) for _ in range(dist.get_world_size(group))]
-                dist.all_gather(got, v.to(device), group=group)
+                dist.all_gather(got, v.contiguous().to(device), group=group)
                 parts[k] = got
-            other = Sample(self.R)
-            self.layers[layer] = {k: parts[k][0].to(v.device) for k, v in buf.items()}
-            for r in range(1, len(parts["keys"])):
-                other.layers = {layer: {k: parts[k][r] for k in buf}}
+            for r in range(len(parts["keys"])):
+                other = Sample(self.R)
+                other.ensure([layer], buf["X"].shape[-1], buf["X"].device)
+                for k, v in other.of[layer].view(layer).items():
+                    v.copy_(parts[k][r])
                 self.merge(other)
+
+
+def _rows(t: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
+    """t (L, R, ...) at idx (L, c) along dim 1: (L, c, ...)."""
+    return t.gather(1, idx.view(*idx.shape, *([1] * (t.dim() - 2))).expand(*idx.shape, *t.shape[2:]))
+
+
+def _put(t: torch.Tensor, idx: torch.Tensor, v: torch.Tensor) -> None:
+    """t (L, R, ...) at idx (L, c) along dim 1 becomes v (L, c, ...), in place."""
+    t.scatter_(1, idx.view(*idx.shape, *([1] * (t.dim() - 2))).expand(*idx.shape, *t.shape[2:]), v)
+
+
+def _padded(g: Group, got: dict, c: int):
+    """A group's candidates row by row, each padded to c with empty ones (key +inf, never taken)."""
+    L, d = len(g.layers), g.t["X"].shape[-1]
+    dev = g.t["keys"].device
+    keys = torch.full((L, c), float("inf"), dtype=torch.float64, device=dev)
+    seq = torch.zeros(L, c, dtype=torch.int64, device=dev)
+    pos = torch.zeros(L, c, dtype=torch.int64, device=dev)
+    X = torch.zeros(L, c, 2, d, dtype=torch.float32, device=dev)
+    for r, i in enumerate(g.layers):
+        if i in got:
+            one, n = got[i], got[i].keys.numel()
+            keys[r, :n], seq[r, :n], pos[r, :n], X[r, :n] = one.keys, one.seq, one.pos, one.X[i]
+    return keys, seq, pos, X
 
 
 def _pack(t: torch.Tensor) -> dict:
