@@ -60,9 +60,11 @@ def _counts(rows) -> str:
     return said or "none"
 
 
-def _one_per_subspace(rows, p: str, effect: str):
-    """One row per hypothesis: rows of one subspace (modulus and residual picking one eigenpair) share p and effect."""
-    return rows.drop_duplicates(subset=["layer", p, effect])
+def _one_per_subspace(hits, p: str, effect: str):
+    """One row per subspace: rows of one hypothesis (equal subspaces at a layer, e.g. ov/modulus and ov/residual
+    when both rules pick the same lambda_1) share their layer, p and effect (``summary_table``); their names join."""
+    names = hits.groupby(["layer", p, effect], sort=False)["target"].transform(lambda t: " = ".join(map(str, t)))
+    return hits.assign(target=names).drop_duplicates(["layer", p, effect])
 
 
 def tested_sentence(r: dict, static: bool = False) -> str:
@@ -97,13 +99,16 @@ def verdict_lines(df) -> list[str]:
             said += f" The tilt stood out in {len(items)} subspaces: " + "; ".join(items[:SHOWN]) + more + "."
         else:
             said += " " + (_nothing_above(rows, name) or _reach(rows, name))
-        if "verdict_static" in rows:
+        lines.append(said)
+        if "verdict_static" in rows:  # the second question, a line of its own
             st = _one_per_subspace(rows[rows["verdict_static"].isin(["toward", "away"])], "p_static", "static")
             if len(st):
                 items = [html.escape(tested_sentence(r, True)) for r in st.sort_values("q_static").to_dict("records")]
                 more = f" and {len(items) - SHOWN} more (summary.csv)" if len(items) > SHOWN else ""
-                said += f" Static alignment stood out in {len(items)}: " + "; ".join(items[:SHOWN]) + more + "."
-        lines.append(said)
+                lines.append(
+                    f"Static alignment ({name} rows) stood out in {len(items)} subspaces: " + "; ".join(items[:SHOWN])
+                    + more + "."
+                )  # fmt: skip
     return lines
 
 
