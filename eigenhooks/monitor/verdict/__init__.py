@@ -109,8 +109,8 @@ def layer_columns(h: dict | None, targets: list, config, seed: int, null: str = 
     out = []
     for t in targets:
         k = t.k
-        if k not in frames:
-            D = family.draws(fitted, K, k, gen)
+        if k not in frames:  # one seeded stream a k: a subspace's draws do not depend on the other targets
+            D = family.draws(fitted, K, k, torch.Generator().manual_seed(seed + 7919 * k))
             sp, sm = per_sequence(D, Xb_S, Xm_S, seq_S, n_S)
             frames[k] = ((sm - sp).sum(1) / n.sum(), sp.sum(1) / n.sum())
         tilt_null, static_null = frames[k]
