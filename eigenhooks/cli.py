@@ -352,8 +352,11 @@ def steer(
         typer.echo(f"no token table: {model}'s LM head {why}, so its token probabilities mean nothing")
     else:
         strength = f"alpha {alpha:g}" if alpha is not None else f"gap ratio {gap_ratio:g}"
-        title = f"{model}: next token for {prompts[0]!r}, steered at {strength}"
-        emit(title, ["next token", "p before", "p after", "change"], rows, False, [], wrap=("next token",))
+        typer.echo(f"prompt: {prompts[0]!r}")  # on its own line: a title would wrap inside it
+        title = f"{model}: the prompt's next token, steered at {strength}"
+        order = f"rows: the top {top_k} before and after, and --toward; most probable after steering first"
+        emit(title, ["next token", "p before", "p after", "change"], rows, False, [], wrap=("next token",),
+             caption=order)  # fmt: skip
     typer.echo(
         f"layer {rep.layer} ({rep.method}{', signed' if rep.signed else ''}): alpha {rep.alpha:.3f}; "
         f"lambda_1 {fmt_complex(rep.lambda_1_before)} -> {fmt_complex(rep.lambda_1)}, "
@@ -361,7 +364,7 @@ def steer(
     )
     typer.echo(f"final residuals' mean |cos| with u: {rep.alignment_before:.3f} -> {rep.alignment_after:.3f}")
     if rep.prob_before is not None:
-        typer.echo(f"p({toward!r}) at the last position: {rep.prob_before:.2e} -> {rep.prob_after:.2e}")
+        typer.echo(f"p({toward!r}) at the prompt's last token: {rep.prob_before:.2e} -> {rep.prob_after:.2e}")
 
 
 def _toward_npy(model, path: str):

@@ -150,9 +150,10 @@ def emit(
     wrap: tuple[str, ...] = (),
     drop: tuple[str, ...] = (),
     console=None,
+    caption: str | None = None,
 ) -> None:
-    """Print rows as a table for people (``print_table``), or ``records`` as JSON for programs (NaN as
-    null). User text in a title or cell is printed as it is, never read as rich markup."""
+    """Print rows as a table for people (``print_table``, ``caption`` under it), or ``records`` as JSON for
+    programs (NaN as null). User text in a title or cell is printed as it is, never read as rich markup."""
     import json
 
     import typer
@@ -160,7 +161,8 @@ def emit(
     if as_json:
         typer.echo(json.dumps(json_safe(records), indent=2, allow_nan=False))  # NaN -> null: valid JSON
         return
-    print_table(title, columns, [[str(x) for x in r] for r in rows], wrap=wrap, drop=drop, console=console)
+    cells = [[str(x) for x in r] for r in rows]
+    print_table(title, columns, cells, wrap=wrap, drop=drop, console=console, caption=caption)
 
 
 LEFT_COLUMNS = ("kind", "rank", "name", "path", "target", "verdict", "check", "dtype", "before", "after")

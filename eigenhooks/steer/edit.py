@@ -86,9 +86,13 @@ def check_steered(before, after, alpha, gap_ratio) -> None:
 class SteerReport:
     """What a steering did: the steered layer's spectrum and, after a run, its effect.
 
-    alignment_*: mean |cos| of the last block's outputs with u; prob_*: next-token
-    probability of a target token at the last position; both for the last run inside the
-    block, unsteered (before) and steered (after).
+    alignment_*: mean |cos| of the last block's outputs with u, over the real tokens (the call's
+    attention_mask); prob_*: the target token's next-token probability at each sequence's last real
+    token (the last position its attention_mask keeps: with right padding the batch's last column is a
+    pad), averaged over the sequences, and ``prob_raised`` of the ``n_sequences`` where steering raised
+    it; all for the last run inside the block, unsteered (before) and steered (after). A mean can rise
+    while most sequences fall: the rank-1 change pushes each token along +u or -u by the sign of its
+    read-out (docs/steering.md, "Which tokens move which way").
     """
 
     layer: int
@@ -106,6 +110,8 @@ class SteerReport:
     alignment_after: float | None = None
     prob_before: float | None = None
     prob_after: float | None = None
+    prob_raised: int | None = None  # sequences whose target-token probability steering raised
+    n_sequences: int | None = None
 
     def __repr__(self) -> str:  # two lines: the spectrum's change, then the effect of the last run
         how = f"{self.method}{', signed' if self.signed else ''}"
@@ -116,9 +122,12 @@ class SteerReport:
         ]
         said = []
         if self.alignment_before is not None:
-            said.append(f"final residuals' mean |cos| with u {self.alignment_before:.3f} -> {self.alignment_after:.3f}")
+            said.append(f"final residuals' |cos| with u {self.alignment_before:.3f} -> {self.alignment_after:.3f}")
         if self.prob_before is not None:
-            said.append(f"target token's probability {self.prob_before:.3g} -> {self.prob_after:.3g}")
+            said.append(
+                f"target token's p at each sequence's last real token, mean {self.prob_before:.3g} -> "
+                f"{self.prob_after:.3g} (raised in {self.prob_raised} of {self.n_sequences})"
+            )
         lines.append("  " + ("; ".join(said) if said else "no run inside the block yet") + ")")
         return "\n".join(lines)
 
@@ -316,7 +325,7 @@ class Steer:
         self._last_call = (args, kwargs)
 
     def _capture_output(self, module, args, output):
-        self._last_out = _last_logits(output)
+        self._last_out = _last_logits(output, _real_tokens(self._last_call))
 
     def _capture_final(self, module, args, output):
         out = output[0] if isinstance(output, tuple) else output
@@ -358,7 +367,7 @@ class Steer:
                 out = self.adapter.model(*args, **kwargs)
         finally:
             h.remove()
-        return _last_logits(out), hold["final"]
+        return _last_logits(out, _real_tokens(self._last_call)), hold["final"]
 
     def summary(self, target_token: int | None = None) -> SteerReport:
         """The steered layer's new spectrum and, for the last run inside the block, the final
@@ -389,11 +398,14 @@ class Steer:
             return rep  # no call was steered
         after_out, after_final = self._last_out, self._final  # from the last steered run
         before_out, before_final = self._rerun_unsteered()
-        rep.alignment_before = mean_abs_cos(before_final, self.u)
-        rep.alignment_after = mean_abs_cos(after_final, self.u)
+        real = _real_tokens(self._last_call)
+        rep.alignment_before = mean_abs_cos(before_final, self.u, real)
+        rep.alignment_after = mean_abs_cos(after_final, self.u, real)
         if target_token is not None:
-            rep.prob_before = next_token_prob(before_out, target_token)
-            rep.prob_after = next_token_prob(after_out, target_token)
+            before, after = next_token_probs(before_out, target_token), next_token_probs(after_out, target_token)
+            if before is not None and after is not None:
+                rep.prob_before, rep.prob_after = float(before.mean()), float(after.mean())
+                rep.prob_raised, rep.n_sequences = int((after > before).sum()), len(before)
         return rep
 
 
@@ -408,8 +420,11 @@ def refuse_untrained_head(model) -> None:
         )
 
 
-def mean_abs_cos(X: torch.Tensor, u: torch.Tensor) -> float:
-    """Mean |<x, u>| / ||x|| over the tokens of X (..., d)."""
+def mean_abs_cos(X: torch.Tensor, u: torch.Tensor, real: torch.Tensor | None = None) -> float:
+    """Mean |<x, u>| / ||x|| over the tokens of X (..., d); with ``real`` (batch, >= seq) bool, over the real
+    tokens of X (batch, seq, d) only (its last seq columns: under ``generate`` the mask spans the cache)."""
+    if real is not None and X.dim() == 3 and real.shape[0] == X.shape[0] and real.shape[1] >= X.shape[1]:
+        X = X[real[:, -X.shape[1] :].to(X.device)]  # (tokens, d): a report, after the forward: a sync is fine
     X = X.to(torch.float64).reshape(-1, X.shape[-1])
     return float(((X @ u.to(X.device)).abs() / torch.linalg.vector_norm(X, dim=-1).clamp_min(1e-30)).mean())
 
@@ -417,19 +432,36 @@ def mean_abs_cos(X: torch.Tensor, u: torch.Tensor) -> float:
 _NO_LOGITS = object()  # a steered output without (batch, seq, vocab) logits
 
 
-def _last_logits(output):
-    """The last position's logits (batch, 1, vocab), detached (no graph kept alive), or ``_NO_LOGITS``."""
+def _real_tokens(call) -> torch.Tensor | None:
+    """The call's ``attention_mask`` (batch, seq) as bool, or None: every position is a real token."""
+    mask = call[1].get("attention_mask") if call else None
+    return mask.bool() if isinstance(mask, torch.Tensor) and mask.dim() == 2 else None
+
+
+def _last_logits(output, real: torch.Tensor | None = None):
+    """Each sequence's logits at its last real token (batch, 1, vocab), detached (no graph kept alive), or
+    ``_NO_LOGITS``. The last real token is the last position ``real`` keeps; without a mask, and under left
+    padding, that is the batch's last column, but with right padding a shorter sequence's last column is a pad,
+    whose next-token probabilities mean nothing."""
     logits = token_logits(output)
-    return _NO_LOGITS if logits is None else logits[:, -1:].detach()
+    if logits is None:
+        return _NO_LOGITS
+    n = logits.shape[1]
+    if real is None or real.shape[0] != logits.shape[0] or real.shape[1] < n:
+        return logits[:, -1:].detach()
+    keep = real[:, -n:].to(logits.device)  # (batch, seq); under generate the mask spans the cache too
+    last = n - 1 - keep.flip(1).int().argmax(1)  # (batch,) each row's last True (a row of none: the last column)
+    return logits[torch.arange(len(last), device=logits.device), last][:, None].detach()
 
 
-def next_token_prob(output, token: int) -> float | None:
-    """Mean probability of token at the last position of each sequence; None without an LM head."""
+def next_token_probs(output, token: int) -> torch.Tensor | None:
+    """The token's probability at each sequence's last real token (batch,) float64, from ``_last_logits``'s
+    (batch, 1, vocab); None without an LM head."""
     logits = token_logits(output)
     if logits is None:
         log.warning("the model's output has no (batch, seq, vocab) logits: no token probability to report")
         return None
-    return float(torch.softmax(logits[:, -1].double(), -1)[:, token].mean())
+    return torch.softmax(logits[:, -1].double(), -1)[:, token]
 
 
 def steer(
