@@ -12,6 +12,7 @@ columns' are refused when the monitor is made (``check``).
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import weakref
 from typing import NamedTuple
@@ -111,6 +112,7 @@ TABLE_COLUMNS = (
 ).split()
 
 
+@functools.cache
 def builtin_columns() -> frozenset:
     """Every column ``mon.summary()`` can make itself: the measures' summary columns, read off their summaries of
     an empty layer state (pre-norm and post-norm), and ``TABLE_COLUMNS``. A column a built-in measure adds is
@@ -135,6 +137,9 @@ def check(measures) -> tuple[Own, ...]:
         ValueError: not a ``Measure``, a name that is no identifier, taken by a built-in measure, field or
             summary column, or given twice; the message names it and says what to do.
     """
+    measures = tuple(measures)
+    if not measures:  # the defaults: no summary run to read the reserved columns off (nor scipy imported)
+        return ()
     names, columns = reserved()
     out, seen = [], set()
     for m in measures:
