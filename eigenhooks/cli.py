@@ -18,7 +18,7 @@ from .monitor.config import DEFAULTS as D
 from .monitor.summary import layer_rows
 from .run.checks import interrupted
 from .run.commandline import ReadableTyper, VersionOpt, as_flags, one_line_warnings, quiet_libraries
-from .run.table import emit, fmt_complex, fmt_mb, print_head_table, print_run_table, steered_rows
+from .run.table import emit, fmt_complex, fmt_mb, print_head_table, print_run_table, print_steered, steered_rows
 
 app = ReadableTyper(add_completion=False, no_args_is_help=True, help="Power-method alignment of transformer tokens.")
 
@@ -351,12 +351,9 @@ def steer(
         )
         typer.echo(f"no token table: {model}'s LM head {why}, so its token probabilities mean nothing")
     else:
+        typer.echo(f"prompt: {prompts[0]!r}")  # on a line of its own: inside the title it wrapped
         strength = f"alpha {alpha:g}" if alpha is not None else f"gap ratio {gap_ratio:g}"
-        typer.echo(f"prompt: {prompts[0]!r}")  # on its own line: a title would wrap inside it
-        title = f"{model}: the prompt's next token, steered at {strength}"
-        order = f"rows: the top {top_k} before and after, and --toward; most probable after steering first"
-        emit(title, ["next token", "p before", "p after", "change"], rows, False, [], wrap=("next token",),
-             caption=order)  # fmt: skip
+        print_steered(f"{model}: the prompt's next token, steered at {strength}", rows, top_k)
     typer.echo(
         f"layer {rep.layer} ({rep.method}{', signed' if rep.signed else ''}): alpha {rep.alpha:.3f}; "
         f"lambda_1 {fmt_complex(rep.lambda_1_before)} -> {fmt_complex(rep.lambda_1)}, "

@@ -307,6 +307,12 @@ def fmt_mb(n: int) -> str:
     return f"{n / 2**20:.1f} MB"
 
 
+def print_steered(title: str, rows: list[list[str]], top_k: int) -> None:
+    """The steer command's table (``steered_rows``), saying under it why its rows are in their order."""
+    order = f"rows: the top {top_k} before and after, and --toward; most probable after steering first"
+    emit(title, ["next token", "p before", "p after", "change"], rows, False, [], wrap=("next token",), caption=order)
+
+
 def steered_rows(tok, before, after, top_k: int, target: int | None) -> list[list[str]]:
     """One row per token in the top-k before or after, and the --toward token: its probability before and
     after, most probable after first; the --toward token marked."""

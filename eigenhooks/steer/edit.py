@@ -25,7 +25,8 @@ from ..linalg.eig import Factors, layer_spectrum
 from ..linalg.views import fmt_lambda
 from ..models import Adapter, UnsupportedModelError, get_adapter, layer_index
 from . import rank1
-from .calibration import token_logits, value_activations
+from .calibration import value_activations
+from .positions import last_logits, mean_abs_cos, next_token_probs, real_tokens
 
 log = logging.getLogger(__name__)
 METHODS = ("exact", "paper")
@@ -325,7 +326,7 @@ class Steer:
         self._last_call = (args, kwargs)
 
     def _capture_output(self, module, args, output):
-        self._last_out = _last_logits(output, _real_tokens(self._last_call))
+        self._last_out = last_logits(output, real_tokens(self._last_call))
 
     def _capture_final(self, module, args, output):
         out = output[0] if isinstance(output, tuple) else output
@@ -367,7 +368,7 @@ class Steer:
                 out = self.adapter.model(*args, **kwargs)
         finally:
             h.remove()
-        return _last_logits(out, _real_tokens(self._last_call)), hold["final"]
+        return last_logits(out, real_tokens(self._last_call)), hold["final"]
 
     def summary(self, target_token: int | None = None) -> SteerReport:
         """The steered layer's new spectrum and, for the last run inside the block, the final
@@ -398,7 +399,7 @@ class Steer:
             return rep  # no call was steered
         after_out, after_final = self._last_out, self._final  # from the last steered run
         before_out, before_final = self._rerun_unsteered()
-        real = _real_tokens(self._last_call)
+        real = real_tokens(self._last_call)
         rep.alignment_before = mean_abs_cos(before_final, self.u, real)
         rep.alignment_after = mean_abs_cos(after_final, self.u, real)
         if target_token is not None:
@@ -418,50 +419,6 @@ def refuse_untrained_head(model) -> None:
             f"no token probabilities: {type(model).__name__}'s LM head is not in its checkpoint and was "
             "initialised randomly when loading; load a checkpoint saved with its head, or report without a token"
         )
-
-
-def mean_abs_cos(X: torch.Tensor, u: torch.Tensor, real: torch.Tensor | None = None) -> float:
-    """Mean |<x, u>| / ||x|| over the tokens of X (..., d); with ``real`` (batch, >= seq) bool, over the real
-    tokens of X (batch, seq, d) only (its last seq columns: under ``generate`` the mask spans the cache)."""
-    if real is not None and X.dim() == 3 and real.shape[0] == X.shape[0] and real.shape[1] >= X.shape[1]:
-        X = X[real[:, -X.shape[1] :].to(X.device)]  # (tokens, d): a report, after the forward: a sync is fine
-    X = X.to(torch.float64).reshape(-1, X.shape[-1])
-    return float(((X @ u.to(X.device)).abs() / torch.linalg.vector_norm(X, dim=-1).clamp_min(1e-30)).mean())
-
-
-_NO_LOGITS = object()  # a steered output without (batch, seq, vocab) logits
-
-
-def _real_tokens(call) -> torch.Tensor | None:
-    """The call's ``attention_mask`` (batch, seq) as bool, or None: every position is a real token."""
-    mask = call[1].get("attention_mask") if call else None
-    return mask.bool() if isinstance(mask, torch.Tensor) and mask.dim() == 2 else None
-
-
-def _last_logits(output, real: torch.Tensor | None = None):
-    """Each sequence's logits at its last real token (batch, 1, vocab), detached (no graph kept alive), or
-    ``_NO_LOGITS``. The last real token is the last position ``real`` keeps; without a mask, and under left
-    padding, that is the batch's last column, but with right padding a shorter sequence's last column is a pad,
-    whose next-token probabilities mean nothing."""
-    logits = token_logits(output)
-    if logits is None:
-        return _NO_LOGITS
-    n = logits.shape[1]
-    if real is None or real.shape[0] != logits.shape[0] or real.shape[1] < n:
-        return logits[:, -1:].detach()
-    keep = real[:, -n:].to(logits.device)  # (batch, seq); under generate the mask spans the cache too
-    last = n - 1 - keep.flip(1).int().argmax(1)  # (batch,) each row's last True (a row of none: the last column)
-    return logits[torch.arange(len(last), device=logits.device), last][:, None].detach()
-
-
-def next_token_probs(output, token: int) -> torch.Tensor | None:
-    """The token's probability at each sequence's last real token (batch,) float64, from ``_last_logits``'s
-    (batch, 1, vocab); None without an LM head."""
-    logits = token_logits(output)
-    if logits is None:
-        log.warning("the model's output has no (batch, seq, vocab) logits: no token probability to report")
-        return None
-    return torch.softmax(logits[:, -1].double(), -1)[:, token]
 
 
 def steer(
