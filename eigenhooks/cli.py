@@ -15,10 +15,11 @@ from typing import Annotated
 import typer
 
 from .monitor.config import DEFAULTS as D
+from .monitor.measures import NULL_SETTINGS as NULL_OPTIONS
 from .monitor.summary import layer_rows
 from .run.checks import interrupted
 from .run.commandline import ReadableTyper, VersionOpt, as_flags, one_line_warnings, quiet_libraries
-from .run.table import emit, fmt_complex, fmt_mb, print_head_table, print_run_table, steered_rows
+from .run.table import emit, fmt_complex, fmt_mb, print_head_table, print_run_table, print_steered, steered_rows
 
 app = ReadableTyper(add_completion=False, no_args_is_help=True, help="Power-method alignment of transformer tokens.")
 
@@ -192,16 +193,8 @@ def run(
     eig_top: Annotated[
         int | None, typer.Option(help=f"F's top eigen-subspaces the target is ranked among (default {D.eig_top})")
     ] = None,
-    verdict_draws: Annotated[
-        int | None,
-        typer.Option(
-            help=f"directions drawn from the stream's covariance per layer, the verdict's null (default "
-            f"{D.verdict_draws}; p >= 2/(K+1))"
-        ),
-    ] = None,
-    verdict_tokens: Annotated[
-        int | None, typer.Option(help=f"tokens per layer the verdict keeps and tests on (default {D.verdict_tokens})")
-    ] = None,
+    verdict_draws: Annotated[int | None, typer.Option(help=f"verdict null's directions ({D.verdict_draws})")] = None,
+    verdict_tokens: Annotated[int | None, typer.Option(help=f"tokens the verdict keeps ({D.verdict_tokens})")] = None,
     dist_timeout: Annotated[
         float, typer.Option(help="under torchrun: seconds to wait for the other ranks (start and each exchange)")
     ] = 300.0,
@@ -213,6 +206,7 @@ def run(
 
     Under `torchrun --nproc-per-node N` the batches are shared out by rank; rank 0 writes the folder.
     """
+    nulls = {k: v for k, v in locals().items() if k in NULL_OPTIONS}  # the null options, by their settings' names
     try:
         from .run.job import run as _run
 
@@ -228,15 +222,7 @@ def run(
             out=out,
             overwrite=overwrite,
             backend=backend,
-            nulls={
-                "null_draws": null_draws,
-                "null_seed": null_seed,
-                "null_stride": null_stride,
-                "fnull_draws": fnull_draws,
-                "eig_top": eig_top,
-                "verdict_draws": verdict_draws,
-                "verdict_tokens": verdict_tokens,
-            },
+            nulls=nulls,
             heads=heads,
             command=["eigenhooks", *sys.argv[1:]],
             dist_timeout=dist_timeout,
@@ -363,9 +349,9 @@ def steer(
         )
         typer.echo(f"no token table: {model}'s LM head {why}, so its token probabilities mean nothing")
     else:
+        typer.echo(f"prompt: {prompts[0]!r}")  # on a line of its own: inside the title it wrapped
         strength = f"alpha {alpha:g}" if alpha is not None else f"gap ratio {gap_ratio:g}"
-        title = f"{model}: next token for {prompts[0]!r}, steered at {strength}"
-        emit(title, ["next token", "p before", "p after", "change"], rows, False, [], wrap=("next token",))
+        print_steered(f"{model}: the prompt's next token, steered at {strength}", rows, top_k)
     typer.echo(
         f"layer {rep.layer} ({rep.method}{', signed' if rep.signed else ''}): alpha {rep.alpha:.3f}; "
         f"lambda_1 {fmt_complex(rep.lambda_1_before)} -> {fmt_complex(rep.lambda_1)}, "
@@ -373,7 +359,7 @@ def steer(
     )
     typer.echo(f"final residuals' mean |cos| with u: {rep.alignment_before:.3f} -> {rep.alignment_after:.3f}")
     if rep.prob_before is not None:
-        typer.echo(f"p({toward!r}) at the last position: {rep.prob_before:.2e} -> {rep.prob_after:.2e}")
+        typer.echo(f"p({toward!r}) at the prompt's last token: {rep.prob_before:.2e} -> {rep.prob_after:.2e}")
 
 
 def _toward_npy(model, path: str):

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from ..linalg import views
 from ..linalg.eig import LayerSpectrum
 from ..linalg.subspace import alignment
 from ..models import get_adapter, layer_index
@@ -68,6 +69,24 @@ class Trajectory:
         P = self.plane.to(Xh)
         self.plane_alignment.append(float(alignment(Xh, P).mean()))
         self.coords.append((Xh @ P).float().cpu())
+
+    def __repr__(self) -> str:  # two lines: what was iterated and how the measures moved; the steps are to_frame()'s
+        moved = ", ".join(
+            f"{name} {views.short(xs[0])} -> {views.short(xs[-1])}"
+            for name, xs in (("alignment", self.alignment), ("consensus", self.consensus))
+            if xs
+        )
+        span = f"{len(self.steps)} records, steps {self.steps[0]}..{self.steps[-1]}" if self.steps else "no records"
+        return f"Trajectory(layer={self.layer}, {self.mode} mode, {span}: {moved}\n  {self.spectrum!r})"
+
+    def to_frame(self):
+        """One row per recorded step: step, alignment, signed_cos, consensus, plane_alignment (``coords`` and
+        ``final`` stay tensors)."""
+        import pandas as pd
+
+        names = ("step", "alignment", "signed_cos", "consensus", "plane_alignment")
+        cols = (self.steps, self.alignment, self.signed_cos, self.consensus, self.plane_alignment)
+        return pd.DataFrame(dict(zip(names, cols)))
 
 
 def _plane(spec: LayerSpectrum) -> torch.Tensor:
@@ -249,6 +268,11 @@ class Limit:
     kind: str
     angle: float | None = None
     detail: dict = field(default_factory=dict)
+
+    def __repr__(self) -> str:  # a line, 4 significant digits: the full floats are in ``detail``
+        detail = ", ".join(f"{k}={views.short(v, 60)}" for k, v in self.detail.items())
+        angle = "" if self.angle is None else f", angle={self.angle:.4g} rad/step"
+        return f"Limit({self.kind}{angle}{', ' + detail if detail else ''})"
 
 
 def predict_limit(spectrum: LayerSpectrum) -> Limit:

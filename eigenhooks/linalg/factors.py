@@ -9,6 +9,8 @@ from dataclasses import dataclass
 
 import torch
 
+from . import views
+
 
 @dataclass
 class Factors:
@@ -42,6 +44,13 @@ class Factors:
     @property
     def d_model(self) -> int:
         return self.O_heads.shape[1]
+
+    def __repr__(self) -> str:  # a line: the sizes a reader checks, the tensors by shape (views.py)
+        H, d, d_head = self.O_heads.shape
+        return (
+            f"Factors({H} heads, {self.V_groups.shape[0]} groups, d={d}, d_head={d_head}, "
+            f"O_heads {views.shape_of(self.O_heads)}, V_groups {views.shape_of(self.V_groups)})"
+        )
 
     def stacked(self, dtype=torch.float64) -> tuple[torch.Tensor, torch.Tensor]:
         """Return (Ô, V): Ô (d, G*d_head) sums the O_h of each group, V (G*d_head, d), so F = Ô V.

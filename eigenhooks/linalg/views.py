@@ -19,7 +19,7 @@ def fmt_lambda(z: complex) -> str:
     return f"{z.real:.4g}{z.imag:+.4g}j"
 
 
-def _shape(t) -> str:
+def shape_of(t) -> str:
     return f"{tuple(t.shape)} {str(t.dtype).replace('torch.', '')}"
 
 
@@ -33,7 +33,7 @@ def part_repr(p) -> str:
     return (
         f"{type(p).__name__}({which}, {p.kind}, λ1={fmt_lambda(p.lambda_1)}, k={p.k}, gap={_num(p.gap_ratio)}, "
         f"copying={_num(p.copying_score, '+.3f')}, circuit={_num(p.circuit_copying, '+.3f')}, "
-        f"eigenvalues {_shape(p.eigenvalues)}, basis {_shape(p.basis)})"
+        f"eigenvalues {shape_of(p.eigenvalues)}, basis {shape_of(p.basis)})"
     )
 
 
@@ -98,3 +98,37 @@ def repr_html(s) -> str:
     head = html.escape(layer_repr(s) if hasattr(s, "layer") else part_repr(s))
     frame = to_frame(s).drop(columns=["lambda_1"]).to_html(index=False, float_format=lambda x: f"{x:.4g}", na_rep="–")
     return f"<div><code>{head}</code>{frame}</div>"
+
+
+# How any other eigenhooks object prints: a repr is read in a notebook cell or a traceback, so it says what the
+# object is in at most 3 lines and 300 characters (tests/layout/test_public_objects_print_short.py); the rows it
+# holds come whole from its ``to_frame()``.
+def short(v, width: int = 40) -> str:
+    """A value as a one-line repr shows it: a tensor by shape and dtype, a number to 4 significant digits, a
+    long string cut, a container by its length once it would be long."""
+    import torch
+
+    if isinstance(v, torch.Tensor):
+        return f"{v.item():.4g}" if v.dim() == 0 and not v.is_complex() else f"tensor {shape_of(v)}"
+    if isinstance(v, bool) or v is None or isinstance(v, int):
+        return repr(v)
+    if isinstance(v, float):
+        return format(v, ".4g")
+    if isinstance(v, complex):
+        return fmt_lambda(v)
+    if isinstance(v, str):
+        return repr(v) if len(v) <= width else repr(v[: width - 1] + "…")
+    if isinstance(v, (list, tuple, dict)):
+        items = [f"{k}: {short(x, 20)}" for k, x in v.items()] if isinstance(v, dict) else [short(x, 20) for x in v]
+        text = ", ".join(items)
+        if len(text) <= width:
+            return ("{%s}" if isinstance(v, dict) else "[%s]" if isinstance(v, list) else "(%s)") % text
+        return f"{len(v)} {'keys' if isinstance(v, dict) else 'items'}"
+    text = repr(v)
+    return text if len(text) <= width and "\n" not in text else f"<{type(v).__name__}>"
+
+
+def fields_repr(obj, *names: str, extra: str = "") -> str:
+    """``Name(field=value, ...)`` for the named attributes, each through ``short``, then ``extra``."""
+    parts = [f"{n}={short(getattr(obj, n))}" for n in names] + ([extra] if extra else [])
+    return f"{type(obj).__name__}({', '.join(parts)})"

@@ -23,7 +23,7 @@ from .measures.own import of_plan, own_sums, readings
 from .plan import LayerPlan, Plan
 from .reduce import Grid, Projection, project, reduce_many
 from .reduce.grid import Count, as_tensor
-from .verdict.sample import Candidates
+from .verdict.sample import ForwardCandidates
 
 _shape = attrgetter("shape")
 
@@ -206,7 +206,7 @@ class Forward:
     ):
         self.attn_ran = attn_ran
         self.sequences = sequences  # its rows' sequence ids (``Accumulator.sequences``), or None: no verdict sample
-        self.cands: list[tuple[Grid, Candidates]] = []  # each grid's verdict candidates (looked up by identity)
+        self.kept_tokens = ForwardCandidates(sequences) if sequences is not None else None
         self.flat = flat
         self._padded: dict[int, tuple] = {}  # id(flat reading) -> (it, padded): post(t) is pre(t+1)
         self.flat_place, self.flat_grid = flat_grid(flat) if flat is not None else (None, None)
@@ -255,8 +255,8 @@ class Forward:
             if len(s) == 3 and s[1] == 1 and len(set(map(_shape, xs))) == 1:  # no Python frame a reading
                 grid = self._grid(xs[0], self.plan.layers[order[0].layer].stack)
                 self.lean_step = Step(order, xs, (grid,), self.call.copies)
-                if self.sequences is not None and self.read_mid:
-                    self._step_candidates(self.lean_step)
+                if self.kept_tokens is not None and self.read_mid:
+                    self.kept_tokens.take_step(self.lean_step, self.plan)
                 return
         for rs, x in zip(roles, xs):
             for layer, point in rs:
@@ -313,8 +313,8 @@ class Forward:
         if self.own:  # a researcher's measures: the plain readings, while they are hot
             r = readings(lp.index, points, base, grid.mask, grid.vi, lp.bases.null_stride)
             self.own_sums[lp.index] = own_sums(self.own, r)
-        if self.sequences is not None and points["mid"] is not None:  # the verdict's candidates, while hot
-            self._candidates(grid, lp, pre).take(lp.index, pre if base is None else base, points["mid"])
+        if self.kept_tokens is not None and points["mid"] is not None:  # the verdict's candidates, while hot
+            self.kept_tokens.take(grid, lp, pre, pre if base is None else base, points["mid"])
         if shape[1] == 1 and self.buffer_steps:
             self._keep(lp.index, points, base, grid)  # reduced in batches by the accumulator
             return
@@ -323,26 +323,6 @@ class Forward:
         self.projections[lp.index] = project(lp.bases, points, grid, base, consensus=whole, memo=self.memo)
         if self.tokens:
             self.token_records.extend(self._token_records(lp, points, base, grid.mask))
-
-    def _step_candidates(self, step: Step) -> None:
-        """The verdict's candidates of a step kept as its readings came (pre-norm layers: the baseline is pre)."""
-        grid = step.grids[0]
-        for sl in step.order:
-            if sl.mid is None:
-                continue
-            pre = step.xs[sl.pre]
-            mid = step.xs[sl.mid[0]] + step.xs[sl.mid[1]] if isinstance(sl.mid, tuple) else step.xs[sl.mid]
-            self._candidates(grid, self.plan.layers[sl.layer], pre).take(sl.layer, pre, mid)
-
-    def _candidates(self, grid: Grid, lp: LayerPlan, pre: torch.Tensor) -> Candidates:
-        """The verdict's candidates of this grid (picked once, at its first layer, and shared by its layers)."""
-        for g, got in self.cands:
-            if g is grid:
-                return got
-        ids = self.sequences.ids(pre, grid)
-        got = Candidates.pick(grid, lp.bases.null_stride, ids, self.sequences.seed, self.sequences.R)
-        self.cands.append((grid, got))
-        return got
 
     def _keep(self, layer: int, points: dict, base, grid: Grid) -> None:
         """A one-token layer's readings kept for the flush: its ``Slots`` into the step's readings, each
@@ -478,7 +458,7 @@ class Forward:
             step = Step(tuple(self.kept), self.kept_xs, tuple(self.kept_grids), self.call.copies)
         shapes = tuple(self.grids)
         # one set of candidates a grid (an encoder-decoder's stacks have several): each layer merges its own grid's
-        cands = [c for _, c in self.cands] or None
+        cands = self.kept_tokens.sets() if self.kept_tokens is not None else None
         return ForwardSums(
             sums, step, self.call.fresh, seen, self.token_records, shapes, keys, self.own_sums, cands, self.sequences
         )

@@ -20,7 +20,7 @@ FILE = "directions.json"
 PART_COLUMNS = ["layer", "part", "|lambda_1|", "kind", "k", "copying", "circuit copying", "score", "null 95%", "p", "q"]
 PART_COLUMNS += ["v_1 top tokens (␣ a space)"]
 PART_WRAP = (PART_COLUMNS[-1],)  # a terminal narrower than the table wraps the tokens, never a number
-PART_DROP = ("p", "copying", "|lambda_1|", "null 95%", "k")  # then these go, in this order
+PART_DROP = ("p", "copying", "|lambda_1|", "null 95%", "k", "circuit copying", "kind")  # then these, in order
 
 
 def _tokens(pairs, n: int = 5) -> str:

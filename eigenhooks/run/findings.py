@@ -30,7 +30,10 @@ DETECTABLE = {"detectable_tilt": "a Δγ lift of"}
 
 
 def _f(v, digits: int = 3) -> str:
-    return "–" if v is None or (isinstance(v, float) and not math.isfinite(v)) else f"{v:.{digits}f}"
+    """A figure in words: ``digits`` decimals, or 2 significant digits below 10^-(digits-1) (6.0e-06, never 0.000)."""
+    if v is None or (isinstance(v, float) and not math.isfinite(v)):
+        return "–"
+    return f"{v:.1e}" if 0 < abs(v) < 10 ** -(digits - 1) else f"{v:.{digits}f}"
 
 
 def _s(v, sign: bool = True) -> str:
@@ -275,12 +278,42 @@ def stood_out_text(df, doc: dict | None, shown: int = 5) -> list[str]:
     return lines
 
 
-def print_stood_out(df, run_dir) -> None:
-    """``stood_out_text`` of a run folder on stdout, under "what stood out:"."""
+def laid_out(lines: list[str], width: int | None) -> list[str]:
+    """``stood_out_text`` as the terminal shows it: a bullet per finding, each stood-out subspace on a line of
+    its own, every line wrapped at ``width`` between words (a number is never split; None, piped: unwrapped).
+    The run table is above these lines, so a pointer to "the tables below" (the report's) points at it."""
+    import textwrap
+
+    out = []
+    for line in lines:
+        line = line.replace("(the tables below)", "(the table above, and summary.csv)")
+        split = re.search(r"stood out in \d+ subspaces: ", line)  # a list of stood-out subspaces follows
+        head, sep, listed = (line[: split.end()], " ", line[split.end() :]) if split else (line, "", "")
+        items = [("- ", head.rstrip())] if sep else [("- " if not line.startswith("  ") else "   ", line.strip())]
+        if sep:
+            more = re.search(r" and \d+ more \(.*\)\.$", listed)
+            listed = listed[: more.start()] if more else listed.rstrip(".")
+            items += [("   ", x) for x in listed.split("; ")] + (
+                [("   ", more.group(0)[1:].rstrip("."))] if more else []
+            )
+        for lead, text in items:
+            rest = " " * (len(lead) + 2)
+            out += textwrap.wrap(text, width, initial_indent=lead, subsequent_indent=rest, break_long_words=False,
+                                 break_on_hyphens=False) if width else [lead + text]  # fmt: skip
+    return out
+
+
+def print_stood_out(df, run_dir, console=None) -> None:
+    """``stood_out_text`` of a run folder on stdout, under "what stood out:", laid out for the terminal
+    (``laid_out``)."""
     import typer
+    from rich.console import Console
 
     from . import direction_report
 
+    console = console or Console()
     typer.echo("what stood out:")
-    for line in stood_out_text(df, direction_report.read(run_dir)):
-        typer.echo(f" {line}" if line.startswith("  ") else f"- {line}")
+    for line in laid_out(
+        stood_out_text(df, direction_report.read(run_dir)), console.width if console.is_terminal else None
+    ):
+        typer.echo(line)

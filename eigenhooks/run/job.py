@@ -73,6 +73,16 @@ class RunResult:
     def interrupted(self) -> bool:
         return self.status == "interrupted"
 
+    def __repr__(self) -> str:  # a line; the table itself is ``summary`` (``to_frame()``)
+        rows = "no summary" if self.summary is None else f"summary {len(self.summary)} rows"
+        rate = "" if self.tokens_per_s is None else f", {self.tokens_per_s:,.0f} tokens/s"
+        stage = f" in {self.stage}" if self.interrupted and self.stage else ""
+        return f"RunResult({self.status}{stage}, {self.forwards} forwards{rate}, {rows}, out={str(self.out)!r})"
+
+    def to_frame(self):
+        """The summary table (a DataFrame; None when nothing was measured)."""
+        return self.summary
+
 
 class _Study:
     """The state of one run as it goes: what exists so far is what an interrupt can save."""

@@ -195,9 +195,10 @@ def emit(
     wrap: tuple[str, ...] = (),
     drop: tuple[str, ...] = (),
     console=None,
+    caption: str | None = None,
 ) -> None:
-    """Print rows as a table for people (``print_table``), or ``records`` as JSON for programs (NaN as
-    null). User text in a title or cell is printed as it is, never read as rich markup."""
+    """Print rows as a table for people (``print_table``, ``caption`` under it), or ``records`` as JSON for
+    programs (NaN as null). User text in a title or cell is printed as it is, never read as rich markup."""
     import json
 
     import typer
@@ -205,7 +206,8 @@ def emit(
     if as_json:
         typer.echo(json.dumps(json_safe(records), indent=2, allow_nan=False))  # NaN -> null: valid JSON
         return
-    print_table(title, columns, [[str(x) for x in r] for r in rows], wrap=wrap, drop=drop, console=console)
+    cells = [[str(x) for x in r] for r in rows]
+    print_table(title, columns, cells, wrap=wrap, drop=drop, console=console, caption=caption)
 
 
 LEFT_COLUMNS = ("kind", "rank", "name", "path", "target", "verdict", "check", "dtype", "before", "after")
@@ -348,6 +350,12 @@ def print_head_table(title: str, summary, console=None) -> None:
 
 def fmt_mb(n: int) -> str:
     return f"{n / 2**20:.1f} MB"
+
+
+def print_steered(title: str, rows: list[list[str]], top_k: int) -> None:
+    """The steer command's table (``steered_rows``), saying under it why its rows are in their order."""
+    order = f"rows: the top {top_k} before and after, and --toward; most probable after steering first"
+    emit(title, ["next token", "p before", "p after", "change"], rows, False, [], wrap=("next token",), caption=order)
 
 
 def steered_rows(tok, before, after, top_k: int, target: int | None) -> list[list[str]]:

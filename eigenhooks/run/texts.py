@@ -267,6 +267,12 @@ class TokenBatches:
         self._unk = _unknown_id(tokenizer)
         self._ahead: list[list[int]] = []  # texts tokenized by ``count``, not yet batched
 
+    def __repr__(self) -> str:
+        return (
+            f"TokenBatches(max_tokens={self.max_tokens}, seq_len={self.seq_len}, batch_size={self.batch_size}, "
+            f"{self.n_tokens} tokens so far)"
+        )
+
     def count(self) -> int:
         """How many tokens the batches will hold: the texts' tokens, at most ``max_tokens``. Tokenizes the
         texts ahead (only as far as ``max_tokens`` reaches; iterating then uses them), so a progress bar

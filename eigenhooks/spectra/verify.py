@@ -6,10 +6,11 @@ Also checks each probe for linearity, so a layer with no weight rule is verified
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 
 import torch
 
+from ..linalg import views
 from ..models import Adapter, get_adapter
 from ..models.probe import apply_attention_many, probe_matrices
 from ..models.vllm_weights import is_vllm_engine
@@ -42,13 +43,43 @@ class Verification:
     def rel_diff(self) -> float:
         return self.max_abs_diff / self.max_abs_F if self.max_abs_F > 0 else self.max_abs_diff
 
+    def __repr__(self) -> str:  # a line, 3 significant digits: the full floats are the fields
+        what = "F from the weights vs the probe" if self.check == "weights" else "the probe's linearity"
+        return (
+            f"Verification(layer={self.layer}, {what}: relative {self.rel_diff:.3g} (max |ΔF| {self.max_abs_diff:.3g}"
+            f" of |F| {self.max_abs_F:.3g}), {self.dtype}, {'linear' if self.linear else 'NOT linear'})"
+        )
+
+
+class Verifications(list):
+    """``verify``'s answer: a list of ``Verification``, one per layer, that prints as a line on the worst layer;
+    ``to_frame()`` gives every row."""
+
+    def __repr__(self) -> str:
+        if not self:
+            return "Verifications(no layers)"
+        worst = max(self, key=lambda v: v.rel_diff)
+        bent = [v.layer for v in self if not v.linear]
+        return (
+            f"Verifications({len(self)} layers, {self[0].dtype}: worst relative |ΔF| {worst.rel_diff:.3g} at layer "
+            f"{worst.layer}; {'every layer linear' if not bent else f'{len(bent)} NOT linear: {views.short(bent)}'}"
+            "; .to_frame() for each layer)"
+        )
+
+    def _repr_pretty_(self, p, cycle) -> None:  # IPython would otherwise print the list item by item
+        p.text(repr(self))
+
+    def to_frame(self):
+        """One row per layer: the fields and ``rel_diff``."""
+        import pandas as pd
+
+        return pd.DataFrame([asdict(v) | {"rel_diff": v.rel_diff} for v in self])
+
 
 _LINEAR_TOL = {"float64": 1e-9, "float32": 1e-4}  # relative superposition residual of a linear map
 
 
-def verify(
-    model, layers: list[int] | None = None, n_tokens: int = 2, progress: bool | None = None
-) -> list[Verification]:
+def verify(model, layers: list[int] | None = None, n_tokens: int = 2, progress: bool | None = None) -> Verifications:
     """Compare F from the weights with F from the identical-token probe, layer by layer.
 
     The probe runs in the model's own dtype: expect ~1e-12 relative in float64, ~1e-6 in
@@ -63,7 +94,7 @@ def verify(
             in a notebook.
 
     Returns:
-        One Verification per layer.
+        One Verification per layer, in a ``Verifications`` list (it prints as one line; ``to_frame()``).
 
     Raises:
         TypeError: layers is not a list of ints. IndexError: a layer out of range.
@@ -83,7 +114,7 @@ def verify(
             shown.advance(len(part))
     dtype = str(next(adapter.model.parameters()).dtype).replace("torch.", "")
     tol = _LINEAR_TOL.get(dtype, 1e-2)
-    rows = []
+    rows = Verifications()
     for i in idx:
         F_p = probed[i]
         scale = float(F_p.abs().max())

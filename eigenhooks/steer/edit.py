@@ -25,7 +25,8 @@ from ..linalg.eig import Factors, layer_spectrum
 from ..linalg.views import fmt_lambda
 from ..models import Adapter, UnsupportedModelError, get_adapter, layer_index
 from . import rank1
-from .calibration import token_logits, value_activations
+from .calibration import value_activations
+from .positions import last_logits, mean_abs_cos, next_token_probs, real_tokens
 
 log = logging.getLogger(__name__)
 METHODS = ("exact", "paper")
@@ -86,9 +87,13 @@ def check_steered(before, after, alpha, gap_ratio) -> None:
 class SteerReport:
     """What a steering did: the steered layer's spectrum and, after a run, its effect.
 
-    alignment_*: mean |cos| of the last block's outputs with u; prob_*: next-token
-    probability of a target token at the last position; both for the last run inside the
-    block, unsteered (before) and steered (after).
+    alignment_*: mean |cos| of the last block's outputs with u, over the real tokens (the call's
+    attention_mask); prob_*: the target token's next-token probability at each sequence's last real
+    token (the last position its attention_mask keeps: with right padding the batch's last column is a
+    pad), averaged over the sequences, and ``prob_raised`` of the ``n_sequences`` where steering raised
+    it; all for the last run inside the block, unsteered (before) and steered (after). A mean can rise
+    while most sequences fall: the rank-1 change pushes each token along +u or -u by the sign of its
+    read-out (docs/steering.md, "Which tokens move which way").
     """
 
     layer: int
@@ -106,6 +111,8 @@ class SteerReport:
     alignment_after: float | None = None
     prob_before: float | None = None
     prob_after: float | None = None
+    prob_raised: int | None = None  # sequences whose target-token probability steering raised
+    n_sequences: int | None = None
 
     def __repr__(self) -> str:  # two lines: the spectrum's change, then the effect of the last run
         how = f"{self.method}{', signed' if self.signed else ''}"
@@ -116,9 +123,12 @@ class SteerReport:
         ]
         said = []
         if self.alignment_before is not None:
-            said.append(f"final residuals' mean |cos| with u {self.alignment_before:.3f} -> {self.alignment_after:.3f}")
+            said.append(f"final residuals' |cos| with u {self.alignment_before:.3f} -> {self.alignment_after:.3f}")
         if self.prob_before is not None:
-            said.append(f"target token's probability {self.prob_before:.3g} -> {self.prob_after:.3g}")
+            said.append(
+                f"target token's p at each sequence's last real token, mean {self.prob_before:.3g} -> "
+                f"{self.prob_after:.3g} (raised in {self.prob_raised} of {self.n_sequences})"
+            )
         lines.append("  " + ("; ".join(said) if said else "no run inside the block yet") + ")")
         return "\n".join(lines)
 
@@ -316,7 +326,7 @@ class Steer:
         self._last_call = (args, kwargs)
 
     def _capture_output(self, module, args, output):
-        self._last_out = _last_logits(output)
+        self._last_out = last_logits(output, real_tokens(self._last_call))
 
     def _capture_final(self, module, args, output):
         out = output[0] if isinstance(output, tuple) else output
@@ -358,7 +368,7 @@ class Steer:
                 out = self.adapter.model(*args, **kwargs)
         finally:
             h.remove()
-        return _last_logits(out), hold["final"]
+        return last_logits(out, real_tokens(self._last_call)), hold["final"]
 
     def summary(self, target_token: int | None = None) -> SteerReport:
         """The steered layer's new spectrum and, for the last run inside the block, the final
@@ -389,11 +399,14 @@ class Steer:
             return rep  # no call was steered
         after_out, after_final = self._last_out, self._final  # from the last steered run
         before_out, before_final = self._rerun_unsteered()
-        rep.alignment_before = mean_abs_cos(before_final, self.u)
-        rep.alignment_after = mean_abs_cos(after_final, self.u)
+        real = real_tokens(self._last_call)
+        rep.alignment_before = mean_abs_cos(before_final, self.u, real)
+        rep.alignment_after = mean_abs_cos(after_final, self.u, real)
         if target_token is not None:
-            rep.prob_before = next_token_prob(before_out, target_token)
-            rep.prob_after = next_token_prob(after_out, target_token)
+            before, after = next_token_probs(before_out, target_token), next_token_probs(after_out, target_token)
+            if before is not None and after is not None:
+                rep.prob_before, rep.prob_after = float(before.mean()), float(after.mean())
+                rep.prob_raised, rep.n_sequences = int((after > before).sum()), len(before)
         return rep
 
 
@@ -406,30 +419,6 @@ def refuse_untrained_head(model) -> None:
             f"no token probabilities: {type(model).__name__}'s LM head is not in its checkpoint and was "
             "initialised randomly when loading; load a checkpoint saved with its head, or report without a token"
         )
-
-
-def mean_abs_cos(X: torch.Tensor, u: torch.Tensor) -> float:
-    """Mean |<x, u>| / ||x|| over the tokens of X (..., d)."""
-    X = X.to(torch.float64).reshape(-1, X.shape[-1])
-    return float(((X @ u.to(X.device)).abs() / torch.linalg.vector_norm(X, dim=-1).clamp_min(1e-30)).mean())
-
-
-_NO_LOGITS = object()  # a steered output without (batch, seq, vocab) logits
-
-
-def _last_logits(output):
-    """The last position's logits (batch, 1, vocab), detached (no graph kept alive), or ``_NO_LOGITS``."""
-    logits = token_logits(output)
-    return _NO_LOGITS if logits is None else logits[:, -1:].detach()
-
-
-def next_token_prob(output, token: int) -> float | None:
-    """Mean probability of token at the last position of each sequence; None without an LM head."""
-    logits = token_logits(output)
-    if logits is None:
-        log.warning("the model's output has no (batch, seq, vocab) logits: no token probability to report")
-        return None
-    return float(torch.softmax(logits[:, -1].double(), -1)[:, token].mean())
 
 
 def steer(

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 
 import torch
 
+from ..linalg import views
 from ..linalg.eig import Factors, rank_scores
 
 
@@ -42,6 +43,13 @@ class Rank1:
     lam: float | None
     method: str
     signed: bool
+
+    def __repr__(self) -> str:  # a line, the vectors by shape (linalg/views.py)
+        lam = "" if self.lam is None else f", λ={self.lam:.4g}"
+        return (
+            f"Rank1({self.method}, {'signed' if self.signed else 'unsigned'}, alpha={self.alpha:.4g}{lam}, "
+            f"a {views.shape_of(self.a)}, b {views.shape_of(self.b)})"
+        )
 
     def matrix(self) -> torch.Tensor:
         """ΔO = a bᵀ, (d, H*d_head): the layout of an nn.Linear weight (out, in)."""

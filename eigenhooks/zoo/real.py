@@ -59,6 +59,12 @@ class RealModel:
     def filename(self) -> str:
         return Path(self.member).name
 
+    def __repr__(self) -> str:  # a line: the pin a reader checks; the card is ``card``'s
+        return (
+            f"RealModel({self.name!r}: {self.filename} from {self.package}=={self.version}, "
+            f"{self.size / 1e6:.1f} MB, sha256 {self.sha256[:12]}…)"
+        )
+
 
 REAL: dict[str, RealModel] = {
     "smollm2-135m": RealModel(

@@ -1,4 +1,4 @@
-"""Every CLI table reads at 100 and 160 columns and piped: no cut number ('…'), no vanished column (one a
+"""Every CLI table reads at 80, 100 and 160 columns and piped: no cut number ('…'), no vanished column (one a
 narrow terminal leaves out is named in the caption), no line wider than the terminal; piped, every column
 whole at its natural width, however long the rows (as ``run`` does). ``spectrum``, ``spectrum --heads``,
 ``verify``, ``steer`` and ``run --heads``, each as a user runs it: a terminal of the width (rich reads
@@ -16,7 +16,7 @@ from typer.testing import CliRunner
 from eigenhooks.cli import app
 
 ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
-WIDTHS = [100, 160, None]  # None: piped
+WIDTHS = [80, 100, 160, None]  # None: piped
 
 
 @pytest.fixture(scope="module")
@@ -74,6 +74,12 @@ def _check(args, width, columns: list[list[str]]):
         else:
             assert t["heads"] == cols  # piped: every column
             assert len({cell_len(x) for x in t["lines"]}) == 1  # every row whole, none wrapped
+        # a token list wraps between tokens, never inside one ("differe" / "nce")
+        for k, c in enumerate(t["heads"]):
+            if c.startswith("v_1 top tokens") and width is not None:
+                theirs = {w for line in whole["body"] for w in _cells(line)[whole["heads"].index(c)].split()}
+                ours = {w for line in t["body"] for w in _cells(line)[k].split()}
+                assert ours <= theirs, sorted(ours - theirs)[:10]
         # every number of the kept columns, as piped shows it, is in this table whole
         keep = [k for k, c in enumerate(whole["heads"]) if c in t["heads"]]
         body = "\n".join(t["body"])
@@ -106,6 +112,10 @@ def test_verify(width):
 def test_steer(width):
     found = _check(["steer", "gpt2-tiny", "--top-k", "4"], width, [["next token", "p before", "p after", "change"]])
     assert any("(--toward)" in line for line in found[0]["body"])
+    assert found[0]["caption"].startswith("rows: the top 4 before and after")  # why the rows are in that order
+    text = _invoke(["steer", "gpt2-tiny", "--top-k", "4"], width)
+    assert "prompt: 'def f(x):\\n    y = x + 1\\n   '" in text  # the prompt on its own line, not in the title
+    assert "p(' return') at the prompt's last token:" in text
 
 
 @pytest.mark.parametrize("width", WIDTHS)

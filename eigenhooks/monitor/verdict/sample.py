@@ -112,6 +112,39 @@ class Candidates:
             self.X[layer] = torch.stack([base.reshape(-1, d)[self.flat], mid.reshape(-1, d)[self.flat]], 1)
 
 
+class ForwardCandidates:
+    """One forward's verdict candidates: one ``Candidates`` a grid, picked at the grid's first layer (its readings
+    give new sequences their ids: ``Sequences.ids``), then taken from each layer while its readings are hot."""
+
+    def __init__(self, sequences):
+        self.sequences = sequences
+        self.by_grid: list[tuple] = []  # (grid, Candidates): looked up by identity (no id(): torch.compile)
+
+    def of(self, grid, lp, pre: torch.Tensor) -> Candidates:
+        for g, got in self.by_grid:
+            if g is grid:
+                return got
+        ids = self.sequences.ids(pre, grid)
+        got = Candidates.pick(grid, lp.bases.null_stride, ids, self.sequences.seed, self.sequences.R)
+        self.by_grid.append((grid, got))
+        return got
+
+    def take(self, grid, lp, pre: torch.Tensor, base: torch.Tensor, mid: torch.Tensor) -> None:
+        self.of(grid, lp, pre).take(lp.index, base, mid)
+
+    def take_step(self, step, plan) -> None:
+        """A one-token step kept as its readings came (``forward.Step``; pre-norm layers: the baseline is pre)."""
+        grid = step.grids[0]
+        for sl in step.order:
+            if sl.mid is not None:
+                pre = step.xs[sl.pre]
+                mid = step.xs[sl.mid[0]] + step.xs[sl.mid[1]] if isinstance(sl.mid, tuple) else step.xs[sl.mid]
+                self.take(grid, plan.layers[sl.layer], pre, pre, mid)
+
+    def sets(self) -> list[Candidates] | None:
+        return [c for _, c in self.by_grid] or None
+
+
 FIELDS = ("keys", "seq", "pos", "X")
 
 
