@@ -11,11 +11,10 @@ from dataclasses import dataclass
 import torch
 
 from ..models import Adapter, get_adapter
+from ..models.engines import engine_of
 from ..models.probe import apply_attention_many, probe_matrices
-from ..models.vllm_weights import is_vllm_engine
 from ..progress import bar
 from .compute import _layer_list, _layer_name, _non_finite_message
-from .engine import refuse_verify
 
 
 @dataclass
@@ -69,8 +68,9 @@ def verify(
         TypeError: layers is not a list of ints. IndexError: a layer out of range.
         ValueError: non-finite weights (the layer and O, V or the probe named), as ``spectra`` says.
     """
-    if is_vllm_engine(model):
-        raise refuse_verify(model)
+    engine = engine_of(model)
+    if engine is not None:
+        raise engine.verify_error(model)
     adapter = get_adapter(model)
     idx = _layer_list(adapter, layers)
     probed, lin = {}, {}

@@ -14,10 +14,12 @@ import torch
 import transformers as T
 
 import eigenhooks as eh
+from eigenhooks.engines.checkpoint import folder_adapter
+from eigenhooks.engines.vllm.checkpoint import engine_adapter
 from eigenhooks.models import UnsupportedModelError
 from eigenhooks.models import vllm_weights as layouts
+from eigenhooks.models.engines import EngineVerifyError
 from eigenhooks.spectra import clear_memo
-from eigenhooks.spectra.engine import EngineVerifyError, engine_adapter, folder_adapter
 from eigenhooks.zoo import ModelLoadError
 
 BASE = dict(
