@@ -27,7 +27,8 @@ from ...models.vllm import vllm_layout
 class TapStore:
     """The buffers the taps write into, in this process, and what the last forward wrote.
 
-    ``active``: copy readings (a monitor is entered). Off, the op returns at once; a CUDA graph being
+    ``active``: copy readings (a monitor is entered: ``attach``/``detach`` count them, nested monitors
+    sharing the taps). Off, the op returns at once; a CUDA graph being
     captured always copies (the capture is replayed whatever the flag says later).
 
     Under CUDA graphs (a GPU engine's default; not run here: no device with vLLM was lent) a replay
@@ -41,6 +42,7 @@ class TapStore:
         self.bufs: dict[int, torch.Tensor] = {}
         self.rows: dict[int, int] = {}  # slot -> tokens the last write wrote
         self.active = False
+        self.users = 0  # sessions attached
         self.capacity = 0  # the engine's max_num_batched_tokens (the most rows a buffer can need)
         self.n_slots = 0
         self.captured: set[int] = set()  # ids of the buffers a CUDA graph capture wrote into
@@ -64,6 +66,14 @@ class TapStore:
         else:
             torch.add(x, r, out=buf[:n])
         self.rows[slot] = n
+
+    def attach(self) -> None:
+        self.users += 1
+        self.active = True
+
+    def detach(self) -> None:
+        self.users = max(self.users - 1, 0)
+        self.active = self.users > 0
 
     def start_forward(self) -> None:
         self.rows.clear()
