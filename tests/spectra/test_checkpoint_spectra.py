@@ -36,6 +36,8 @@ ARCHS = {
     "GemmaForCausalLM": (T.GemmaForCausalLM, T.GemmaConfig, {"head_dim": 16}),
     "Gemma2ForCausalLM": (T.Gemma2ForCausalLM, T.Gemma2Config, {"head_dim": 16, "query_pre_attn_scalar": 16}),
     "Olmo2ForCausalLM": (T.Olmo2ForCausalLM, T.Olmo2Config, {}),
+    "Gemma3ForCausalLM": (T.Gemma3ForCausalLM, T.Gemma3TextConfig, {"head_dim": 16, "query_pre_attn_scalar": 16}),
+    "GraniteForCausalLM": (T.GraniteForCausalLM, T.GraniteConfig, {"residual_multiplier": 0.5}),
 }
 
 

@@ -19,7 +19,7 @@ import os
 KEY = "eigenhooks"
 EXTENSION = "eigenhooks.engines.vllm.worker.EigenhooksWorker"
 OPTIONS = {"out", "settings"}  # out: the served sink's folder; settings: a served monitor's eh.monitor settings
-TAPS = 2  # the taps' layout and their op's signature (capture.py): bump on any change to either
+TAPS = 3  # the taps' layout and their op's signature (capture.py): bump on any change to either
 TAPS_KEY = "_taps"  # where the opt-in records TAPS in the options, so it enters vLLM's config hash
 
 
