@@ -18,8 +18,8 @@ scaled by ``residual_multiplier``: ``pre`` is the input, ``attn`` the ``self_att
 multiplier (so ``mid`` is ``pre + attn`` as the layer computes it), ``post`` the output.
 
 An architecture not in ``VLLM_ARCHITECTURES`` is refused by name, never measured wrong: OLMo 2 (vLLM runs it
-through its transformers backend, whose layers these taps do not know), Gemma 2 (its tiny checkpoint did
-not start on vLLM's CPU backend here, so its reading was never held to the HF monitor), and any other. The batch is flat, ``(tokens, hidden)``, its
+through its transformers backend, whose layers these taps do not know), Gemma 2 (not yet held to the HF
+monitor: the tiny checkpoint tried had untied embeddings, which vLLM's Gemma 2 cannot load), and any other. The batch is flat, ``(tokens, hidden)``, its
 requests concatenated. This module knows layouts only; it imports nothing of vLLM (the engine wing hands
 it the loaded model).
 """
