@@ -16,7 +16,9 @@ installed or ``eh.monitor`` cannot attach to the engine.
 Goal (issue 49), on this CPU: compiled <= 1.05, eager <= 1.10. On a GPU with CUDA graphs: <= 1.05
 (unmeasured here: the lent device has no vLLM). Measured 2026-12-07, 2-core CPU, nothing else running,
 ``--rounds 4 --repeats 3``: eager 1.016, compiled 1.028, eager opted in and idle 1.033 (identical
-arms differ by up to 6% here); docs/vllm.md has the table.
+arms differ by up to 6% here); docs/vllm.md has the table. Again on issue 57's branch, holding a heavy slot
+with another job in the other (load 3.5-3.9): eager 1.033 (rounds 1.006, 1.106, 1.030), opted in and idle
+0.964 (rounds 0.912, 1.020): under load the rounds' spread exceeds the monitor's cost.
 
 Usage: python benchmarks/bench_vllm.py [--modes eager,compiled] [--against monitored|optin|plain]
        [--rounds 2] [--repeats 2]   (run under `flock /tmp/eigenhooks-heavy.lock`; the vllm venv)

@@ -46,7 +46,7 @@ _PUBLIC = {
     "Monitor": "eigenhooks.monitor",
     "SinkError": "eigenhooks.monitor",
     "TargetError": "eigenhooks.monitor",
-    "monitor": None,  # the wing, callable (a serving engine's monitor is registered by eigenhooks.engines)
+    "monitor": None,  # the wing, callable (a serving engine gets its own monitor: models.engines)
     "TokenReadout": "eigenhooks.spectra",
     "Verification": "eigenhooks.spectra",
     "rank_directions": "eigenhooks.spectra",
@@ -69,8 +69,6 @@ def __getattr__(name: str):
         where = _PUBLIC[name]
         if where is None:
             value = importlib.import_module(_MODULES.get(name, f"{__name__}.{name}"))
-            if name == "monitor":  # the serving engines register their monitors with the wing (no engine imported)
-                importlib.import_module(f"{__name__}.engines")
         else:
             value = getattr(importlib.import_module(where), name)
         globals()[name] = value

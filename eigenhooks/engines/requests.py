@@ -99,10 +99,15 @@ class RequestRows:
     They are the record's own per-request counters (``Record.requests_end``, ``open_requests``: the tokens
     it counted, those up, and their sums of a(pre), a(mid), a(post), ``measures.ROW``), read when a request
     ends or when the rows are asked for; nothing is measured twice. A request's rows sum to the table's.
+
+    A request is known by its key, the engine's own id of it (unique among the requests the engine runs at
+    once, however the user chose the ids); ``label(key)`` gives the columns that name it to the user
+    (default ``{"request_id": key}``), ahead of the measured ones.
     """
 
-    def __init__(self, plan):
+    def __init__(self, plan, label=None):
         self.plan, self.layers = plan, sorted(plan.layers)
+        self.label = label or (lambda key: {"request_id": key})
         self.done: list[tuple[str, RequestInfo | None, torch.Tensor]] = []  # ended: key, ledger, counters
 
     def end(self, key: str, info: RequestInfo | None, counters: torch.Tensor | None) -> None:
@@ -131,11 +136,12 @@ class RequestRows:
         at = [ROW.index(f) for f in ("n", "s_pre", "s_mid", "s_post", "u")]
         sums = own[:, at].tolist()  # (layers, 5, T) as lists: one copy out, not one per entry
         out, nan = [], float("nan")
+        names = self.label(key)
         for li, i in enumerate(self.layers):
             for ti, meta in enumerate(self.plan.layers[i].meta):
                 n, s_pre, s_mid, s_post, up = (v[ti] for v in sums[li])
                 out.append({
-                    "request_id": key, "layer": i, "target": meta.name, "n_tokens": int(n),
+                    **names, "layer": i, "target": meta.name, "n_tokens": int(n),
                     "gamma_pre": s_pre / n if n else nan, "gamma_mid": s_mid / n if n else nan,
                     "gamma_post": s_post / n if n else nan, "rho": up / n if n else nan,
                     "cached_prefix": max(info.first, 0) if info else 0,
@@ -214,12 +220,14 @@ class EngineRecord:
             ``take_log_points``: the user's process hands them to its sinks. A log point tells the staged
             steps first, so a small ``log_every`` costs what staging saves.
         n_layers: the model's layers (the sinks' tags are as wide as its last layer's number).
+        label: a request's key (the engine's own id of it, unique) -> the columns naming it to the user
+            (``RequestRows``).
     """
 
-    def __init__(self, record, requests: bool = True, log_every: int = 0, n_layers: int | None = None):
+    def __init__(self, record, requests: bool = True, log_every: int = 0, n_layers: int | None = None, label=None):
         self.record = record
         self.ledger = Ledger()
-        self.own = RequestRows(record.plan) if requests else None
+        self.own = RequestRows(record.plan, label) if requests else None
         self.layers = sorted(record.plan.layers)
         self.n_forwards = 0
         self.steps = Steps()

@@ -1,19 +1,27 @@
-"""vLLM's decoders: where their layers are and how their dual residual stream maps onto the reading points.
+"""vLLM's decoders: where their layers are and how their residual stream maps onto the reading points.
 
-vLLM's pre-norm decoder layers (Llama, Mistral, Qwen2/3) pass the residual stream as a pair:
-``layer(positions, hidden, residual)`` returns ``(hidden, residual)`` and the norms fuse the add
-(``input_layernorm(hidden, residual)`` returns ``(norm(hidden + residual), hidden + residual)``, in place
-on some backends). No one tensor a hook sees is the residual stream; it is rebuilt from the pair:
+Most of vLLM's pre-norm decoder layers (Llama, Mistral, Qwen2/3, Phi-3, Gemma 1 and 3) pass the residual
+stream as a pair: ``layer(positions, hidden, residual)`` returns ``(hidden, residual)`` and the norms fuse
+the add (``input_layernorm(hidden, residual)`` returns ``(norm(hidden + residual), hidden + residual)``, in
+place on some backends). No one tensor a hook sees is the residual stream; it is rebuilt from the pair:
 
-- ``pre`` of layer i (the input of its ``input_layernorm``, as the HF Llama adapter reads it):
-  ``hidden + residual`` of the layer's input pair, or ``hidden`` alone at the first layer (residual None);
-- ``attn``: the ``self_attn`` output; ``mid`` (the input of the MLP's norm) is ``pre + attn``, the very add
-  ``post_attention_layernorm`` fuses;
+- ``pre`` of layer i (the input of its ``input_layernorm``, as the HF adapter reads it): ``hidden +
+  residual`` of the layer's input pair, or ``hidden`` alone at the first layer (residual None);
+- ``attn``: what the attention sublayer adds to the residual stream: the ``self_attn`` output, or for the
+  sandwich-norm Gemma 3 the ``post_attention_layernorm`` output (the HF adapter's mid is residual +
+  that); ``mid`` (the input of the MLP's norm) is ``pre + attn``, the very add the next norm fuses;
 - ``post``: ``pre`` of the next layer, or ``hidden + residual`` of the last layer's output (what the final
   norm fuses).
 
-The batch is flat, ``(tokens, hidden)``, its requests concatenated. This module knows layouts only; it
-imports nothing of vLLM (the engine wing hands it the loaded model).
+Granite's layers take ``(positions, hidden)`` and return the residual stream itself, adding each sublayer
+scaled by ``residual_multiplier``: ``pre`` is the input, ``attn`` the ``self_attn`` output times the
+multiplier (so ``mid`` is ``pre + attn`` as the layer computes it), ``post`` the output.
+
+An architecture not in ``VLLM_ARCHITECTURES`` is refused by name, never measured wrong: OLMo 2 (vLLM runs it
+through its transformers backend, whose layers these taps do not know), Gemma 2 (not yet held to the HF
+monitor: the tiny checkpoint tried had untied embeddings, which vLLM's Gemma 2 cannot load), and any other. The batch is flat, ``(tokens, hidden)``, its
+requests concatenated. This module knows layouts only; it imports nothing of vLLM (the engine wing hands
+it the loaded model).
 """
 
 from __future__ import annotations
@@ -22,21 +30,45 @@ from dataclasses import dataclass
 
 from .base import UnsupportedModelError
 
-# vLLM architecture -> the HF model_type whose adapter defines the same reading points
+
+@dataclass(frozen=True)
+class VllmArch:
+    """How one vLLM architecture's decoder layers carry the residual stream.
+
+    Attributes:
+        family: the HF ``model_type`` whose adapter defines the same reading points.
+        attn: the layer's module whose output is what attention adds to the residual stream.
+        scale: the layer's attribute that scales that output before the add (None: 1).
+        pair: the layer returns ``(hidden, residual)`` (else the residual stream itself).
+    """
+
+    family: str
+    attn: str = "self_attn"
+    scale: str | None = None
+    pair: bool = True
+
+
+# vLLM architecture -> how its layers are read (their reading points are the HF family's)
 VLLM_ARCHITECTURES = {
-    "LlamaForCausalLM": "llama",
-    "MistralForCausalLM": "llama",
-    "Qwen2ForCausalLM": "qwen2",
-    "Qwen3ForCausalLM": "qwen3",
+    "LlamaForCausalLM": VllmArch("llama"),
+    "MistralForCausalLM": VllmArch("llama"),
+    "Qwen2ForCausalLM": VllmArch("qwen2"),
+    "Qwen3ForCausalLM": VllmArch("qwen3"),
+    "Phi3ForCausalLM": VllmArch("phi3"),  # vLLM runs it as Llama layers over the merged qkv
+    "GemmaForCausalLM": VllmArch("gemma"),
+    "Gemma3ForCausalLM": VllmArch("gemma3_text", attn="post_attention_layernorm"),
+    "GraniteForCausalLM": VllmArch("granite", scale="residual_multiplier", pair=False),
 }
 
 
 @dataclass(frozen=True)
 class VllmLayout:
-    """The decoder layers of a loaded vLLM model and the attention module of each."""
+    """The decoder layers of a loaded vLLM model, each one's attention output module and its scale."""
 
-    layers: list  # the decoder layers, in order: layer(positions, hidden, residual) -> (hidden, residual)
-    attention: list  # each layer's ``self_attn``, whose output is the attention sublayer's
+    layers: list  # the decoder layers, in order
+    attention: list  # each layer's module whose output attention adds to the residual stream
+    scales: list  # each layer's scale of that output (1.0: none)
+    pair: bool  # the layers return (hidden, residual); else the residual stream itself
 
 
 def check_architecture(architectures) -> str:
@@ -50,17 +82,23 @@ def check_architecture(architectures) -> str:
         if a in VLLM_ARCHITECTURES:
             return a
     raise UnsupportedModelError(
-        f"eigenhooks cannot monitor vLLM architecture {archs or 'unknown'}: its decoder layers' residual pair "
-        f"is known for {', '.join(sorted(VLLM_ARCHITECTURES))} only; measure the checkpoint in transformers instead"
+        f"eigenhooks cannot monitor vLLM architecture {archs or 'unknown'}: how its decoder layers carry the "
+        f"residual stream is known for {', '.join(sorted(VLLM_ARCHITECTURES))} only; measure the checkpoint in "
+        "transformers instead"
     )
 
 
 def vllm_layout(model) -> VllmLayout:
-    """The decoder layers of a vLLM causal LM (``model.model.layers``), each holding ``self_attn``.
+    """The decoder layers of a vLLM causal LM (``model.model.layers``) as its architecture (its class name,
+    ``VLLM_ARCHITECTURES``) lays them out.
 
     Raises:
-        UnsupportedModelError: the model is not laid out so (naming its class and what it holds).
+        UnsupportedModelError: an unknown architecture, or the model is not laid out so (naming its class and
+            what it holds).
     """
+    arch = VLLM_ARCHITECTURES.get(type(model).__name__)
+    if arch is None:
+        check_architecture([type(model).__name__])
     base = getattr(model, "model", None)
     layers = getattr(base, "layers", None)
     if layers is None:
@@ -69,12 +107,13 @@ def vllm_layout(model) -> VllmLayout:
             f"{sorted(n for n, _ in model.named_children())}"
         )
     layers = list(layers)
-    missing = [i for i, blk in enumerate(layers) if getattr(blk, "self_attn", None) is None]
+    missing = [i for i, blk in enumerate(layers) if getattr(blk, arch.attn, None) is None]
     if missing:
         raise UnsupportedModelError(
-            f"{type(model).__name__}: layers {missing} hold no self_attn ({type(layers[missing[0]]).__name__})"
+            f"{type(model).__name__}: layers {missing} hold no {arch.attn} ({type(layers[missing[0]]).__name__})"
         )
-    return VllmLayout(layers, [blk.self_attn for blk in layers])
+    scales = [float(getattr(blk, arch.scale)) if arch.scale else 1.0 for blk in layers]
+    return VllmLayout(layers, [getattr(blk, arch.attn) for blk in layers], scales, arch.pair)
 
 
-__all__ = ["VLLM_ARCHITECTURES", "VllmLayout", "check_architecture", "vllm_layout"]
+__all__ = ["VLLM_ARCHITECTURES", "VllmArch", "VllmLayout", "check_architecture", "vllm_layout"]

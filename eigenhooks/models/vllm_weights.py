@@ -61,8 +61,8 @@ class Layout:
 
 _LLAMA = Layout("llama")
 # vLLM architecture name (``model_config.architecture``) -> its checkpoint layout. The q/k norms of
-# Qwen3 and OLMo 2, Gemma 2's sandwich norms and its logit soft-capping act on queries, keys or the
-# attention output's scale, never on F.
+# Qwen3, Gemma 3 and OLMo 2, Gemma 2/3's sandwich norms and logit soft-capping, and Granite's attention and
+# residual multipliers act on queries, keys, the attention output's scale or the add, never on F.
 ARCHITECTURES: dict[str, Layout] = {
     "LlamaForCausalLM": _LLAMA,
     "MistralForCausalLM": Layout("mistral"),
@@ -71,6 +71,8 @@ ARCHITECTURES: dict[str, Layout] = {
     "Phi3ForCausalLM": Layout("phi3", v="layers.{i}.self_attn.qkv_proj.weight", merged_qkv=True),
     "GemmaForCausalLM": Layout("gemma", norm_offset=1.0),
     "Gemma2ForCausalLM": Layout("gemma2", norm_offset=1.0),
+    "Gemma3ForCausalLM": Layout("gemma3_text", norm_offset=1.0),
+    "GraniteForCausalLM": Layout("granite"),  # residual_multiplier scales the add, not F (the HF family's notes)
     "Olmo2ForCausalLM": Layout("olmo2", norm=None),
 }
 

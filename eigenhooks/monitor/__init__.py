@@ -18,6 +18,7 @@ import sys
 import types
 
 from ..models.attach import MeasurementWarning
+from ..models.engines import engine_of
 from .config import DEFAULTS, MonitorConfig, check_nulls
 from .facade import Monitor, monitor
 from .measures import Measure
@@ -37,29 +38,17 @@ __all__ = [
 ]
 
 
-# Serving engines whose models this wing cannot hook (their forwards run in a process of their own, compiled):
-# (is_engine(model) -> bool, factory(model, *args, **kw) -> a monitor), registered by a wing above the monitor
-# (eigenhooks.engines), so that nothing here names an engine.
-ENGINES: list = []
-
-
-def register_engine(is_engine, factory) -> None:
-    """Make ``eh.monitor(model, ...)`` return ``factory(model, ...)`` for a model ``is_engine`` knows."""
-    if (is_engine, factory) not in ENGINES:
-        ENGINES.append((is_engine, factory))
-
-
 def _monitor(model, *args, **kw):
-    for is_engine, factory in ENGINES:
-        if is_engine(model):
-            return factory(model, *args, **kw)
+    engine = engine_of(model)  # a serving engine registered in models.engines: its own monitor
+    if engine is not None:
+        return engine.monitor(model, *args, **kw)
     return monitor(model, *args, **kw)
 
 
 _monitor.__doc__, _monitor.__signature__ = monitor.__doc__, inspect.signature(monitor)
 
 # The wing is callable: ``eh.monitor(...)`` (the package's attribute is this wing) calls ``monitor`` (or a
-# registered engine's), so the name is one thing, a wing whose modules import as any
+# registered engine's, ``models.engines``), so the name is one thing, a wing whose modules import as any
 # (``import eigenhooks.monitor.<module> as m``).
 sys.modules[__name__].__class__ = type("CallableWing", (types.ModuleType,), {"__call__": staticmethod(_monitor)})
 __signature__ = inspect.signature(monitor)

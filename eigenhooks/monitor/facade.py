@@ -22,6 +22,7 @@ from pathlib import Path
 
 from ..models import Adapter, get_adapter
 from ..models.attach import Attachment, MeasurementWarning, Warner
+from ..models.engines import engine_of
 from . import fingerprint, notebook, views
 from .accumulate import Accumulator
 from .config import MonitorConfig
@@ -40,6 +41,12 @@ class Monitor:
     ``load_state_dict()`` / ``merge_state_dict()``, ``all_reduce()``; with a sink, ``log()``, ``log_summary()``, ``step``.
     Every setting reads as the config's (``mon.null_stride`` is ``mon.config.null_stride``).
     """
+
+    def __new__(cls, model=None, *args, **settings):
+        engine = engine_of(model)  # a serving engine (models.engines): its own monitor, as eh.monitor gives
+        if engine is not None:
+            return engine.monitor(model, *args, **settings)
+        return super().__new__(cls)
 
     def __init__(self, model, *args, attention_mask=None, sink=None, **settings):
         self.config = make_config(args, settings)
@@ -197,14 +204,15 @@ class Monitor:
         return summary_table(self._plan, acc.current, self.config, self.adapter.norm_position == "post", acc.verdict)
 
     def requests(self):
-        """Per-request rows are a serving engine's (``eh.monitor`` on a ``vllm.LLM``); here, one line saying so.
+        """Per-request rows are a serving engine's (``eh.monitor`` on an engine, ``models.engines``); here, one
+        line saying so.
 
         Raises:
             TypeError: always: this monitor keeps no per-sequence rows.
         """
         raise TypeError(
-            "requests() gives one row per request of a serving engine (eh.monitor on a vllm.LLM built with "
-            "additional_config={'eigenhooks': {}}); this monitor keeps no per-sequence rows (the table's cluster "
+            "requests() gives one row per request of a serving engine (eh.monitor on an engine eigenhooks knows, "
+            "models.engines); this monitor keeps no per-sequence rows (the table's cluster "
             "is the sequence): for one sequence's own numbers, run it alone under a monitor"
         )
 

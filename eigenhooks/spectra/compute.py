@@ -138,7 +138,7 @@ def spectra_by_rank(
     if variant not in VARIANTS:
         raise ValueError(f"variant must be one of {VARIANTS}, got {variant!r}")
     top, threshold = _check_top_threshold(top, threshold)
-    adapter = adapter_of(model)  # a vllm.LLM: its checkpoint's attention weights
+    adapter = adapter_of(model)  # a serving engine: its checkpoint's attention weights
     idx = _layer_list(adapter, layers)
     options = {
         rank: {

@@ -12,11 +12,10 @@ import torch
 
 from ..linalg import views
 from ..models import Adapter, get_adapter
+from ..models.engines import engine_of
 from ..models.probe import apply_attention_many, probe_matrices
-from ..models.vllm_weights import is_vllm_engine
 from ..progress import bar
 from .compute import _layer_list, _layer_name, _non_finite_message
-from .engine import refuse_verify
 
 
 @dataclass
@@ -100,8 +99,9 @@ def verify(model, layers: list[int] | None = None, n_tokens: int = 2, progress: 
         TypeError: layers is not a list of ints. IndexError: a layer out of range.
         ValueError: non-finite weights (the layer and O, V or the probe named), as ``spectra`` says.
     """
-    if is_vllm_engine(model):
-        raise refuse_verify(model)
+    engine = engine_of(model)
+    if engine is not None:
+        raise engine.verify_error(model)
     adapter = get_adapter(model)
     idx = _layer_list(adapter, layers)
     probed, lin = {}, {}

@@ -36,7 +36,9 @@ def _llm(model, answers: dict, calls: list):
 
 
 def test_the_engine_monitor_prints_a_line_saying_the_engine(llama, monkeypatch):
-    monkeypatch.setattr(engine, "make_monitor", lambda cfg, wire, sink=None: eh.Monitor(llama, attach=False, **wire))
+    monkeypatch.setattr(
+        engine, "make_monitor", lambda cfg, wire, sink=None, llm=None: eh.Monitor(llama, attach=False, **wire)
+    )
     answers, calls = {"eigenhooks_start": True}, []
     mon = engine.EngineMonitor(_llm(llama, answers, calls), targets=[("ov", "modulus"), ("ov_head", "modulus")])
     text = repr(mon)

@@ -8,8 +8,8 @@ import os
 import pytest
 
 from eigenhooks.engines.requests import EngineRecord
-from eigenhooks.engines.vllm.serve import JsonlSink, api_id, read_lines, split_sample
-from eigenhooks.engines.vllm.worker import user_key
+from eigenhooks.engines.vllm.ids import api_label, request_label, split_sample, user_key
+from eigenhooks.engines.vllm.serve import JsonlSink, read_lines
 
 
 def test_internal_request_ids_map_to_the_users():
@@ -17,9 +17,15 @@ def test_internal_request_ids_map_to_the_users():
     assert user_key("cmpl-abc-0-1a2b3c4d", randomized=True) == "cmpl-abc-0"
     assert user_key("2_req-1a2b3c4d", randomized=True) == "2_req"  # sample 2 of an n > 1 request
     assert user_key("my-id", randomized=False) == "my-id"
-    assert api_id("cmpl-abc-3") == {"request_id": "cmpl-abc", "sample": 0, "prompt_index": 3}
-    assert api_id("chatcmpl-xyz") == {"request_id": "chatcmpl-xyz", "sample": 0}
-    assert api_id("1_cmpl-abc-3") == {"request_id": "cmpl-abc", "sample": 1, "prompt_index": 3}  # n > 1
+    key = "cmpl-abc-3-0f9e8d7c"
+    assert api_label(key) == {"request_id": "cmpl-abc", "sample": 0, "prompt_index": 3, "engine_id": key}
+    key = "chatcmpl-xyz-12345678"
+    assert api_label(key) == {"request_id": "chatcmpl-xyz", "sample": 0, "engine_id": key}
+    key = "1_cmpl-abc-3-aaaabbbb"  # n > 1
+    assert api_label(key) == {"request_id": "cmpl-abc", "sample": 1, "prompt_index": 3, "engine_id": key}
+    # two requests the user gave one id: one request_id, two keys
+    a, b = request_label("trace-42-0a1b2c3d"), request_label("trace-42-9f8e7d6c")
+    assert a["request_id"] == b["request_id"] == "trace-42" and a["engine_id"] != b["engine_id"]
     assert split_sample("2_7") == ("7", 2) and split_sample("7") == ("7", 0)
     assert split_sample("cmpl-1_2") == ("cmpl-1_2", 0)
 
@@ -60,3 +66,26 @@ def test_requests_on_an_hf_model_says_in_one_line_that_it_cannot():
     with pytest.raises(TypeError, match=r"one row per request of a serving engine") as e:
         eh.Monitor(model).requests()
     assert "\n" not in str(e.value)
+
+
+def test_a_forward_is_keyed_by_internal_ids_and_placed_from_host_metadata():
+    """The worker's map of a forward: each request by vLLM's internal id (two requests the user gave one id
+    stay two), its first position from the runner's host-side ``num_computed_tokens_cpu`` (never a copy of
+    the device's positions, which would wait for the forward)."""
+    from types import SimpleNamespace
+
+    import numpy as np
+
+    from eigenhooks.engines.vllm.worker import _token_map
+
+    class DeviceOnly:
+        def __getitem__(self, _):
+            raise AssertionError("the token map read the device's positions")
+
+    ids = ["trace-42-0a1b2c3d", "trace-42-9f8e7d6c", "1_cmpl-x-0-aaaabbbb", "stale"]
+    batch = SimpleNamespace(num_reqs=3, req_ids=ids, num_computed_tokens_cpu=np.array([0, 128, 7, 99], np.int32))
+    sched = SimpleNamespace(num_scheduled_tokens={ids[0]: 5, ids[1]: 3, ids[2]: 1})
+    tm = _token_map(SimpleNamespace(input_batch=batch, positions=DeviceOnly()), sched)
+    assert tm.keys == ids[:3] and tm.counts == [5, 3, 1] and tm.starts == [0, 128, 7]
+    assert all(type(s) is int for s in tm.starts)
+    assert [request_label(k)["request_id"] for k in tm.keys] == ["trace-42", "trace-42", "cmpl-x-0"]

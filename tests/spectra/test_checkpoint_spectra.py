@@ -14,10 +14,12 @@ import torch
 import transformers as T
 
 import eigenhooks as eh
+from eigenhooks.engines.checkpoint import folder_adapter
+from eigenhooks.engines.vllm.checkpoint import engine_adapter
 from eigenhooks.models import UnsupportedModelError
 from eigenhooks.models import vllm_weights as layouts
+from eigenhooks.models.engines import EngineVerifyError
 from eigenhooks.spectra import clear_memo
-from eigenhooks.spectra.engine import EngineVerifyError, engine_adapter, folder_adapter
 from eigenhooks.zoo import ModelLoadError
 
 BASE = dict(
@@ -34,6 +36,8 @@ ARCHS = {
     "GemmaForCausalLM": (T.GemmaForCausalLM, T.GemmaConfig, {"head_dim": 16}),
     "Gemma2ForCausalLM": (T.Gemma2ForCausalLM, T.Gemma2Config, {"head_dim": 16, "query_pre_attn_scalar": 16}),
     "Olmo2ForCausalLM": (T.Olmo2ForCausalLM, T.Olmo2Config, {}),
+    "Gemma3ForCausalLM": (T.Gemma3ForCausalLM, T.Gemma3TextConfig, {"head_dim": 16, "query_pre_attn_scalar": 16}),
+    "GraniteForCausalLM": (T.GraniteForCausalLM, T.GraniteConfig, {"residual_multiplier": 0.5}),
 }
 
 

@@ -38,14 +38,17 @@ def _get(url: str, timeout: float = 5.0):
         return r.status
 
 
-def _complete(port: int, prompt: str) -> dict:
+def _complete(port: int, prompt: str, request_id: str | None = None) -> dict:
     body = json.dumps({"model": "m", "prompt": prompt, "max_tokens": 5, "temperature": 0.0}).encode()
-    req = urllib.request.Request(f"http://127.0.0.1:{port}/v1/completions", body, {"Content-Type": "application/json"})
+    headers = {"Content-Type": "application/json", **({"X-Request-Id": request_id} if request_id else {})}
+    req = urllib.request.Request(f"http://127.0.0.1:{port}/v1/completions", body, headers)
     with urllib.request.urlopen(req, timeout=120) as r:
         return json.loads(r.read())
 
 
 def test_served_engine_writes_one_line_per_request_under_8_at_once(tiny_llama, tmp_path):
+    """8 concurrent completions, 2 of them (of different lengths) sent with one X-Request-Id: 10 lines, each
+    request's own, the two that shared an id told apart by engine_id; then SIGKILL leaves whole lines."""
     out, port = tmp_path / "eh", _free_port()
     extra = {"eigenhooks": {"out": str(out), "settings": {"null_draws": 9}}}
     cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(tiny_llama),
@@ -65,11 +68,13 @@ def test_served_engine_writes_one_line_per_request_under_8_at_once(tiny_llama, t
             except OSError:
                 time.sleep(1)
         texts = [f"request number {i} says " + "word " * (3 + 5 * i) for i in range(8)]
-        with ThreadPoolExecutor(8) as pool:
-            answers = list(pool.map(lambda t: _complete(port, t), texts))
+        jobs = [(t, None) for t in texts] + [("a short one", "trace-42"), ("a longer one " + "word " * 9, "trace-42")]
+        with ThreadPoolExecutor(10) as pool:
+            answers = list(pool.map(lambda job: _complete(port, *job), jobs))
         ids = sorted(a["id"] for a in answers)
+        assert ids.count("cmpl-trace-42") == 2
         deadline = time.time() + 30
-        while len(read_lines(out)) < 8 and time.time() < deadline:  # a line follows the scheduler's next step
+        while len(read_lines(out)) < 10 and time.time() < deadline:  # a line follows the scheduler's next step
             time.sleep(0.5)
         lines = read_lines(out)
     finally:
@@ -78,14 +83,23 @@ def test_served_engine_writes_one_line_per_request_under_8_at_once(tiny_llama, t
         log.close()
     assert len(list(out.glob("*.jsonl"))) == 1  # one writing process (rank 0's worker), one file
     assert sorted(line["request_id"] for line in lines) == ids
-    for line, a in zip(sorted(lines, key=lambda x: x["request_id"]), sorted(answers, key=lambda x: x["id"])):
-        n = a["usage"]["prompt_tokens"] + a["usage"]["completion_tokens"] - 1  # the tokens its forwards processed
+    assert len({line["engine_id"] for line in lines}) == 10
+    dup = [line for line in lines if line["request_id"] == "cmpl-trace-42"]
+    assert all(line["engine_id"].startswith("cmpl-trace-42-0-") for line in dup)
+
+    def order(n_tokens):  # answers and lines of one id paired by their token counts
+        return lambda x: (x["request_id"] if "request_id" in x else x["id"], n_tokens(x))
+
+    tokens = lambda a: a["usage"]["prompt_tokens"] + a["usage"]["completion_tokens"] - 1  # noqa: E731  (forwards processed)
+    lines = sorted(lines, key=order(lambda x: x["layers"][0]["n_tokens"]))
+    for line, a in zip(lines, sorted(answers, key=order(tokens))):
+        n = tokens(a)
         assert {(r["layer"], r["target"]) for r in line["layers"]} == {(0, "ov/modulus"), (0, "ov/residual"),
                                                                       (1, "ov/modulus"), (1, "ov/residual")}  # fmt: skip
         for r in line["layers"]:
             assert r["n_tokens"] == n and 0 < r["gamma_pre"] < 1 and 0 <= r["rho"] <= 1
     raw = b"".join(p.read_bytes() for p in out.glob("*.jsonl"))
-    assert raw.endswith(b"\n") and len(raw.splitlines()) == 8
+    assert raw.endswith(b"\n") and len(raw.splitlines()) == 10
 
 
 def test_tensor_parallel_2_equals_1(tiny_llama, monkeypatch):

@@ -7,7 +7,7 @@ import torch
 from tier import greedy
 
 import eigenhooks as eh
-from eigenhooks.spectra.engine import EngineVerifyError
+from eigenhooks.models.engines import EngineVerifyError
 
 
 def _hf(folder):

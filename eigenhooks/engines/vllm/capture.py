@@ -27,7 +27,8 @@ from ...models.vllm import vllm_layout
 class TapStore:
     """The buffers the taps write into, in this process, and what the last forward wrote.
 
-    ``active``: copy readings (a monitor is entered). Off, the op returns at once; a CUDA graph being
+    ``active``: copy readings (a monitor is entered: ``attach``/``detach`` count them, nested monitors
+    sharing the taps). Off, the op returns at once; a CUDA graph being
     captured always copies (the capture is replayed whatever the flag says later).
 
     Under CUDA graphs (a GPU engine's default; not run here: no device with vLLM was lent) a replay
@@ -41,13 +42,15 @@ class TapStore:
         self.bufs: dict[int, torch.Tensor] = {}
         self.rows: dict[int, int] = {}  # slot -> tokens the last write wrote
         self.active = False
+        self.users = 0  # sessions attached
         self.capacity = 0  # the engine's max_num_batched_tokens (the most rows a buffer can need)
         self.n_slots = 0
         self.captured: set[int] = set()  # ids of the buffers a CUDA graph capture wrote into
         self.pinned: list[torch.Tensor] = []  # such buffers, replaced by bigger ones but kept alive
 
-    def write(self, slot: int, x: torch.Tensor, r: torch.Tensor | None = None) -> None:
-        """Write the reading ``x + r`` (``x`` when r is None) into buffer ``slot``, if copying."""
+    def write(self, slot: int, x: torch.Tensor, r: torch.Tensor | None = None, scale: float = 1.0) -> None:
+        """Write the reading ``x + r`` (``x`` when r is None; ``scale * x`` when scale is not 1, r None) into
+        buffer ``slot``, if copying."""
         capturing = x.is_cuda and torch.cuda.is_current_stream_capturing()
         if not self.active and not capturing:
             return
@@ -59,11 +62,21 @@ class TapStore:
             buf = self.bufs[slot] = x.new_empty((n, *x.shape[1:]))  # grows to the largest forward measured
         if capturing:
             self.captured.add(id(buf))
-        if r is None:
+        if r is None and scale == 1.0:
             buf[:n].copy_(x)
+        elif r is None:
+            torch.mul(x, scale, out=buf[:n])
         else:
             torch.add(x, r, out=buf[:n])
         self.rows[slot] = n
+
+    def attach(self) -> None:
+        self.users += 1
+        self.active = True
+
+    def detach(self) -> None:
+        self.users = max(self.users - 1, 0)
+        self.active = self.users > 0
 
     def start_forward(self) -> None:
         self.rows.clear()
@@ -86,29 +99,30 @@ _TOKEN = torch.zeros(1)  # what the op declares it writes: an op with no output 
 
 _LIB = torch.library.Library("eigenhooks", "FRAGMENT")  # defined here, not by ``torch.library.custom_op``:
 # its Python wrapper costs ~50 us a call against ~13 us for a plain kernel (measured), 61 calls a forward
-_LIB.define("vllm_tap(Tensor(a!) token, Tensor x, Tensor? r, SymInt slot) -> ()")
+_LIB.define("vllm_tap(Tensor(a!) token, Tensor x, Tensor? r, SymInt slot, float scale=1.0) -> ()")
 
 
-def vllm_tap(token: torch.Tensor, x: torch.Tensor, r: torch.Tensor | None, slot: int) -> None:
-    """Write reading ``x + r`` (``x`` when r is None) (tokens, hidden) into buffer ``slot`` (``TapStore.write``)."""
-    STORE.write(slot, x, r)
+def vllm_tap(token: torch.Tensor, x: torch.Tensor, r: torch.Tensor | None, slot: int, scale: float = 1.0) -> None:
+    """Write reading ``x + r`` (``x``, or ``scale * x``, when r is None) (tokens, hidden) into buffer ``slot``
+    (``TapStore.write``)."""
+    STORE.write(slot, x, r, scale)
 
 
 _LIB.impl("vllm_tap", vllm_tap, "CompositeExplicitAutograd")
 
 
 @torch.library.register_fake("eigenhooks::vllm_tap", lib=_LIB)
-def _(token, x, r, slot):
+def _(token, x, r, slot, scale=1.0):
     return None
 
 
-def _tap(x: torch.Tensor, r: torch.Tensor | None, slot: int) -> None:
+def _tap(x: torch.Tensor, r: torch.Tensor | None, slot: int, scale: float = 1.0) -> None:
     """A reading: the op when traced (it is then in the graph, and runs whenever the graph does); in eager
     mode the write itself, with no dispatch (an idle tap then costs its hook call and one check)."""
     if torch.compiler.is_compiling():
-        torch.ops.eigenhooks.vllm_tap(_TOKEN, x, r, slot)
+        torch.ops.eigenhooks.vllm_tap(_TOKEN, x, r, slot, scale)
     else:
-        STORE.write(slot, x, r)
+        STORE.write(slot, x, r, scale)
 
 
 def _pair(args, kwargs):
@@ -125,16 +139,19 @@ def _pre_hook(slot: int):
     return hook
 
 
-def _out_hook(slot: int):
+def _out_hook(slot: int, scale: float):
     def hook(module, args, output):
-        _tap(output, None, slot)
+        _tap(output, None, slot, scale)
 
     return hook
 
 
-def _post_hook(slot: int):
+def _post_hook(slot: int, pair: bool):
     def hook(module, args, output):
-        _tap(*output, slot)
+        if pair:
+            _tap(*output, slot)
+        else:
+            _tap(output, None, slot)
 
     return hook
 
@@ -149,10 +166,10 @@ def place_taps(model, capacity: int) -> int:
     L = len(layout.layers)
     handles = []
     try:
-        for i, (blk, attn) in enumerate(zip(layout.layers, layout.attention)):
+        for i, (blk, attn, scale) in enumerate(zip(layout.layers, layout.attention, layout.scales)):
             handles.append(blk.register_forward_pre_hook(_pre_hook(2 * i), with_kwargs=True))
-            handles.append(attn.register_forward_hook(_out_hook(2 * i + 1)))
-        handles.append(layout.layers[-1].register_forward_hook(_post_hook(2 * L)))
+            handles.append(attn.register_forward_hook(_out_hook(2 * i + 1, scale)))
+        handles.append(layout.layers[-1].register_forward_hook(_post_hook(2 * L, layout.pair)))
     except BaseException:
         for h in handles:
             h.remove()

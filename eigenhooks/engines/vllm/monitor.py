@@ -4,7 +4,8 @@ The engine runs in its own process (and its workers in theirs); the sums live wh
 in the worker that counts (tensor-parallel rank 0). Entering the block starts a session there by method
 name (``collective_rpc("eigenhooks_start", args=(settings,))``), leaving it reads the state back
 (``eigenhooks_stop``); ``read()`` reads it during the block. The state lands in an ``eh.Monitor`` over the
-same checkpoint in transformers (``load_state_dict``, its fingerprint checked), so ``summary()``,
+checkpoint's attention tensors (``session.checkpoint_adapter``; ``load_state_dict``, its fingerprint
+checked), so ``summary()``,
 ``plot()``, ``save()``, ``state_dict()`` and the sinks are the HF monitor's own. ``requests()`` is one row
 per (request, layer, target).
 """
@@ -14,10 +15,10 @@ from __future__ import annotations
 import dataclasses
 import warnings
 
+from ...models.vllm import check_architecture
 from ...monitor import MeasurementWarning, views
 from ...monitor.facade import make_config
 from .plugin import KEY
-from .serve import split_sample
 from .session import make_monitor
 
 
@@ -27,6 +28,10 @@ class NotOptedInError(RuntimeError):
 
 def engine_config(llm):
     return llm.llm_engine.vllm_config
+
+
+def _architectures(mc) -> list[str]:
+    return list(getattr(mc, "architectures", None) or getattr(mc.hf_config, "architectures", None) or [])
 
 
 class EngineMonitor:
@@ -43,6 +48,7 @@ class EngineMonitor:
 
     def __init__(self, llm, *args, sink=None, **settings):
         cfg = engine_config(llm)
+        check_architecture(_architectures(cfg.model_config))  # one line naming it: opting in would not help
         extra = cfg.additional_config if isinstance(cfg.additional_config, dict) else {}
         if KEY not in extra:
             raise NotOptedInError(
@@ -54,6 +60,7 @@ class EngineMonitor:
         self.llm, self.sink = llm, sink
         names = type(self.config).names()
         self._wire = {**dict(zip(names, args)), **settings}
+        self._sid = None  # the worker's id of this monitor's session, while entered
         self._mon = None  # the eh.Monitor holding the state read back
         self._rows: list[dict] = []
         self.n_forwards = 0
@@ -70,8 +77,7 @@ class EngineMonitor:
 
     def _facts(self) -> views.Facts:
         mc = engine_config(self.llm).model_config
-        arch = (getattr(mc, "architectures", None) or getattr(mc.hf_config, "architectures", None) or ["?"])[0]
-        model = f"vLLM {arch}"
+        model = f"vLLM {(_architectures(mc) or ['?'])[0]}"
         state = "active" if self._active else ("closed" if self._mon is not None else "not entered")
         if self._mon is not None:  # the state read back: the HF monitor's facts, the engine's forwards
             if self._active:
@@ -89,15 +95,15 @@ class EngineMonitor:
         if self._active:
             raise RuntimeError("this monitor is already active; leave its with-block before entering it again")
         log_every = (self.config.log_every or 0) if self.sink is not None else 0
-        started = self.llm.collective_rpc("eigenhooks_start", args=(self._wire, log_every))
-        if not any(started):
+        started = [s for s in self.llm.collective_rpc("eigenhooks_start", args=(self._wire, log_every)) if s]
+        if not started:
             raise RuntimeError("no vLLM worker took the eigenhooks session (expected tensor-parallel rank 0 to)")
-        self._active = True
+        self._sid, self._active = started[0], True
         return self
 
     def __exit__(self, *exc) -> None:
         self._active = False
-        self._absorb(self.llm.collective_rpc("eigenhooks_stop"))
+        self._absorb(self.llm.collective_rpc("eigenhooks_stop", args=(self._sid,)))
         if self.sink is not None:
             if self._logged_at != self.n_forwards:
                 self._monitor().log(self.n_forwards)
@@ -105,7 +111,9 @@ class EngineMonitor:
 
     def read(self) -> EngineMonitor:
         """Read the worker's state now (during the block; the summary then includes open requests)."""
-        self._absorb(self.llm.collective_rpc("eigenhooks_read"))
+        if self._sid is None:
+            raise RuntimeError("this monitor was never entered: read() reads an entered monitor's state")
+        self._absorb(self.llm.collective_rpc("eigenhooks_read", args=(self._sid,)))
         return self
 
     def _absorb(self, results: list) -> None:
@@ -136,7 +144,7 @@ class EngineMonitor:
             finally:
                 self._reading = False
         if self._mon is None:
-            self._mon = make_monitor(engine_config(self.llm), self._wire, self.sink)
+            self._mon = make_monitor(engine_config(self.llm), self._wire, self.sink, llm=self.llm)
         return self._mon
 
     # ---- results: the HF monitor's own ----
@@ -149,14 +157,12 @@ class EngineMonitor:
         gamma_pre, gamma_mid, gamma_post, rho; ``cached_prefix`` (positions served from the prefix cache, not
         computed, not counted), ``recomputed`` (tokens computed again after a preemption, not counted twice)
         and ``finished`` (the scheduler ended it). ``request_id`` is ``RequestOutput.request_id``; ``sample``
-        is ``CompletionOutput.index`` (with ``n > 1`` each sample is its own sequence; else 0)."""
+        is ``CompletionOutput.index`` (with ``n > 1`` each sample is its own sequence; else 0); ``engine_id`` is
+        the engine's own id of the request, unique: requests that shared an id (vLLM accepts duplicates) are
+        rows of their own, told apart by it (``ids``)."""
         import pandas as pd
 
-        rows = []
-        for r in self._rows:
-            rid, sample = split_sample(r["request_id"])
-            rows.append({"request_id": rid, "sample": sample, **{k: v for k, v in r.items() if k != "request_id"}})
-        return pd.DataFrame(rows)
+        return pd.DataFrame(self._rows)
 
     def state_dict(self) -> dict:
         return self._monitor().state_dict()

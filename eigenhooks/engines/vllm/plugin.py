@@ -14,10 +14,12 @@ Import nothing heavy here: vLLM loads this module in every process, for every en
 
 from __future__ import annotations
 
+import os
+
 KEY = "eigenhooks"
 EXTENSION = "eigenhooks.engines.vllm.worker.EigenhooksWorker"
 OPTIONS = {"out", "settings"}  # out: the served sink's folder; settings: a served monitor's eh.monitor settings
-TAPS = 2  # the taps' layout and their op's signature (capture.py): bump on any change to either
+TAPS = 3  # the taps' layout and their op's signature (capture.py): bump on any change to either
 TAPS_KEY = "_taps"  # where the opt-in records TAPS in the options, so it enters vLLM's config hash
 
 
@@ -38,6 +40,7 @@ def check_args(args) -> None:
     unknown = sorted(set(opts) - OPTIONS - {TAPS_KEY})
     if unknown:
         raise EigenhooksConfigError(f"unknown eigenhooks options {unknown}; known: {sorted(OPTIONS)}")
+    check_options(opts)
     if args.speculative_config:
         raise EigenhooksConfigError(
             "eigenhooks does not measure speculative decoding (draft tokens the target rejects are computed "
@@ -61,6 +64,70 @@ def check_args(args) -> None:
         )
 
 
+def settings_from_wire(settings: dict) -> dict:
+    """``eh.monitor``'s settings as they came through msgpack (tuples arrive as lists)."""
+    out = dict(settings)
+    if "targets" in out and out["targets"] is not None:
+        out["targets"] = [tuple(t) if isinstance(t, list) else t for t in out["targets"]]
+    if "reading_points" in out and isinstance(out["reading_points"], list):
+        out["reading_points"] = tuple(out["reading_points"])
+    return out
+
+
+def check_options(opts: dict) -> None:
+    """``out`` a folder this process can write (made if missing), ``settings`` ``eh.monitor``'s: checked here,
+    where the engine is built (the process that builds ``LLM``, the API server at startup), not in a worker
+    after the model loaded.
+
+    Raises:
+        EigenhooksConfigError: one line naming the option (and the setting) at fault.
+    """
+    from pathlib import Path
+
+    out = opts.get("out")
+    if out is not None:
+        if not isinstance(out, str) or not out:
+            raise EigenhooksConfigError(f"eigenhooks option 'out' must be a folder path, got {out!r}")
+        try:
+            Path(out).mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise EigenhooksConfigError(f"eigenhooks option 'out': cannot make the folder {out!r}: {e}") from None
+        if not os.access(out, os.W_OK | os.X_OK):
+            raise EigenhooksConfigError(f"eigenhooks option 'out': the folder {out!r} is not writable")
+    settings = opts.get("settings")
+    if settings is None:
+        return
+    if not isinstance(settings, dict):
+        raise EigenhooksConfigError(
+            f"eigenhooks option 'settings' must be a dict of eh.monitor's settings, got {settings!r}"
+        )
+    if "sink" in settings:
+        raise EigenhooksConfigError("eigenhooks option 'settings' cannot hold 'sink': a served engine writes 'out'")
+    from ...monitor.facade import make_config
+
+    try:
+        make_config((), settings_from_wire(settings))
+    except (TypeError, ValueError) as e:
+        msg = " ".join(str(e).split())
+        raise EigenhooksConfigError(f"eigenhooks option 'settings': {msg}") from None
+
+
+_WARNED: set[str] = set()
+
+
+def warn_ids() -> None:
+    """Once a process: with vLLM's request id randomisation off, requests that share an id are one to the engine."""
+    import warnings
+
+    if os.environ.get("VLLM_DISABLE_REQUEST_ID_RANDOMIZATION", "0") not in ("", "0") and "ids" not in _WARNED:
+        _WARNED.add("ids")
+        warnings.warn(
+            "VLLM_DISABLE_REQUEST_ID_RANDOMIZATION is set: requests that share an id are one request to vLLM "
+            "and to eigenhooks (counted once); give each request its own id",
+            stacklevel=3,
+        )
+
+
 def _wrap(cls) -> None:
     inner = cls.create_engine_config
     if getattr(inner, "_eigenhooks", False):
@@ -71,6 +138,7 @@ def _wrap(cls) -> None:
         if not (isinstance(extra, dict) and KEY in extra):
             return inner(self, *args, **kwargs)
         check_args(self)
+        warn_ids()
         # the taps' version joins the config hash: a graph compiled with other taps is not reused
         self.additional_config = {**extra, KEY: {**extra[KEY], TAPS_KEY: TAPS}}
         self.worker_extension_cls = EXTENSION
@@ -91,4 +159,4 @@ def register() -> None:
     _wrap(EngineArgs)
 
 
-__all__ = ["EXTENSION", "EigenhooksConfigError", "KEY", "check_args", "register"]
+__all__ = ["EXTENSION", "KEY", "EigenhooksConfigError", "check_args", "check_options", "register", "settings_from_wire"]

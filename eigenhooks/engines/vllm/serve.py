@@ -5,11 +5,12 @@ with-block: ``"settings"`` beside ``"out"`` are ``eh.monitor``'s settings). When
 request, the worker appends one line to ``DIR/eigenhooks-<host>-<pid>.jsonl`` (one file per writing
 process, so processes never share a file):
 
-    {"request_id": ..., "sample": ..., "cached_prefix": ..., "recomputed": ...,
+    {"request_id": ..., "sample": ..., "engine_id": ..., "cached_prefix": ..., "recomputed": ...,
      "layers": [{"layer", "target", "n_tokens", "gamma_pre", "gamma_mid", "gamma_post", "rho"}, ...]}
 
 ``request_id`` is the id the API returned (a completion's ``cmpl-...``; a prompt of a batched completion
-gets ``prompt_index``; ``sample`` is the choice's index, 0 unless ``n > 1``). Each line is one
+gets ``prompt_index``; ``sample`` is the choice's index, 0 unless ``n > 1``; ``engine_id`` the engine's own
+id of the request, which tells apart requests that shared an id: ``ids``). Each line is one
 ``os.write`` to a file opened for appending, after which the request's sums are dropped (memory stays
 bounded however long the server runs); a reader keeps the lines that end in a newline, so a killed
 server leaves whole lines only.
@@ -20,33 +21,8 @@ from __future__ import annotations
 import json
 import math
 import os
-import re
 import socket
 from pathlib import Path
-
-_COMPLETION = re.compile(r"^(cmpl-.+)-(\d+)$")  # the completions API's engine id: f"{response id}-{prompt index}"
-_SAMPLE = re.compile(r"^(\d+)_(.+)$")  # a sample of n > 1: vLLM's child id f"{index}_{parent id}"
-
-
-def split_sample(key: str) -> tuple[str, int]:
-    """(the request's id, the sample's index) of an engine request key: vLLM runs each sample of ``n > 1`` as
-    its own request ``f"{index}_{request id}"`` (``CompletionOutput.index``); any other key is sample 0.
-
-    A request id of your own of the form ``<digits>_<rest>`` reads as a sample of ``<rest>`` too: vLLM's own
-    ids (offline counters, the API's ``cmpl-``/``chatcmpl-``) never have that form."""
-    m = _SAMPLE.match(key)
-    return (m.group(2), int(m.group(1))) if m else (key, 0)
-
-
-def api_id(key: str) -> dict:
-    """The id the OpenAI-compatible API returned for an engine request key, the prompt's index (a batched
-    completion) and the sample's (``n > 1``: the choice's ``index``)."""
-    rid, sample = split_sample(key)
-    out = {"request_id": rid, "sample": sample}
-    m = _COMPLETION.match(rid)
-    if m:
-        out.update(request_id=m.group(1), prompt_index=int(m.group(2)))
-    return out
 
 
 def _num(x: float):
@@ -67,7 +43,7 @@ class JsonlSink:
         """Write every request ``engine`` (an ``EngineRecord``) ended since the last call; it then forgets them."""
         for key, info, rs in engine.take_ended():
             line = {
-                **api_id(key),
+                **engine.own.label(key),
                 "cached_prefix": info.first if info else 0,
                 "recomputed": info.recomputed if info else 0,
                 "layers": [
@@ -98,4 +74,4 @@ def read_lines(folder) -> list[dict]:
     return out
 
 
-__all__ = ["JsonlSink", "api_id", "read_lines", "split_sample"]
+__all__ = ["JsonlSink", "read_lines"]

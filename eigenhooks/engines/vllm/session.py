@@ -1,9 +1,11 @@
 """A monitor's plan for a vLLM engine, made from the checkpoint the engine loaded.
 
 The engine's own weights cannot be read as they stand (the CPU backend repacks them; tensor parallel
-shards them), so the plan (spectra, bases, nulls) comes from the same checkpoint loaded in transformers,
-in the engine's dtype, through the HF adapter: the very plan the HF monitor makes of that checkpoint,
-so the two tables mean the same (their fingerprints are compared when the state is read back).
+shards them), so the plan (spectra, bases, nulls) comes from the checkpoint's tensors: each layer's V, O
+and attention norm read from its safetensors in the engine's dtype (``engines.checkpoint.folder_adapter``, what
+``eh.spectra(llm)`` reads), never a transformers model of it. The plan is the one the HF monitor makes of
+that checkpoint (same F, same fingerprint), so the tables mean the same (their fingerprints are compared
+when the state is read back).
 """
 
 from __future__ import annotations
@@ -17,37 +19,47 @@ import torch
 from ...models import Adapter
 from ...models.attach import Attachment
 from .capture import STORE
+from .plugin import settings_from_wire
 
 
 @functools.lru_cache(maxsize=2)
-def checkpoint_model(path: str, dtype: str):
-    """The engine's checkpoint in transformers (weights only matter: spectra and the fingerprint)."""
-    from transformers import AutoModelForCausalLM
+def _checkpoint_adapter(model: str, revision, download_dir, dtype: str, architecture: str) -> Adapter:
+    from ...zoo import checkpoint
+    from ..checkpoint import folder_adapter
 
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, dtype))
-    return model.eval()
+    folder = checkpoint.checkpoint_folder(model, revision, download_dir)
+    return folder_adapter(folder, getattr(torch, dtype), architecture)
 
 
-def settings_from_wire(settings: dict) -> dict:
-    """``eh.monitor``'s settings as they came through msgpack (tuples arrive as lists)."""
-    out = dict(settings)
-    if "targets" in out and out["targets"] is not None:
-        out["targets"] = [tuple(t) if isinstance(t, list) else t for t in out["targets"]]
-    if "reading_points" in out and isinstance(out["reading_points"], list):
-        out["reading_points"] = tuple(out["reading_points"])
-    return out
+def checkpoint_adapter(vllm_config) -> Adapter:
+    """The adapter over the attention weights of the checkpoint an engine loaded (V, O and the attention
+    norms, read from its safetensors in the engine's dtype, as ``eh.spectra(llm)`` reads them): the plan
+    needs F and the norms, so no transformers model (the whole checkpoint again) is built."""
+    mc = vllm_config.model_config
+    load = getattr(vllm_config, "load_config", None)
+    model = getattr(mc, "model_weights", "") or mc.model
+    return _checkpoint_adapter(
+        model,
+        getattr(mc, "revision", None),
+        getattr(load, "download_dir", None),
+        engine_dtype(vllm_config),
+        mc.architecture,
+    )
 
 
 def engine_dtype(vllm_config) -> str:
     return str(vllm_config.model_config.dtype).removeprefix("torch.")
 
 
-def make_monitor(vllm_config, settings: dict, sink=None):
-    """An unattached ``eh.Monitor`` over the engine's checkpoint, with ``settings`` (and ``sink``)."""
+def make_monitor(vllm_config, settings: dict, sink=None, llm=None):
+    """An unattached ``eh.Monitor`` over the engine's checkpoint (``checkpoint_adapter``; in the user's process,
+    ``llm`` given, the one ``eh.spectra(llm)`` reads, shared), with ``settings`` (and ``sink``). Its
+    fingerprint is the HF monitor's of the same checkpoint: the weights it digests are the same tensors."""
     from ...monitor import Monitor
+    from .checkpoint import engine_adapter
 
-    model = checkpoint_model(vllm_config.model_config.model, engine_dtype(vllm_config))
-    return Monitor(model, attach=False, sink=sink, **settings_from_wire(settings))
+    adapter = engine_adapter(llm) if llm is not None else checkpoint_adapter(vllm_config)
+    return Monitor(adapter, attach=False, sink=sink, **settings_from_wire(settings))
 
 
 class Session:
@@ -65,14 +77,21 @@ class Session:
 
 
 class TapAttachment(Attachment):
-    """The attachment of an engine whose taps sit in its compiled graph (``capture``): attaching turns the
-    taps' copies on, detaching off. The engine's glue tells the record each forward (``EngineRecord``)."""
+    """The attachment of an engine whose taps sit in its compiled graph (``capture``): the taps copy while
+    any session is attached (monitors nested on one engine share them). The engine's glue tells the record
+    each forward (``EngineRecord``)."""
+
+    attached = False
 
     def attach(self) -> None:
-        STORE.active = True
+        if not self.attached:
+            self.attached = True
+            STORE.attach()
 
     def detach(self) -> None:
-        STORE.active = False
+        if self.attached:
+            self.attached = False
+            STORE.detach()
 
 
 @dataclasses.dataclass
@@ -83,9 +102,10 @@ class CheckpointAdapter(Adapter):
         return TapAttachment()
 
 
-def make_session(runner, settings: dict, sink=None, log_every: int = 0) -> Session:
+def make_session(runner, settings: dict, sink=None, log_every: int = 0, label=None) -> Session:
     """The record of a monitor with ``settings`` in this worker, attached to the engine's taps (``log_every``:
-    engine forwards between the log points kept for the user's sinks, 0: none)."""
+    engine forwards between the log points kept for the user's sinks, 0: none; ``label``: a request's
+    internal id -> the columns naming it, ``ids``)."""
     from ..requests import EngineRecord
 
     layers = getattr(runner, "_eigenhooks_layers", None)
@@ -97,14 +117,14 @@ def make_session(runner, settings: dict, sink=None, log_every: int = 0) -> Sessi
     base = mon.adapter
     adapter = CheckpointAdapter(**{f.name: getattr(base, f.name) for f in dataclasses.fields(Adapter)})
     record, att = mon.record_spec().attach(adapter)
-    return Session(EngineRecord(record, log_every=log_every, n_layers=layers), layers, att, sink)
+    return Session(EngineRecord(record, log_every=log_every, n_layers=layers, label=label), layers, att, sink)
 
 
 __all__ = [
     "CheckpointAdapter",
     "Session",
     "TapAttachment",
-    "checkpoint_model",
+    "checkpoint_adapter",
     "engine_dtype",
     "make_monitor",
     "make_session",

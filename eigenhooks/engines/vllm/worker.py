@@ -4,7 +4,8 @@ vLLM imports this module in its worker processes because the opt-in names ``Eige
 engine's worker extension (``plugin.py``); a plain engine never imports it. On import it wraps the model
 runners' ``load_model`` (only an engine whose ``additional_config`` holds ``"eigenhooks"`` is touched):
 once the model is loaded, before vLLM compiles it, the taps go in (``capture.place_taps``) and the
-runner's ``execute_model`` learns to hand each forward's readings and token map to the running session.
+runner's ``execute_model`` learns to hand each forward's readings and token map to every entered session
+(``SESSIONS``: monitors nested on one engine are a session each).
 
 ``EigenhooksWorker``'s methods are called by name (``collective_rpc("eigenhooks_start", ...)``), so nothing
 is pickled and ``VLLM_ALLOW_INSECURE_SERIALIZATION`` stays off. Under tensor parallelism every rank holds
@@ -13,15 +14,15 @@ the whole residual stream (the row-parallel projections all-reduce it): rank 0 a
 
 from __future__ import annotations
 
+import itertools
 import logging
 import sys
 
 from ...models.vllm import vllm_layout
 from .capture import STORE, place_taps
+from .plugin import KEY
 
 log = logging.getLogger(__name__)
-
-KEY = "eigenhooks"
 
 
 def opted_in(vllm_config) -> dict | None:
@@ -30,61 +31,62 @@ def opted_in(vllm_config) -> dict | None:
     return None if opts is None else dict(opts)
 
 
-def user_key(internal: str, randomized: bool) -> str:
-    """The request id the user sees, from the engine's internal one (``{id}-{8 hex}`` unless vLLM's
-    request id randomisation is off). Samples of ``n > 1`` keep their ``{index}_`` prefix."""
-    if randomized:
-        head, sep, tail = internal.rpartition("-")
-        if sep and len(tail) == 8:
-            return head
-    return internal
+# The entered monitors' sessions (session.Session) in this process, by id: each forward is told to every one,
+# so monitors nested on one engine each count exactly the forwards of their own block.
+SESSIONS: dict[int, object] = {}
+_IDS = itertools.count(1)
 
 
-SESSION = None  # the entered monitor's session.Session in this process, if any
+def _randomized() -> bool:
+    """vLLM appends 8 random characters to each request id (so ids the user chose twice stay apart)."""
+    import vllm.envs as envs
+
+    return not envs.VLLM_DISABLE_REQUEST_ID_RANDOMIZATION
 
 
-def _token_map(runner, sched, randomized: bool):
+def _token_map(runner, sched):
+    """The forward's requests by the engine's internal id (unique: the key they are counted by), each one's
+    token count and first position, from the host-side batch metadata the runner built the forward from
+    (``num_computed_tokens_cpu``: each request's positions are that and on): nothing is read back from the
+    device, so nothing waits for the forward."""
     from ..requests import TokenMap
 
-    n = runner.input_batch.num_reqs
-    ids = list(runner.input_batch.req_ids[:n])
+    batch = runner.input_batch
+    n = batch.num_reqs
+    ids = list(batch.req_ids[:n])
     counts = [int(sched.num_scheduled_tokens[r]) for r in ids]
-    total = sum(counts)
-    pos = runner.positions[:total].to("cpu")
-    starts, at = [], 0
-    for c in counts:
-        starts.append(int(pos[at]))
-        at += c
-    return TokenMap([user_key(r, randomized) for r in ids], counts, starts)
+    return TokenMap(ids, counts, [int(x) for x in batch.num_computed_tokens_cpu[:n]])
 
 
 def _wrap_execute(runner) -> None:
     inner = runner.execute_model
-    import vllm.envs as envs
-
-    randomized = not envs.VLLM_DISABLE_REQUEST_ID_RANDOMIZATION
 
     def execute_model(scheduler_output, *args, **kwargs):
-        s = SESSION
-        if s is None:
+        if not SESSIONS:
             return inner(scheduler_output, *args, **kwargs)
-        with s.lock:
-            finished = [user_key(r, randomized) for r in scheduler_output.finished_req_ids]
-            if finished:
-                s.engine.end(finished)
-                if s.sink is not None:
-                    s.sink.write_ended(s.engine)
-            STORE.start_forward()
-            out = inner(scheduler_output, *args, **kwargs)
-            total = scheduler_output.total_num_scheduled_tokens
-            if total:
-                readings = STORE.readings(s.n_layers, total)
-                if readings is None:
-                    s.dropped += 1
-                    log.warning("eigenhooks: a forward's readings were not all written; it was not counted")
-                else:
-                    s.engine.forward(readings, _token_map(runner, scheduler_output, randomized))
-            return out
+        sessions = list(SESSIONS.values())
+        finished = list(scheduler_output.finished_req_ids)
+        if finished:
+            for s in sessions:
+                with s.lock:
+                    s.engine.end(finished)
+                    if s.sink is not None:
+                        s.sink.write_ended(s.engine)
+        STORE.start_forward()
+        out = inner(scheduler_output, *args, **kwargs)
+        total = scheduler_output.total_num_scheduled_tokens
+        if total:
+            readings = STORE.readings(sessions[0].n_layers, total)
+            tm = None if readings is None else _token_map(runner, scheduler_output)
+            for s in sessions:
+                with s.lock:
+                    if readings is None:
+                        s.dropped += 1
+                    else:
+                        s.engine.forward(readings, tm)
+            if readings is None:
+                log.warning("eigenhooks: a forward's readings were not all written; it was not counted")
+        return out
 
     runner.execute_model = execute_model
 
@@ -103,11 +105,13 @@ def _instrument(runner) -> None:
 
 
 def _serve(runner, opts: dict) -> None:
-    global SESSION
+    from .ids import api_label
     from .serve import JsonlSink
     from .session import make_session
 
-    SESSION = make_session(runner, opts.get("settings") or {}, sink=JsonlSink(opts["out"]))
+    randomized = _randomized()
+    label = lambda key: api_label(key, randomized)  # noqa: E731
+    SESSIONS[next(_IDS)] = make_session(runner, opts.get("settings") or {}, sink=JsonlSink(opts["out"]), label=label)
 
 
 def _wrap_load(cls) -> None:
@@ -146,47 +150,50 @@ def _rank0(worker) -> bool:
 class EigenhooksWorker:
     """vLLM worker extension (``worker_extension_cls``): the monitor's calls by name.
 
-    Each returns plain data (lists, dicts, strings), so ``collective_rpc`` carries it without pickling.
+    Each returns plain data (lists, dicts, strings, ints), so ``collective_rpc`` carries it without
+    pickling. A monitor's session is named by the id ``eigenhooks_start`` returned.
     """
 
-    def eigenhooks_start(self, settings: dict, log_every: int = 0) -> bool:
+    def eigenhooks_start(self, settings: dict, log_every: int = 0) -> int | None:
         """Enter a monitor with ``settings`` (``eh.monitor``'s), keeping a log point every ``log_every`` engine
-        forwards for the user's sinks (0: none); False on ranks that do not count."""
-        global SESSION
+        forwards for the user's sinks (0: none). Returns its session's id; None on ranks that do not count.
+        Sessions already entered go on: each counts every forward while it is entered."""
+        from .ids import request_label
         from .session import make_session
 
         if not _rank0(self):
-            return False
-        if SESSION is not None and SESSION.sink is not None:
+            return None
+        if any(s.sink is not None for s in SESSIONS.values()):
             raise RuntimeError(
                 "this engine is served with eigenhooks' 'out': it measures from its start, "
                 "one line per finished request; a with-block cannot start another session"
             )
-        if SESSION is not None:
-            SESSION.close()
-        SESSION = make_session(self.model_runner, settings, log_every=log_every)
-        return True
+        randomized = _randomized()
+        label = lambda key: request_label(key, randomized)  # noqa: E731
+        session = make_session(self.model_runner, settings, log_every=log_every, label=label)
+        sid = next(_IDS)
+        SESSIONS[sid] = session
+        return sid
 
-    def eigenhooks_read(self) -> dict | None:
-        """The entered monitor's state (open requests folded in) and its per-request rows."""
-        s = SESSION
+    def eigenhooks_read(self, sid: int) -> dict | None:
+        """Session ``sid``'s state (open requests folded in) and its per-request rows."""
+        s = SESSIONS.get(sid)
         if s is None:
             return None
         with s.lock:
             return {"state": s.engine.state_dict(), "requests": s.engine.rows(), "dropped": s.dropped,
                     "n_forwards": s.engine.n_forwards, "log_points": s.engine.take_log_points()}  # fmt: skip
 
-    def eigenhooks_stop(self) -> dict | None:
-        """Leave the monitor: its final read, then nothing is copied any more."""
-        global SESSION
-        out = self.eigenhooks_read()
-        if SESSION is not None:
-            SESSION.close()
-        SESSION = None
+    def eigenhooks_stop(self, sid: int) -> dict | None:
+        """Leave session ``sid``: its final read, then it is told nothing more (the others go on)."""
+        out = self.eigenhooks_read(sid)
+        s = SESSIONS.pop(sid, None)
+        if s is not None:
+            s.close()
         return out
 
 
 if "vllm" in sys.modules:  # imported by vLLM resolving the worker extension (not by a walk of the package)
     install()
 
-__all__ = ["EigenhooksWorker", "install", "opted_in", "user_key"]
+__all__ = ["SESSIONS", "EigenhooksWorker", "install", "opted_in"]

@@ -1,0 +1,47 @@
+"""The adapter over a checkpoint folder's attention tensors: what an engine loaded, read without the model.
+
+An engine's own weights are merged, sharded across workers and repacked by its backend, so eigenhooks
+reads F = O V (and the norms feeding attention) from the checkpoint the engine loaded: the tensors the
+architecture's layout names (``models.vllm_weights.ARCHITECTURES``), from its safetensors files
+(``zoo.checkpoint``), in the dtype the engine computes in. ``eh.spectra`` of an engine and the monitor's
+plan (in the user's process and the engine's worker) are built from it; no transformers model is loaded.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from ..models import Adapter
+from ..models import vllm_weights as layouts
+from ..zoo import checkpoint
+
+
+def folder_adapter(folder: str | Path, dtype: torch.dtype | None = None, architecture=None, dims=None) -> Adapter:
+    """The adapter over the attention weights a checkpoint folder holds (what a vLLM engine reads).
+
+    Args:
+        folder: a folder saved with ``save_pretrained`` (config.json and safetensors files).
+        dtype: the dtype to read the weights in (the engine's; None: as stored).
+        architecture: the vLLM architecture (default: the first of config.json's ``architectures``).
+        dims: ``models.vllm_weights.attention_dims`` of the config (default: read from config.json).
+
+    Raises:
+        UnsupportedModelError: an architecture ``models.vllm_weights.ARCHITECTURES`` does not know.
+        ModelLoadError: no config.json, no safetensors, or a tensor the layout names is missing.
+    """
+    folder = Path(folder)
+    if architecture is None or dims is None:
+        cfg = checkpoint.read_config(folder)
+        architecture = architecture or layouts.architecture_of(folder, cfg)
+        dims = dims or layouts.attention_dims(cfg)
+    layout = layouts.layout_for(architecture)
+    names = [n for i in range(dims.n_layers) for n in layout.names(i).values()]
+    tensors = checkpoint.read_tensors(folder, names, dtype)
+    dt = str(dtype or next(iter(tensors.values())).dtype).replace("torch.", "")
+    read = lambda name: checkpoint.read_tensors(folder, [name], dtype)[name]
+    return layouts.checkpoint_adapter(tensors, layout, dims, f"{folder} ({architecture}, {dt})", read)
+
+
+__all__ = ["folder_adapter"]
