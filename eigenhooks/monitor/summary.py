@@ -91,7 +91,8 @@ def summary_table(
             df[name] = [V.verdict(qv, lv, n, read_mid) for qv, lv, n in zip(df[q], df[lift], df["verdict_sequences"])]
         detectable_columns(df, first, fam)
         detectable_tilt(df, first, fam, nulls)
-        df = df[[c for c in FIRST if c in df.columns] + [c for c in df.columns if c not in FIRST]]
+        rest = [c for c in df.columns if c not in FIRST and c != "verdict_haar"]
+        df = df[[c for c in FIRST if c in df.columns] + rest + ["verdict_haar"]]  # last: a text every row fills
     df.attrs["per_layer"] = [c for m in config.measures for c in df.columns if c.startswith(m.name + ".")]
     return df
 

@@ -75,8 +75,9 @@ def _is_missing(v) -> bool:
 
 
 def cut_rows(df) -> list[int]:
-    """Indices of rows a cut line left without a layer or a verdict (every whole row has both)."""
-    cols = [c for c in ("layer", "target", "verdict") if c in df.columns]
+    """Indices of rows a cut line left without a layer, a verdict or the last column (every whole row has them:
+    ``verdict_haar`` is the table's last column, a text every row fills)."""
+    cols = [c for c in ("layer", "target", "verdict", "verdict_haar") if c in df.columns]
     return [i for i, r in enumerate(df[cols].to_dict("records")) if any(_is_missing(r[c]) for c in cols)]
 
 

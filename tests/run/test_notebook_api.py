@@ -62,15 +62,15 @@ def test_plot_is_one_figure_of_rho_with_its_band_and_gamma_per_target(watched):
     fig = mon.plot()
     assert isinstance(fig, Figure)
     axes = fig.axes
-    assert len(axes) == 4  # (rho, gamma) x 2 targets
+    assert len(axes) == 6  # (Δγ, rho, gamma) x 2 targets
     titles = [a.get_title() for a in axes if a.get_title()]
-    assert titles == ["ov/modulus: ρ per layer against the Haar null", "ov/residual: ρ per layer against the Haar null"]
-    rho_ax = axes[0]
+    assert titles[:2] == [f"ov/{r}: the tilt per layer (the verdict's test)" for r in ("modulus", "residual")], titles
+    rho_ax = next(a for a in axes if a.get_ylabel().startswith("ρ"))
     labels = [t.get_text() for t in rho_ax.get_legend().get_texts()]
     assert "null ρ 95% band" in labels and "ρ, 95% CI" in labels
     assert "mean alignment γ" in [a.get_ylabel() for a in axes]
     one = mon.plot("residual")
-    assert len(one.axes) == 2 and one.axes[0].get_title().startswith("ov/residual")
+    assert len(one.axes) == 3 and one.axes[0].get_title().startswith("ov/residual")
     with pytest.raises(ValueError, match="no rows for target 'ov/nothing'"):
         mon.plot("ov/nothing")
 

@@ -236,5 +236,5 @@ def test_the_report_is_self_contained(runs, tmp_path):
     page = (out / "report.html").read_text()
     assert not re.search(r"""(src|href)\s*=\s*["']?(https?:)?//|@import|url\(\s*["']?(https?:)?//""", page)
     assert page.count("<style>") == 1 and "<link" not in page
-    for col in ("layer", "target", "verdict", "ρ [95% CI]", "eig rank"):
+    for col in ("layer", "target", "verdict", "Δγ [95% CI]", "null Δγ 95%", "ρ [95% CI]", "eig pct"):
         assert f"<dt>{col}</dt>" in page  # the legend names every column of the table
