@@ -22,6 +22,7 @@ from ..monitor.summary import head_rows, layer_rows
 from . import direction_report
 from .findings import stood_out
 from .integrity import cut_rows, damage
+from .table import RUN_COLUMNS
 
 PLOTS = (
     (
@@ -34,7 +35,11 @@ PLOTS = (
     ("heatmap.png", "Per-token alignment, first sequence (tokens x layers)"),
 )
 # the run table's columns (eigenhooks.run.table), then these raw ones
+# the run table's columns but kind and |λ1| (in the raw columns below it): the table fits 1280 px
+REPORT_COLUMNS = tuple(c for c in RUN_COLUMNS if c[0] not in ("kind", "|λ1|"))
 EXTRA = (
+    "kind",
+    "abs_lambda_1",
     "k",
     "gap_ratio",
     "n_tokens",
@@ -86,7 +91,7 @@ td, th { border: 1px solid #ccc; padding: 3px 7px; text-align: right; white-spac
 th { background: #f3f3f3; }
 .tablebox { overflow: auto; max-height: 70vh; width: fit-content; max-width: 100%; border: 1px solid #bbb; margin: .5em 0; }
 .tablebox table { border-collapse: separate; border-spacing: 0; margin: 0; }
-.tablebox td, .tablebox th { border: 0; border-right: 1px solid #e2e2e2; border-bottom: 1px solid #e2e2e2; }
+.tablebox td, .tablebox th { border: 0; border-right: 1px solid #e2e2e2; border-bottom: 1px solid #e2e2e2; padding: 3px 5px; }
 .tablebox thead th { position: sticky; top: 0; z-index: 2; background: #eceff3; border-bottom: 1px solid #aaa; }
 .tablebox .key { position: sticky; left: 0; z-index: 1; background: #fff; text-align: left; }
 .tablebox thead th.key { z-index: 3; background: #eceff3; }
@@ -259,7 +264,7 @@ def _verdict_counts(df) -> str:
 def _run_table(df) -> str:
     from .table import rows as table_rows
 
-    heads, cells = table_rows(df)
+    heads, cells = table_rows(df, REPORT_COLUMNS)
     head = "".join(f'<th class="{"left" if h in LEFT else ""}" scope="col">{html.escape(h)}</th>' for h in heads)
     body, last = [], None
     odd = False

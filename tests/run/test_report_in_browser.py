@@ -177,7 +177,7 @@ window.addEventListener("load", function () {
     var x = r(ex); x.scrollW = ex.scrollWidth; x.clientW = ex.clientWidth;
     x.keyFirst = ex.querySelector("tbody td").classList.contains("key"); return x; });
   m.verdicts = {};
-  ["toward", "away", "indistinguishable", "too-few-tokens"].forEach(function (v) {
+  ["toward", "away", "indistinguishable", "too-few-sequences"].forEach(function (v) {
     var cells = tab.querySelectorAll("td.verdict.v-" + v);
     m.verdicts[v] = {n: cells.length, bg: cells.length ? getComputedStyle(cells[0]).backgroundColor : null};
   });
@@ -236,5 +236,5 @@ def test_the_report_is_self_contained(runs, tmp_path):
     page = (out / "report.html").read_text()
     assert not re.search(r"""(src|href)\s*=\s*["']?(https?:)?//|@import|url\(\s*["']?(https?:)?//""", page)
     assert page.count("<style>") == 1 and "<link" not in page
-    for col in ("layer", "target", "verdict", "Δγ [95% CI]", "null Δγ 95%", "ρ [95% CI]", "eig pct"):
+    for col in ("layer", "target", "verdict", "Δγ [95% CI]", "null Δγ 95%", "ρ [95% CI]", "eig pct", "kind"):
         assert f"<dt>{col}</dt>" in page  # the legend names every column of the table
