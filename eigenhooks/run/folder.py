@@ -244,8 +244,10 @@ class RunFolder:
         else:
             left = f"what was written is in {tmp}"
         where = f" ({e.filename})" if e.filename else ""
+        code = e.errno or _errno_in(str(e))  # pyarrow's OSError carries the errno only in its text
+        why = os.strerror(code) if code else (e.strerror or str(e))
         return RunFolderError(
-            f"--out {self.out}: the run could not be written: {e.strerror or e}{where}; {left}. "
+            f"--out {self.out}: the run could not be written: {why}{where}; {left}. "
             "Free some space there, or choose another --out, and run again"
         )
 
@@ -406,3 +408,9 @@ def import_whole(names) -> None:
             importlib.import_module(name)
     if pressed:
         raise KeyboardInterrupt
+
+
+def _errno_in(text: str) -> int | None:
+    """The errno an OSError's text names ("[errno 28]", as pyarrow writes it), or None."""
+    m = re.search(r"\[errno (\d+)\]", text, re.IGNORECASE)
+    return int(m.group(1)) if m else None

@@ -191,4 +191,6 @@ def test_main_job_end_to_end(smollm2, tmp_path):
     assert (df["n_tokens"] == 512).all()
     for f in ("summary.csv", "meta.json", "stats.jsonl", "spectra.json", "report.html"):
         assert (res.out / f).exists(), f
-    assert df["p_null"].between(0, 1).all() and set(df["verdict"]) <= {"toward", "away", "indistinguishable"}
+    assert df["p_null"].between(0, 1).all() and set(df["verdict_haar"]) <= {"toward", "away", "indistinguishable"}
+    # 512 tokens are 4 sequences: the verdict scores half of them against a null estimated on the other half
+    assert (df["verdict"] == "too few sequences").all() and (df["verdict_sequences"] == 2).all()
