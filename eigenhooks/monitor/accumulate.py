@@ -40,7 +40,7 @@ class Undo:
     krows: dict
     free: list
     sample: list | None = None  # what ``Sample.add`` changed
-    ordinals: tuple = ()  # (open rows' ids, open requests' ids)
+    ids: tuple = ()  # (open rows' sequence ids, open requests' ids)
 
 
 class Accumulator:
@@ -113,8 +113,8 @@ class Accumulator:
         if self.sample is not None and u.sample:
             self.sample.undo(u.sample)
             self.sample_version += 1
-        if u.ordinals:
-            self.open_ids, self.request_ids = u.ordinals
+        if u.ids:
+            self.open_ids, self.request_ids = u.ids
 
     def _buffer(self, step: Step | None, shapes: tuple) -> None:
         """Keep a forward's one-token step as it is (one append; no work per layer), and flush every layer
