@@ -1,11 +1,13 @@
 """Does the verdict hang on its seeds, and what does summary() cost? SmolLM2 on the main job's text (issue 56).
 
-    python benchmarks/verdict_seeds.py [--model smollm2-135m] [--seeds 0 1 2] [--max-tokens 4096]
+    python benchmarks/verdict_seeds.py [--model smollm2-135m] [--seeds 0 1 2] [--max-tokens 4096] [--fixed]
 
 Runs the model once under the monitor on the batches ``eigenhooks run`` feeds it (the bundled text), then makes
 the table again from the same kept tokens with other ``null_seed`` values (the draws and the bootstrap) and other
 ``sample_seed`` values (which half of the sequences estimates the null), and counts the (layer, target) rows whose
-verdict changes. Prints the time of summary() cold (the verdict computed) and warm (cached).
+verdict changes, each question's apart. Prints the time of summary() cold (the verdict computed) and warm (cached).
+``--fixed``: every layer on verdict_draws draws, as before a layer whose call hangs on the draws was scored again on
+``verdict.EXTEND`` times as many (the comparison that says what the extension buys).
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import time
 import torch
 
 import eigenhooks as eh
+from eigenhooks.monitor import verdict
 from eigenhooks.run import load_texts, make_batches
 
 
@@ -35,7 +38,10 @@ def main() -> None:
     ap.add_argument("--model", default="smollm2-135m")
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     ap.add_argument("--max-tokens", type=int, default=4096)
+    ap.add_argument("--fixed", action="store_true", help="no extension: verdict_draws draws on every layer")
     args = ap.parse_args()
+    if args.fixed:
+        verdict.UNSURE = 0.0  # no call counts as hanging on the draws: none is scored again
     model, tok = eh.load_model(args.model)
     with eh.monitor(model) as mon, torch.no_grad():
         for ids in make_batches(tok, load_texts(), args.max_tokens, 128, 8):
@@ -55,10 +61,10 @@ def main() -> None:
     for what in ("null_seed", "sample_seed"):
         for s in args.seeds[1:]:
             df, secs = table(mon, **{what: s, **({"null_seed": 0} if what == "sample_seed" else {})})
-            diff = (df["verdict"] != base["verdict"]) | (df["verdict_static"] != base["verdict_static"])
-            rows = df.loc[diff, ["layer", "target"]].drop_duplicates("layer")
-            print(f"{what}={s}: {int(diff.sum())} rows ({len(rows)} layers) change verdict or verdict_static "
-                  f"({secs:.1f} s): {sorted(rows['layer'].tolist())}")  # fmt: skip
+            moved = {c: sorted(set(df.loc[df[c] != base[c], "layer"].tolist())) for c in ("verdict", "verdict_static")}
+            more = sorted(set(df.loc[df["verdict_draws"] > df["verdict_draws"].min(), "layer"].tolist()))
+            print(f"{what}={s}: layers whose verdict moves {moved['verdict']}, verdict_static {moved['verdict_static']}"
+                  f" ({secs:.1f} s; layers on more draws: {more})")  # fmt: skip
         table(mon, null_seed=0, sample_seed=0)
 
 

@@ -53,7 +53,7 @@ class Accumulator:
         self.sample_seed = config.sample_seed if config is not None else 0
         self.open_ids: torch.Tensor | None = None  # the open rows' sequence ids (device, int64)
         self.request_ids: dict = {}  # a flat batch's open request key -> its sequence id (a device scalar)
-        self.verdict_cache: tuple = (None, None)  # (sample version, the verdict's columns)
+        self.verdict_cache: tuple = (None, None)  # (sample version and settings, {(layer, blocks): columns})
         self.sample_version = 0
         self.state: dict[int, dict[str, torch.Tensor]] = {}
         for i, lp in plan.layers.items():
@@ -296,20 +296,24 @@ class Accumulator:
             st = fold_rows([st], kr.index_select(0, idx)[None])[0]
         return {k: v.detach().to("cpu", torch.float64) for k, v in st.items()}
 
-    def verdict(self, config) -> dict[int, list[dict]]:
-        """Each layer's targets' verdict columns (``verdict.layer_columns``), computed once per state of the sample."""
+    def verdict(self, config, blocks: dict[int, int] | None = None) -> dict[int, list[dict]]:
+        """Each layer's targets' verdict columns (``verdict.layer_columns``), on ``blocks[layer]`` blocks of draws
+        (1 where not given), each computed once per state of the sample and settings."""
         from .plan import seed
         from .verdict import layer_columns
 
-        key = (self.sample_version, id(self.sample))
+        key = (self.sample_version, id(self.sample), config.verdict_draws, config.sample_seed, config.null_seed)
         if self.verdict_cache[0] != key:
-            host = self.sample.host if self.sample is not None else (lambda i: None)
-            got = {
-                i: layer_columns(host(i), lp.targets, config, seed(config, i, 2000))
-                for i, lp in self.plan.layers.items()
-            }
-            self.verdict_cache = (key, got)
-        return self.verdict_cache[1]
+            self.verdict_cache = (key, {})
+        cache = self.verdict_cache[1]
+        host = self.sample.host if self.sample is not None else (lambda i: None)
+        out = {}
+        for i, lp in self.plan.layers.items():
+            b = (blocks or {}).get(i, 1)
+            if (i, b) not in cache:
+                cache[(i, b)] = layer_columns(host(i), lp.targets, config, seed(config, i, 2000), blocks=b)
+            out[i] = cache[(i, b)]
+        return out
 
     def running(self) -> list[list[torch.Tensor]]:
         """Each layer's fields that the sinks' running values read (``measures.running_fields``), in layer

@@ -43,8 +43,7 @@ def summary_table(
     """
     import pandas as pd
 
-    rows, bases, nulls = [], [], []
-    vcols = verdict(config) if verdict is not None else {}
+    rows, bases = [], []
     heads = any(meta.head is not None for lp in plan.layers.values() for meta in lp.meta)
     for layer, lp in sorted(plan.layers.items()):
         st = current(layer)
@@ -63,10 +62,6 @@ def summary_table(
             tie = seed(config, layer, 1000)
             row.update(summarize(st, ti, lp.bases.k_index[ti], t.k, post_norm, tie, lp.bases.measures, layer))
             row["null_seed"] = config.null_seed
-            got = vcols.get(layer)
-            v = dict(got[ti]) if got else V.nan_columns(K=config.verdict_draws)
-            nulls.append(v.pop("_null", None))
-            row.update(v)
             rows.append(row)
     df = pd.DataFrame(rows)
     if heads:  # head targets' query head; <NA> on the layer targets' rows (an empty cell in CSV)
@@ -83,9 +78,7 @@ def summary_table(
             stats.verdict(q, lift, null_tokens=n, read_mid=read_mid)
             for q, lift, n in zip(df["q_null"], df["dgamma_lift"], df["null_tokens"])
         ]
-        for p, q in (("p_tilt", "q_tilt"), ("p_static", "q_static")):  # BH per question (docs/concepts.md)
-            df[p] = [df[p].iat[j] for j in first]
-            df[q] = q_values(df["layer"].tolist(), bases, fam, df[p].tolist(), first)
+        nulls = verdict_columns(df, plan, config, verdict, first, bases, fam)
         df["static_lift"] = df["static"] - df["static_null_median"]
         for name, q, lift in (("verdict", "q_tilt", "tilt_lift"), ("verdict_static", "q_static", "static_lift")):
             df[name] = [V.verdict(qv, lv, n, read_mid) for qv, lv, n in zip(df[q], df[lift], df["verdict_sequences"])]
@@ -95,6 +88,36 @@ def summary_table(
         df = df[[c for c in FIRST if c in df.columns] + rest + ["verdict_haar"]]  # last: a text every row fills
     df.attrs["per_layer"] = [c for m in config.measures for c in df.columns if c.startswith(m.name + ".")]
     return df
+
+
+def verdict_columns(df, plan: Plan, config: MonitorConfig, verdict, first, bases, fam) -> list:
+    """The verdict's columns (``verdict.COLUMNS``, q_tilt and q_static) into df; each row's tilt draws (for
+    ``detectable_tilt``). BH runs per question (docs/concepts.md). A layer where a call hangs on the draws (a q
+    within Monte-Carlo error of 0.05, ``verdict.unsure``) is scored again on ``EXTEND`` times the draws, and q
+    computed again."""
+    blocks: dict[int, int] = {}
+    for _ in range(2):
+        vcols = verdict(config, blocks) if verdict is not None else {}
+        got, nulls = [], []
+        for layer, lp in sorted(plan.layers.items()):
+            for ti in range(len(lp.targets)):
+                v = dict(vcols[layer][ti]) if vcols.get(layer) else V.nan_columns(K=config.verdict_draws)
+                nulls.append(v.pop("_null", None))
+                got.append(v)
+        for c in V.COLUMNS:
+            df[c] = [v[c] for v in got]
+        for p, q in (("p_tilt", "q_tilt"), ("p_static", "q_static")):
+            df[p] = [df[p].iat[j] for j in first]
+            df[q] = q_values(df["layer"].tolist(), bases, fam, df[p].tolist(), first)
+        more = {
+            int(r.layer): V.EXTEND
+            for r in df[["layer", "p_tilt", "q_tilt", "p_static", "q_static", "verdict_draws"]].itertuples()
+            if V.unsure(r.p_tilt, r.q_tilt, r.verdict_draws) or V.unsure(r.p_static, r.q_static, r.verdict_draws)
+        }
+        if not more.keys() - blocks.keys():
+            break
+        blocks.update(more)
+    return nulls
 
 
 # the columns a reader needs first: which row, what was decided, the tested effect and its interval, q

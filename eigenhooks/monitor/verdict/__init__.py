@@ -29,6 +29,22 @@ MIN_SEQUENCES = 10  # in each half: fewer and the bootstrap's interval (and Σ's
 BOOT = 2000  # cluster-bootstrap resamples of S's sequences
 TOO_FEW_SEQ = "too few sequences"
 CHUNK = 1024  # frames projected at a time (memory bound)
+BLOCK_SEED = 1_000_003  # a block's stream: seed + 7919 k + BLOCK_SEED b
+# Where a call hangs on the draws, the layer is scored again on EXTEND x K draws, so that another null_seed rarely
+# moves a call (docs/concepts.md, "The verdict"; benchmarks/verdict_seeds.py). A p rests on r = p (K + 1) / 2 draws
+# past the target, a relative error of about 1 / sqrt(r) (a p near 0.005 at K = 4,999: ~30%); a call hangs on the
+# draws when its q is within UNSURE such errors of 0.05 (``unsure``).
+UNSURE, EXTEND = 3.0, 10
+
+
+def unsure(p: float, q: float, K: int, alpha: float = 0.05) -> bool:
+    """Whether a call at q (from p on K draws) could go the other way on other draws: |ln(q / alpha)| within
+    ``UNSURE`` relative Monte-Carlo errors of p."""
+    if not (math.isfinite(p) and math.isfinite(q)) or q <= 0:
+        return False
+    r = max(p * (K + 1) / 2, 1.0)
+    return abs(math.log(q / alpha)) < UNSURE / math.sqrt(r)
+
 
 # every column ``layer_columns`` gives, in the table's order
 COLUMNS = (
@@ -84,15 +100,19 @@ def nan_columns(n_seq: int = 0, n_tok: int = 0, K: int = 0) -> dict:
     return out
 
 
-def layer_columns(h: dict | None, targets: list, config, seed: int, null: str = "covariance") -> list[dict]:
+def layer_columns(
+    h: dict | None, targets: list, config, seed: int, null: str = "covariance", blocks: int = 1
+) -> list[dict]:
     """Every target's verdict columns at one layer (``COLUMNS``), from its kept tokens ``h`` (``Sample.host``).
 
     Args:
         h: the layer's kept tokens on the CPU, or None (none kept). targets: the layer's ``TargetSpec`` list.
         config: the monitor's settings (verdict_draws, sample_seed). seed: this layer's draw seed.
-        null: the null family (``NULLS``).
+        null: the null family (``NULLS``). blocks: the draws are ``blocks`` x verdict_draws, in blocks of
+            verdict_draws, each its own seeded stream (the first block is the same whatever ``blocks``:
+            ``EXTEND`` adds blocks where a call hangs on the draws).
     """
-    K = config.verdict_draws
+    K = config.verdict_draws * blocks
     if h is None or not len(h["seq"]):
         return [nan_columns(K=K) for _ in targets]
     Xb_E, seq_E, Xb_S, Xm_S, seq_S, n_E, n_S = split(h, config.sample_seed)
@@ -109,10 +129,14 @@ def layer_columns(h: dict | None, targets: list, config, seed: int, null: str = 
     out = []
     for t in targets:
         k = t.k
-        if k not in frames:  # one seeded stream a k: a subspace's draws do not depend on the other targets
-            D = family.draws(fitted, K, k, torch.Generator().manual_seed(seed + 7919 * k))
-            sp, sm = per_sequence(D, Xb_S, Xm_S, seq_S, n_S)
-            frames[k] = ((sm - sp).sum(1) / n.sum(), sp.sum(1) / n.sum())
+        if k not in frames:  # one seeded stream a (k, block): a subspace's draws do not depend on the other targets
+            tilts, statics = [], []
+            for b in range(blocks):  # a block's frames are dropped once scored: memory is one block's
+                gen_b = torch.Generator().manual_seed(seed + 7919 * k + BLOCK_SEED * b)
+                sp, sm = per_sequence(family.draws(fitted, config.verdict_draws, k, gen_b), Xb_S, Xm_S, seq_S, n_S)
+                tilts.append((sm - sp).sum(1) / n.sum())
+                statics.append(sp.sum(1) / n.sum())
+            frames[k] = (torch.cat(tilts), torch.cat(statics))
         tilt_null, static_null = frames[k]
         sp, sm = per_sequence(t.U.to(torch.float64)[None], Xb_S, Xm_S, seq_S, n_S)
         tilt, static = float((sm - sp).sum() / n.sum()), float(sp.sum() / n.sum())
@@ -188,4 +212,5 @@ __all__ = [
     "Sample",
     "TOO_FEW_SEQ",
     "layer_columns",
+    "unsure",
 ]
