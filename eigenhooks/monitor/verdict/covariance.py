@@ -45,14 +45,15 @@ def draws(fitted: Fitted, K: int, k: int, gen: torch.Generator) -> torch.Tensor:
         fitted: ``fit``'s result. K: draws. k: their dimension. gen: the seeded generator (CPU).
 
     Returns:
-        (K, d, k) float64.
+        (K, d, k) float32: a direction needs no more (its scores are float32 projections, ``per_sequence``), and
+        the draws are most of the verdict's time.
     """
     X, seq, S = fitted
     pick = torch.randint(S, (K, S), generator=gen)  # each draw's resample of the sequences
-    mult = torch.zeros(K, S, dtype=torch.float64).scatter_add_(1, pick, torch.ones(K, S, dtype=torch.float64))
+    mult = torch.zeros(K, S).scatter_add_(1, pick, torch.ones(K, S))
     w = mult[:, seq].sqrt().T  # (n, K): √(each token's sequence's multiplicity)
-    z = torch.randn(X.shape[0], K, k, generator=gen, dtype=torch.float64) * w[:, :, None]
-    out = (X.T @ z.reshape(X.shape[0], K * k)).reshape(X.shape[1], K, k).permute(1, 0, 2)  # (K, d, k)
+    z = torch.randn(X.shape[0], K, k, generator=gen) * w[:, :, None]
+    out = (X.float().T @ z.reshape(X.shape[0], K * k)).reshape(X.shape[1], K, k).permute(1, 0, 2)  # (K, d, k)
     return orthonormal(out)
 
 
