@@ -109,25 +109,41 @@ def resolution(name: str, max_tokens: int, K: int = 1999) -> str:
     )
 
 
+HEADER = (
+    "# Findings\n\nThe first section, \"The verdict's null\", is the issue-56 study of the verdict's null "
+    "(`benchmarks/verdict_null.py`, `verdict_calibration.py`, `verdict_power.py`, `verdict_seeds.py`; its tables "
+    "by `benchmarks/verdict_null_tables.py`), kept as it is when this file is written again. The per-model tables "
+    "after it are written by `python benchmarks/findings.py` (do not edit them by hand), last before the verdict "
+    "changed (2026-12-07): their `verdict` column is what `summary()` now calls `verdict_haar`, and their columns "
+    "are the old run table's. `fnull pct` is rho's percentile among directions orth(F g) (one power step from a "
+    "random start); `p_binom` is the token-level test of rho = 0.5 for this fixed direction, not a test of v_1; "
+    "`verdict_haar` tests Δγ on the null's tokens against a t_8 fitted to Haar-random subspaces' Δγ (`p_null`, "
+    "docs/concepts.md); `detectable Δγ` is the smallest planted Δγ it would call at 80% power, alone among the "
+    "table's hypotheses; `p_rho_mc` is rho's Monte-Carlo p.\n"
+)
+BEGIN, END = "<!-- begin: the verdict's study", "<!-- end: the verdict's study -->"
+
+
+def kept_study(text: str) -> str:
+    """The verdict's study, between its markers, as the file holds it ("" if it holds none): written by hand
+    from the verdict benchmarks' logs, so this script keeps it rather than writes it."""
+    a, b = text.find(BEGIN), text.find(END)
+    return text[a : b + len(END)] + "\n" if a >= 0 and b > a else ""
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--max-tokens", type=int, default=4096)
     ap.add_argument("--out", default=str(Path(__file__).resolve().parent.parent / "docs" / "findings.md"))
     args = ap.parse_args()
-    parts = [
-        "# Findings\n\nWritten by `python benchmarks/findings.py` (do not edit by hand). Columns as in the "
-        "README; `fnull pct` is rho's percentile among directions orth(F g) (one power step from a random "
-        "start); `p_binom` is the token-level test of rho = 0.5 for this fixed direction, not a test of v_1. "
-        "The verdict tests Δγ = γ_mid - γ_pre on the null's tokens against a t_8 fitted to the random subspaces' "
-        "Δγ (`p_null`, docs/concepts.md); `detectable Δγ` is the smallest planted Δγ it would call at 80% power, "
-        "alone among the table's hypotheses; `p_rho_mc` is rho's Monte-Carlo p, the verdict's p before 2026-12.\n"
-    ]
+    out = Path(args.out)
+    parts = [HEADER, kept_study(out.read_text(encoding="utf-8") if out.exists() else "")]
     for name in MODELS:
         print(f"running {name} ...", flush=True)
         parts.append(section(name, args.max_tokens))
     print("running smollm2-135m with K = 1999 ...", flush=True)
     parts.append(resolution("smollm2-135m", args.max_tokens))
-    Path(args.out).write_text("\n".join(parts))
+    out.write_text("\n".join(p for p in parts if p))
     print(f"wrote {args.out}")
 
 
