@@ -352,9 +352,10 @@ def fmt_mb(n: int) -> str:
     return f"{n / 2**20:.1f} MB"
 
 
-def print_steered(title: str, rows: list[list[str]], top_k: int) -> None:
-    """The steer command's table (``steered_rows``), saying under it why its rows are in their order."""
-    order = f"rows: the top {top_k} before and after, and --toward; most probable after steering first"
+def print_steered(title: str, rows: list[list[str]], top_k: int, where: str) -> None:
+    """The steer command's table (``steered_rows``), saying under it why its rows are in their order and
+    ``where`` its probabilities are read (e.g. "at the prompt's last token")."""
+    order = f"rows: the top {top_k} before and after, and --toward; most probable after steering first; p: {where}"
     emit(title, ["next token", "p before", "p after", "change"], rows, False, [], wrap=("next token",), caption=order)
 
 
