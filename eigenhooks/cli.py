@@ -19,7 +19,7 @@ from .monitor.measures import NULL_SETTINGS as NULL_OPTIONS
 from .monitor.summary import layer_rows
 from .run.checks import interrupted
 from .run.commandline import ReadableTyper, VersionOpt, as_flags, one_line_warnings, quiet_libraries
-from .run.table import emit, fmt_complex, fmt_mb, print_head_table, print_run_table, print_steered, steered_rows
+from .run.table import emit, fmt_complex, fmt_mb, print_head_table, print_run_table, print_steered, steered_where
 
 app = ReadableTyper(add_completion=False, no_args_is_help=True, help="Power-method alignment of transformer tokens.")
 
@@ -264,9 +264,7 @@ def _interrupted_line(res) -> str:
 def steer(
     model: ModelArg = "gpt2-tiny",
     toward: Annotated[str, typer.Option(help="a token (e.g. ' return') or a .npy file with a unit vector")] = " return",
-    prompt: Annotated[
-        list[str] | None, typer.Option(help="prompt(s); repeat the flag for several: one batch, p averaged over them")
-    ] = None,
+    prompt: Annotated[list[str] | None, typer.Option(help="prompt(s); repeat for more: one batch, p averaged")] = None,
     gap_ratio: Annotated[
         float | None,
         typer.Option(
@@ -306,6 +304,7 @@ def steer(
         from . import steer as _steer
         from .steer import direction as _direction
         from .steer.edit import check_steered, check_strength
+        from .steer.positions import last_token_probs, prompt_batch
         from .zoo.loading import UNTRAINED_HEAD, load_model
 
         alpha, gap_ratio = check_strength(alpha, gap_ratio)  # before loading: a bad strength is no weight error
@@ -331,21 +330,18 @@ def steer(
         untrained = getattr(m, UNTRAINED_HEAD, False)  # load_model found no head in the checkpoint
         random_head = untrained or _direction.lm_head_looks_random(m)
         prompts = prompt or ["def f(x):\n    y = x + 1\n   "]
-        batch, real = _prompt_batch(tok, prompts)
+        batch, real = prompt_batch(tok, prompts)
         with torch.no_grad():
-            before = _next_token_probs(m(**batch), real)  # (prompts, vocab)
+            before = last_token_probs(m(**batch), real)  # (prompts, vocab)
         kw = dict(layer=layer, alpha=alpha, gap_ratio=gap_ratio, mode=mode, allow_shared=allow_shared)
         with _steer(m, u, method=method, signed=False if symmetric else None, **kw) as s:
             with torch.no_grad():
-                after = _next_token_probs(m(**batch), real)
+                after = last_token_probs(m(**batch), real)
             rep = s.summary(target_token=None if random_head else target)
         check_steered(before, after, alpha, gap_ratio)
     except Exception as e:
         _fail(e, debug, "steer")
         return
-    rows = steered_rows(tok, before.mean(0), after.mean(0), top_k, target)
-    several = len(prompts) > 1
-    where = f"mean over the {len(prompts)} prompts, each at its last token" if several else "at the prompt's last token"
     if random_head:
         why = (
             "is not in the checkpoint and was initialised randomly when loading"
@@ -354,15 +350,8 @@ def steer(
         )
         typer.echo(f"no token table: {model}'s LM head {why}, so its token probabilities mean nothing")
     else:
-        # on lines of their own: inside the title a prompt wrapped
-        typer.echo(
-            "\n".join([f"prompts ({len(prompts)}):"] + [f"  {p!r}" for p in prompts])
-            if several
-            else f"prompt: {prompts[0]!r}"
-        )
         strength = f"alpha {alpha:g}" if alpha is not None else f"gap ratio {gap_ratio:g}"
-        title = f"{model}: the prompts' next token" if several else f"{model}: the prompt's next token"
-        print_steered(f"{title}, steered at {strength}", rows, top_k, where)
+        print_steered(model, strength, prompts, tok, before, after, top_k, target)
     typer.echo(
         f"layer {rep.layer} ({rep.method}{', signed' if rep.signed else ''}): alpha {rep.alpha:.3f}; "
         f"lambda_1 {fmt_complex(rep.lambda_1_before)} -> {fmt_complex(rep.lambda_1)}, "
@@ -370,28 +359,8 @@ def steer(
     )
     typer.echo(f"final residuals' mean |cos| with u: {rep.alignment_before:.3f} -> {rep.alignment_after:.3f}")
     if rep.prob_before is not None:
-        rose = f" (rose in {rep.prob_raised} of {rep.n_sequences})" if several else ""
-        typer.echo(f"p({toward!r}) {where}: {rep.prob_before:.2e} -> {rep.prob_after:.2e}{rose}")
-
-
-def _prompt_batch(tok, prompts: list[str]):
-    """Every --prompt as one right-padded batch, and its real tokens (prompts, seq) bool. Right padding keeps
-    each prompt's positions as they are alone; a tokenizer without a pad token pads with its end token."""
-    if len(prompts) > 1 and getattr(tok, "pad_token", None) is None:
-        tok.pad_token = tok.eos_token
-    if len(prompts) > 1:
-        tok.padding_side = "right"
-    batch = tok(prompts, return_tensors="pt", padding=len(prompts) > 1)
-    return batch, batch["attention_mask"].bool()
-
-
-def _next_token_probs(output, real):
-    """Each prompt's next-token probabilities (prompts, vocab) float64, at its last real token."""
-    import torch
-
-    from .steer.positions import last_logits
-
-    return torch.softmax(last_logits(output, real)[:, 0].double(), -1)
+        rose = f" (rose in {rep.prob_raised} of {rep.n_sequences})" if len(prompts) > 1 else ""
+        typer.echo(f"p({toward!r}) {steered_where(len(prompts))}: {rep.prob_before:.2e} -> {rep.prob_after:.2e}{rose}")
 
 
 def _toward_npy(model, path: str):

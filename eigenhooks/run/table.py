@@ -352,11 +352,28 @@ def fmt_mb(n: int) -> str:
     return f"{n / 2**20:.1f} MB"
 
 
-def print_steered(title: str, rows: list[list[str]], top_k: int, where: str) -> None:
-    """The steer command's table (``steered_rows``), saying under it why its rows are in their order and
-    ``where`` its probabilities are read (e.g. "at the prompt's last token")."""
-    order = f"rows: the top {top_k} before and after, and --toward; most probable after steering first; p: {where}"
-    emit(title, ["next token", "p before", "p after", "change"], rows, False, [], wrap=("next token",), caption=order)
+def steered_where(n_prompts: int) -> str:
+    """Where the steer command reads its probabilities."""
+    return (
+        f"mean over the {n_prompts} prompts, each at its last token" if n_prompts > 1 else "at the prompt's last token"
+    )
+
+
+def print_steered(model: str, strength: str, prompts: list[str], tok, before, after, top_k: int, target) -> None:
+    """The steer command's prompts, one a line (inside the title one wrapped), then its table: ``steered_rows``
+    of the next-token probabilities ``before`` and ``after`` (prompts, vocab) averaged over the prompts, saying
+    under it why its rows are in their order and where its probabilities are read."""
+    import typer
+
+    rows = steered_rows(tok, before.mean(0), after.mean(0), top_k, target)
+    several = len(prompts) > 1
+    said = [f"prompts ({len(prompts)}):"] + [f"  {p!r}" for p in prompts] if several else [f"prompt: {prompts[0]!r}"]
+    typer.echo("\n".join(said))
+    whose = "prompts'" if several else "prompt's"
+    title = f"{model}: the {whose} next token, steered at {strength}"
+    order = f"rows: the top {top_k} before and after, and --toward; most probable after steering first"
+    caption = f"{order}; p: {steered_where(len(prompts))}"
+    emit(title, ["next token", "p before", "p after", "change"], rows, False, [], wrap=("next token",), caption=caption)
 
 
 def steered_rows(tok, before, after, top_k: int, target: int | None) -> list[list[str]]:
