@@ -6,6 +6,7 @@ TTY_COMPATIBLE and COLUMNS as it reads a real one), and a pipe."""
 
 from __future__ import annotations
 
+import functools
 import re
 
 import pytest
@@ -25,8 +26,13 @@ def thirty(tmp_path_factory):
 
 
 def _invoke(args, width):
+    return _output(tuple(args), width)
+
+
+@functools.cache  # the piped output each width's check compares with: one run per command, not one per width
+def _output(args: tuple, width):
     env = {"TTY_COMPATIBLE": "0", "COLUMNS": ""} if width is None else {"TTY_COMPATIBLE": "1", "COLUMNS": str(width)}
-    r = CliRunner().invoke(app, args, env=env)
+    r = CliRunner().invoke(app, list(args), env=env)
     assert r.exit_code == 0, r.output
     return ANSI.sub("", r.stdout)
 
@@ -118,8 +124,26 @@ def test_steer(width):
     assert "p(' return') at the prompt's last token:" in text
 
 
+@pytest.fixture(scope="module")
+def run_once():
+    """The library's ``run``, each distinct study computed once: every width prints the same result (this file
+    checks the command's tables, not the run; four runs of the thirty-layer model took 51 s at load ~3)."""
+    from eigenhooks.run import job
+
+    real, done = job.run, {}
+
+    def run(model, **kw):
+        key = (model, kw["max_tokens"], kw["heads"], tuple(sorted(kw["nulls"].items())))
+        if key not in done:
+            done[key] = real(model, **kw)
+        return done[key]
+
+    return run
+
+
 @pytest.mark.parametrize("width", WIDTHS)
-def test_run_with_heads(thirty, width, tmp_path):
+def test_run_with_heads(thirty, width, tmp_path, run_once, monkeypatch):
+    monkeypatch.setattr("eigenhooks.run.job.run", run_once)
     args = ["run", str(thirty), "--heads", "--max-tokens", "200", "--null-draws", "16", "--fnull-draws", "8"]
     text = _invoke(args + ["--out", str(tmp_path / "r")], width)
     found = tables(text)
