@@ -19,7 +19,7 @@ from .monitor.measures import NULL_SETTINGS as NULL_OPTIONS
 from .monitor.summary import layer_rows
 from .run.checks import interrupted
 from .run.commandline import ReadableTyper, VersionOpt, as_flags, one_line_warnings, quiet_libraries
-from .run.table import emit, fmt_complex, fmt_mb, print_head_table, print_run_table, print_steered, steered_rows
+from .run.table import emit, fmt_complex, fmt_mb, print_head_table, print_run_table, print_steered, steered_where
 
 app = ReadableTyper(add_completion=False, no_args_is_help=True, help="Power-method alignment of transformer tokens.")
 
@@ -264,7 +264,7 @@ def _interrupted_line(res) -> str:
 def steer(
     model: ModelArg = "gpt2-tiny",
     toward: Annotated[str, typer.Option(help="a token (e.g. ' return') or a .npy file with a unit vector")] = " return",
-    prompt: Annotated[list[str] | None, typer.Option(help="prompt(s); repeat the flag for several")] = None,
+    prompt: Annotated[list[str] | None, typer.Option(help="prompt(s); repeat for more: one batch, p averaged")] = None,
     gap_ratio: Annotated[
         float | None,
         typer.Option(
@@ -295,7 +295,8 @@ def steer(
     By default (--gap-ratio 0.1) u becomes the layer's principal direction by far, a strong push that can
     take the next token to u's token almost surely; --gap-ratio 0.9 or a small --alpha (e.g. 5) steers gently.
     The table lists the top-k tokens before and after, and the --toward token, each with its probability
-    before and after.
+    before and after at the prompt's last token; with --prompt given several times, the prompts run as one
+    batch and each probability is the mean over the prompts, each read at its own last token.
     """
     try:
         import torch
@@ -303,6 +304,7 @@ def steer(
         from . import steer as _steer
         from .steer import direction as _direction
         from .steer.edit import check_steered, check_strength
+        from .steer.positions import last_token_probs, prompt_batch
         from .zoo.loading import UNTRAINED_HEAD, load_model
 
         alpha, gap_ratio = check_strength(alpha, gap_ratio)  # before loading: a bad strength is no weight error
@@ -328,19 +330,18 @@ def steer(
         untrained = getattr(m, UNTRAINED_HEAD, False)  # load_model found no head in the checkpoint
         random_head = untrained or _direction.lm_head_looks_random(m)
         prompts = prompt or ["def f(x):\n    y = x + 1\n   "]
-        batch = tok(prompts[:1], return_tensors="pt")
+        batch, real = prompt_batch(tok, prompts)
         with torch.no_grad():
-            before = torch.softmax(m(**batch).logits[0, -1].double(), -1)
+            before = last_token_probs(m(**batch), real)  # (prompts, vocab)
         kw = dict(layer=layer, alpha=alpha, gap_ratio=gap_ratio, mode=mode, allow_shared=allow_shared)
         with _steer(m, u, method=method, signed=False if symmetric else None, **kw) as s:
             with torch.no_grad():
-                after = torch.softmax(m(**batch).logits[0, -1].double(), -1)
+                after = last_token_probs(m(**batch), real)
             rep = s.summary(target_token=None if random_head else target)
         check_steered(before, after, alpha, gap_ratio)
     except Exception as e:
         _fail(e, debug, "steer")
         return
-    rows = steered_rows(tok, before, after, top_k, target)
     if random_head:
         why = (
             "is not in the checkpoint and was initialised randomly when loading"
@@ -349,9 +350,8 @@ def steer(
         )
         typer.echo(f"no token table: {model}'s LM head {why}, so its token probabilities mean nothing")
     else:
-        typer.echo(f"prompt: {prompts[0]!r}")  # on a line of its own: inside the title it wrapped
         strength = f"alpha {alpha:g}" if alpha is not None else f"gap ratio {gap_ratio:g}"
-        print_steered(f"{model}: the prompt's next token, steered at {strength}", rows, top_k)
+        print_steered(model, strength, prompts, tok, before, after, top_k, target)
     typer.echo(
         f"layer {rep.layer} ({rep.method}{', signed' if rep.signed else ''}): alpha {rep.alpha:.3f}; "
         f"lambda_1 {fmt_complex(rep.lambda_1_before)} -> {fmt_complex(rep.lambda_1)}, "
@@ -359,7 +359,8 @@ def steer(
     )
     typer.echo(f"final residuals' mean |cos| with u: {rep.alignment_before:.3f} -> {rep.alignment_after:.3f}")
     if rep.prob_before is not None:
-        typer.echo(f"p({toward!r}) at the prompt's last token: {rep.prob_before:.2e} -> {rep.prob_after:.2e}")
+        rose = f" (rose in {rep.prob_raised} of {rep.n_sequences})" if len(prompts) > 1 else ""
+        typer.echo(f"p({toward!r}) {steered_where(len(prompts))}: {rep.prob_before:.2e} -> {rep.prob_after:.2e}{rose}")
 
 
 def _toward_npy(model, path: str):

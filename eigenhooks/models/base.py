@@ -183,6 +183,15 @@ class Layer:
     d_model: int | None = None
     norm_offset: float = 0.0
 
+    def __repr__(self) -> str:  # a line: where the layer sits and how its F is read; the modules are its fields
+        where = f"{self.stack} " if self.stack else ""
+        name = f" {self.name!r}" if self.name else ""
+        f_from = "weights" if self.factors is not None else "the probe"
+        return (
+            f"Layer({where}{self.index}{name}: {type(self.block).__name__}, {self.kind}-attention, "
+            f"norm {type(self.norm).__name__ if self.norm is not None else None}, group {self.group}, F from {f_from})"
+        )
+
 
 def norm_scale(norm: nn.Module | None, offset: float = 0.0) -> torch.Tensor | None:
     """The elementwise scale a norm multiplies its normalised input by: ``weight + offset``, float64.
@@ -239,6 +248,37 @@ class Adapter:
     @property
     def n_layers(self) -> int:
         return len(self.layers)
+
+    def __repr__(self) -> str:  # a line: the layout a reader checks; the model itself is ``model``
+        stacks = sorted({layer.stack for layer in self.layers} - {""})
+        towers = f" ({', '.join(stacks)})" if stacks else ""
+        heads = f"{self.n_heads} heads" + (f" / {self.n_kv_heads} kv" if self.n_kv_heads != self.n_heads else "")
+        notes = f", {len(self.notes)} note{'s' * (len(self.notes) != 1)}" if self.notes else ""
+        return (
+            f"Adapter({self.family!r} on {self.backend}, {type(self.model).__name__}: "
+            f"{self.n_layers} layers{towers}, {self.norm_position}-norm, d_model={self.d_model}, {heads}{notes})"
+        )
+
+    def to_frame(self):
+        """One row per layer (index, stack, name, block, kind, norm, group, F from weights), a pandas DataFrame."""
+        import pandas as pd
+
+        rows = [
+            {
+                "layer": layer.index,
+                "stack": layer.stack,
+                "name": layer.name,
+                "block": type(layer.block).__name__,
+                "kind": layer.kind,
+                "norm": type(layer.norm).__name__ if layer.norm is not None else None,
+                "group": layer.group,
+                "parallel": layer.parallel,
+                "linear": layer.linear,
+                "F_from_weights": layer.factors is not None,
+            }
+            for layer in self.layers
+        ]
+        return pd.DataFrame(rows)
 
     def attachment(self, layers: dict, points, record, warn, read_mask: bool = True, layout=None):
         """What tells ``record`` (``attach.Record``) what this model computes at ``layers`` (the

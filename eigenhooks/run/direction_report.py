@@ -236,8 +236,8 @@ def section(run_dir: Path, fold: int = 8, heads=None) -> str:
     rows = "".join(
         "<tr>"
         + _cells([r["layer"], r["kind"], reads_as(r), *_score_cells(r)])
-        + _token_cell(r["top"])
-        + (_token_cell(r["bottom"]) if r["bottom"] else "<td>(a plane: no sign)</td>")
+        + token_cell(r["top"])
+        + (token_cell(r["bottom"]) if r["bottom"] else "<td>(a plane: no sign)</td>")
         + "</tr>"
         for r in doc["layers"]
     )
@@ -251,7 +251,7 @@ unembedding (final norm's scale folded in). The score is the larger of the top-1
 bottom-10 mean (a plane: the mean of the top-10 projection norms); the band is the same score for
 Haar-random directions. A score inside the band is no more token-like than chance. p bounds the chance
 that a random direction scores as high (its null's concentration tail), q corrects it by
-Benjamini-Hochberg over every readout below (docs/concepts.md). A cut token list shows in full on hover.</p>
+Benjamini-Hochberg over every readout below (docs/concepts.md).</p>
 <details{" open" if len(doc["layers"]) <= fold else ""}><summary>v_1 per layer ({len(doc["layers"])} rows)</summary>
 <div class="tablebox"><table id="v1-readouts"><tr>{th}</tr>{rows}</table></div></details>
 <details><summary>Per head and key/value group ({len(shown_parts(doc["parts"]))} rows)</summary>
@@ -271,10 +271,12 @@ def _score_cells(r: dict) -> list[str]:
     return [f"{r['score']:.3f}", f"{r['null_lo']:.3f}–{r['null_hi']:.3f}", fmt_p(r.get("p")), fmt_p(r.get("q"))]
 
 
-def _token_cell(pairs, n: int = 10) -> str:
-    """Tokens cut to the cell's width (CSS), the whole list on hover."""
-    text = html.escape(_tokens(pairs, n))
-    return f'<td class="tokens" title="{text}">{text}</td>'
+def token_cell(pairs, n: int = 10) -> str:
+    """A report cell of the first n tokens, wrapped to the cell's width between tokens (CSS ``td.tokens``):
+    the spaces inside a token are no-break spaces, so a line breaks inside a token only where that token
+    alone is wider than the cell. Nothing is cut: a list ended past the window at 1280 px (issue 58)."""
+    text = " ".join(html.escape(repr(t)).replace(" ", "\u00a0") for t, _ in pairs[:n])
+    return f'<td class="tokens">{text}</td>'
 
 
 def _part_row(r: dict) -> str:
@@ -283,4 +285,4 @@ def _part_row(r: dict) -> str:
     cells += [f"{r['copying_score']:+.3f}", f"{r['circuit_copying']:+.3f}"]
     read = r["readout"]
     cells += _score_cells(read) if read else ["–"] * 4
-    return "<tr>" + _cells(cells) + (_token_cell(read["top"], 5) if read else "<td>–</td>") + "</tr>"
+    return "<tr>" + _cells(cells) + (token_cell(read["top"], 5) if read else "<td>–</td>") + "</tr>"

@@ -119,7 +119,7 @@ figcaption, .note { color: #555; font-size: 13px; }
 #stood-out h2 { margin: .4em 0 .2em; font-size: 1.25em; }
 #stood-out ul { margin: .2em 0; padding-left: 1.2em; } #stood-out li { margin: .3em 0; font-size: 14px; }
 table.findings { margin: .3em 0; font-size: 12.5px; }
-td.tokens { text-align: left; max-width: 16em; overflow: hidden; text-overflow: ellipsis; }
+td.tokens { text-align: left; white-space: normal; min-width: 10em; max-width: 22em; overflow-wrap: break-word; }
 """
 
 

@@ -58,3 +58,19 @@ def next_token_probs(output, token: int) -> torch.Tensor | None:
         log.warning("the model's output has no (batch, seq, vocab) logits: no token probability to report")
         return None
     return torch.softmax(logits[:, -1].double(), -1)[:, token]
+
+
+def prompt_batch(tok, prompts: list[str]):
+    """Prompts as one right-padded batch, and its real tokens (prompts, seq) bool. Right padding keeps each
+    prompt's positions as they are alone; a tokenizer without a pad token pads with its end token."""
+    if len(prompts) > 1:
+        if getattr(tok, "pad_token", None) is None:
+            tok.pad_token = tok.eos_token
+        tok.padding_side = "right"
+    batch = tok(prompts, return_tensors="pt", padding=len(prompts) > 1)
+    return batch, batch["attention_mask"].bool()
+
+
+def last_token_probs(output, real: torch.Tensor | None) -> torch.Tensor:
+    """Each sequence's next-token probabilities (batch, vocab) float64, at its last real token (``last_logits``)."""
+    return torch.softmax(last_logits(output, real)[:, 0].double(), -1)

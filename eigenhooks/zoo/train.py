@@ -191,7 +191,11 @@ def held_out_loss(model, ids, kind, mask_id, block=128, n=32):
     return sum(losses) / len(losses)
 
 
-def train(name: str, steps: int, out: Path, batch: int = 16, block: int = 128, lr: float = 3e-3) -> dict:
+def train(
+    name: str, steps: int, out: Path, batch: int = 16, block: int = 128, lr: float = 3e-3, eval_blocks: int = 32
+) -> dict:
+    """Train one zoo model, seeded, and save it with its card under ``out / name``; ``eval_blocks`` blocks of
+    128 held-out tokens give the card's held-out losses (before and after). Returns the card."""
     torch.manual_seed(SEED)
     torch.set_num_threads(2)
     train_text, held_text = corpus()
@@ -203,7 +207,7 @@ def train(name: str, steps: int, out: Path, batch: int = 16, block: int = 128, l
     mask_id = raw.token_to_id("[MASK]")
 
     model = make_model(name)
-    untrained = held_out_loss(model, held_ids, kind, mask_id)
+    untrained = held_out_loss(model, held_ids, kind, mask_id, n=eval_blocks)
     opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.01, betas=(0.9, 0.98))
     warm = max(1, steps // 20)
     sched = torch.optim.lr_scheduler.LambdaLR(
@@ -226,7 +230,7 @@ def train(name: str, steps: int, out: Path, batch: int = 16, block: int = 128, l
             print(f"{name} step {step:5d} loss {running:.3f} ({time.time() - t0:.0f}s)", flush=True)
     model.eval()
     final_train = running
-    trained = held_out_loss(model, held_ids, kind, mask_id)
+    trained = held_out_loss(model, held_ids, kind, mask_id, n=eval_blocks)
 
     target = out / name
     target.mkdir(parents=True, exist_ok=True)

@@ -6,6 +6,7 @@ TTY_COMPATIBLE and COLUMNS as it reads a real one), and a pipe."""
 
 from __future__ import annotations
 
+import functools
 import re
 
 import pytest
@@ -25,8 +26,13 @@ def thirty(tmp_path_factory):
 
 
 def _invoke(args, width):
+    return _output(tuple(args), width)
+
+
+@functools.cache  # the piped output each width's check compares with: one run per command, not one per width
+def _output(args: tuple, width):
     env = {"TTY_COMPATIBLE": "0", "COLUMNS": ""} if width is None else {"TTY_COMPATIBLE": "1", "COLUMNS": str(width)}
-    r = CliRunner().invoke(app, args, env=env)
+    r = CliRunner().invoke(app, list(args), env=env)
     assert r.exit_code == 0, r.output
     return ANSI.sub("", r.stdout)
 
@@ -118,8 +124,26 @@ def test_steer(width):
     assert "p(' return') at the prompt's last token:" in text
 
 
+@pytest.fixture(scope="module")
+def run_once():
+    """The library's ``run``, each distinct study computed once: every width prints the same result (this file
+    checks the command's tables, not the run; four runs of the thirty-layer model took 51 s at load ~3)."""
+    from eigenhooks.run import job
+
+    real, done = job.run, {}
+
+    def run(model, **kw):
+        key = (model, kw["max_tokens"], kw["heads"], tuple(sorted(kw["nulls"].items())))
+        if key not in done:
+            done[key] = real(model, **kw)
+        return done[key]
+
+    return run
+
+
 @pytest.mark.parametrize("width", WIDTHS)
-def test_run_with_heads(thirty, width, tmp_path):
+def test_run_with_heads(thirty, width, tmp_path, run_once, monkeypatch):
+    monkeypatch.setattr("eigenhooks.run.job.run", run_once)
     args = ["run", str(thirty), "--heads", "--max-tokens", "200", "--null-draws", "16", "--fnull-draws", "8"]
     text = _invoke(args + ["--out", str(tmp_path / "r")], width)
     found = tables(text)
@@ -138,3 +162,39 @@ def test_smollm2_spectrum_heads_with_its_real_tokens(width):
     """SmolLM2's 270 heads and 90 groups with their real top tokens (the table the issue could not read)."""
     found = _check(["spectrum", "smollm2-135m", "--heads"], width, [SPECTRUM, PARTS])
     assert len([x for x in found[1]["body"] if x.split("│")[1].strip()]) == 360
+
+
+def test_the_telling_rows_measure_as_every_row_does():
+    """``fit_table`` measures a table by the rows holding each column's longest line and longest word (360 head
+    rows took 3 s a width to measure): on random rows, wrapped or not, these measure as all the rows do."""
+    import io
+    import random
+
+    from rich.console import Console
+    from rich.table import Table
+    from rich.text import Text
+
+    from eigenhooks.run.table import _telling_rows
+
+    rng = random.Random(0)
+    measure = Console(width=10_000, file=io.StringIO())
+
+    def cell() -> str:
+        text = " ".join("x" * rng.randint(1, 12) for _ in range(rng.randint(0, 6)))
+        return text + ("\n" + "y" * rng.randint(1, 40) if rng.random() < 0.1 else "")  # a second line, sometimes
+
+    def table(rows, n, no_wrap):
+        t = Table(collapse_padding=True)
+        for i in range(n):
+            t.add_column(f"c{i}", no_wrap=no_wrap, overflow="fold")
+        for r in rows:
+            t.add_row(*[Text(x) for x in r])
+        return t
+
+    for _ in range(30):
+        n = rng.randint(1, 6)
+        cells = [[cell() for _ in range(n)] for _ in range(rng.randint(1, 60))]
+        telling = _telling_rows(cells, n)
+        assert len(telling) <= 2 * n
+        for no_wrap in (True, False):
+            assert measure.measure(table(telling, n, no_wrap)) == measure.measure(table(cells, n, no_wrap))

@@ -26,7 +26,7 @@ def _draws(W, m, k, n, rng):
     """The statistic of n Haar-random m-subspaces, computed here with numpy."""
     G = rng.standard_normal((n, W.shape[1], m))
     Q = np.linalg.qr(G)[0]  # (n, d, m)
-    P = np.einsum("vd,ndm->nvm", W, Q)
+    P = W @ Q  # (n, vocab, m); a batched BLAS product (np.einsum's loop took 22 of this test's 23.5 s)
     if m == 1:
         c = np.sort(P[..., 0], axis=1)
         return np.maximum(c[:, -k:].mean(1), -c[:, :k].mean(1))

@@ -35,10 +35,12 @@ def test_zoo_size_budget():
 
 
 def test_training_script_is_seeded_and_runs(tmp_path):
-    """A few steps of the real training script, twice: same loss both times."""
+    """A few steps of the real training script, twice: same losses both times. The held-out loss on 2 blocks,
+    not the card's 32 (64 of the 67 forwards, 35 s of this test at load 3-4)."""
     from eigenhooks.zoo.train import train
 
-    a = train("gpt2-tiny", steps=3, out=tmp_path / "a", batch=2, block=32)
-    b = train("gpt2-tiny", steps=3, out=tmp_path / "b", batch=2, block=32)
+    a = train("gpt2-tiny", steps=3, out=tmp_path / "a", batch=2, block=32, eval_blocks=2)
+    b = train("gpt2-tiny", steps=3, out=tmp_path / "b", batch=2, block=32, eval_blocks=2)
     assert a["final_train_loss_ema"] == b["final_train_loss_ema"]
+    assert a["held_out_loss_trained"] == b["held_out_loss_trained"] != a["held_out_loss_untrained"]
     assert (tmp_path / "a" / "gpt2-tiny" / "model.safetensors").exists()
