@@ -11,7 +11,9 @@ a forward's end. This module is the engine-neutral contract between an engine's 
   so never counted (the request's first computed position says how long it was);
 - ``EngineRecord``: the forwards told to the monitor's record as flat batches (``models.attach.FlatRows``:
   the request is the cluster, its counters open until the scheduler ends it), and each request's own
-  counts and gamma/rho (``RequestRows``), read from the record's counters of that request.
+  counts and gamma/rho (``RequestRows``), read from the record's counters of that request
+  (``Record.request_counters``). A decoding step (one token a request) is buffered where a padded
+  batch's is, in the record's accumulator (``monitor.accumulate``): one buffer for both.
 
 It imports no engine.
 """
@@ -96,7 +98,7 @@ def flat_rows(tm: TokenMap, skips: list[int], device) -> tuple[FlatRows, torch.T
 class RequestRows:
     """Each request's own counts and gamma/rho per (layer, target): ``requests()``'s rows.
 
-    They are the record's own per-request counters (``Record.requests_end``, ``open_requests``: the tokens
+    They are the record's own per-request counters (``Record.request_counters``: the tokens
     it counted, those up, and their sums of a(pre), a(mid), a(post), ``measures.ROW``), read when a request
     ends or when the rows are asked for; nothing is measured twice. A request's rows sum to the table's.
 
@@ -150,75 +152,21 @@ class RequestRows:
         return out
 
 
-STEP_TOKENS = 256  # decoding steps staged until they hold this many tokens (the HF monitor's BUFFER_TOKENS)
-
-
-class Steps:
-    """Decoding forwards staged: one token for each of the same requests, in the same order, copied out
-    of the engine's buffers (which the next forward overwrites) into one (steps, requests, d) tensor a
-    reading, so the record measures them together, a request's steps its tokens (``FlatRows.steps``):
-    its matmuls then stream the bases once for up to ``STEP_TOKENS`` tokens, not once a step. A reading
-    that is two points (layer t's post is layer t+1's pre) is staged once."""
-
-    def __init__(self):
-        self.keys: tuple = ()
-        self.starts: list[int] = []
-        self.n = self.room = 0
-        self.bufs: list[torch.Tensor] = []  # one staging tensor per distinct reading
-        self.where: dict[str, list[int]] = {}  # point -> per layer, its staging tensor
-
-    def fits(self, tm: TokenMap) -> bool:
-        return self.n == 0 or (tuple(tm.keys) == self.keys and self.n < self.room)
-
-    def add(self, readings: dict[str, list[torch.Tensor]], tm: TokenMap) -> None:
-        if self.n == 0:
-            self._lay_out(readings, len(tm.keys))
-            self.keys, self.starts = tuple(tm.keys), list(tm.starts)
-        done = set()
-        for p, xs in readings.items():
-            for j, x in zip(self.where[p], xs):
-                if j not in done:
-                    done.add(j)
-                    self.bufs[j][self.n].copy_(x)
-        self.n += 1
-
-    def _lay_out(self, readings: dict[str, list[torch.Tensor]], R: int) -> None:
-        """Which staging tensor each reading goes to; the tensors are kept while their shape holds."""
-        self.room = max(STEP_TOKENS // R, 1)
-        x = readings["pre"][0]
-        shape, ids, self.where = (self.room, R, x.shape[-1]), {}, {}
-        for p, xs in readings.items():
-            self.where[p] = [ids.setdefault(id(t), len(ids)) for t in xs]
-        old = self.bufs
-        if len(old) != len(ids) or old[0].shape != shape or old[0].dtype != x.dtype or old[0].device != x.device:
-            self.bufs = [x.new_empty(shape) for _ in ids]
-
-    def take(self) -> tuple[dict[str, list[torch.Tensor]], FlatRows]:
-        """The staged steps as one flat batch (step-major: step s of request r is token s * R + r), and empty."""
-        S, R = self.n, len(self.keys)
-        device = self.bufs[0].device
-        row = torch.arange(R, device=device).repeat(S)
-        step = torch.arange(S, device=device).repeat_interleave(R)
-        position = torch.tensor(self.starts, device=device).repeat(S) + step
-        views = [b[:S].view(S * R, -1) for b in self.bufs]  # one object a reading: shared points stay shared
-        readings = {p: [views[j] for j in js] for p, js in self.where.items()}
-        self.n = 0
-        return readings, FlatRows(self.keys, row, position, S, S, layout="steps")
-
-
 class EngineRecord:
     """An engine's forwards told to the monitor's record (``monitor.record.Record``) as flat batches.
 
-    Decoding forwards (one token a request, the same requests) are staged (``Steps``) and told together;
-    everything that reads or ends requests tells the staged ones first.
+    Each forward is told as it ran. A decoding forward (one token a request) is kept by the record's
+    accumulator with the steps before it of the same requests, and reduced with them (its buffer, as a padded
+    batch's one-token steps); its readings are copied out of the engine's buffers first (the next forward
+    overwrites them). Whatever reads or ends requests reduces the kept steps first.
 
     Args:
         record: the record (``RecordSpec.attach`` made it, in the engine's worker).
         requests: keep each request's own rows (``RequestRows``).
         log_every: engine forwards between log points (0: none). At each, the running values the sinks
             get (``monitor.logs.Labels``) are kept with the step, the engine forwards so far, until
-            ``take_log_points``: the user's process hands them to its sinks. A log point tells the staged
-            steps first, so a small ``log_every`` costs what staging saves.
+            ``take_log_points``: the user's process hands them to its sinks. A log point reduces the kept
+            steps first, so a small ``log_every`` costs what keeping them saves.
         n_layers: the model's layers (the sinks' tags are as wide as its last layer's number).
         label: a request's key (the engine's own id of it, unique) -> the columns naming it to the user
             (``RequestRows``).
@@ -230,10 +178,8 @@ class EngineRecord:
         self.own = RequestRows(record.plan, label) if requests else None
         self.layers = sorted(record.plan.layers)
         self.n_forwards = 0
-        self.steps = Steps()
         self.log_every = log_every
         self.log_points: list[tuple[int, dict[str, float]]] = []
-        self._labels = None
         self.n_layers = n_layers or max(self.layers) + 1
 
     def forward(self, readings: dict[str, list[torch.Tensor]], tm: TokenMap) -> None:
@@ -243,38 +189,17 @@ class EngineRecord:
         if sum(skips) == tm.tokens:  # every token counted before (a preempted request's recomputation)
             return
         self.n_forwards += 1
-        if not any(skips) and all(c == 1 for c in tm.counts):  # a decoding step: staged
-            if not self.steps.fits(tm):
-                self.flush()
-            self.steps.add(readings, tm)
-            if self.steps.n == self.steps.room:
-                self.flush()
-        else:
-            self.flush()
-            flat, keep = flat_rows(tm, skips, readings["pre"][0].device)
-            self._tell(readings, flat, keep)
+        if not any(skips) and all(c == 1 for c in tm.counts):  # a decoding step: the record keeps its readings
+            readings = owned(readings)
+        flat, keep = flat_rows(tm, skips, readings["pre"][0].device)
+        self._tell(readings, flat, keep)
         if self.log_every and self.n_forwards % self.log_every == 0:
-            self._log_point()
-
-    def _log_point(self) -> None:
-        """The sinks' running values now, kept with the step (``take_log_points``)."""
-        from ..monitor.logs import Labels
-
-        self.flush()
-        rec = self.record
-        if self._labels is None:
-            self._labels = Labels(rec.plan, rec.config.reading_points, self.n_layers)
-        self.log_points.append((self.n_forwards, self._labels.now(rec.acc)))
+            self.log_points.append((self.n_forwards, self.record.log_values(self.n_layers)))
 
     def take_log_points(self) -> list[tuple[int, dict[str, float]]]:
         """The log points kept since the last call, oldest first."""
         out, self.log_points = self.log_points, []
         return out
-
-    def flush(self) -> None:
-        """Tell the record the staged decoding steps, if any."""
-        if self.steps.n:
-            self._tell(*self.steps.take(), None)
 
     def _tell(self, readings: dict[str, list[torch.Tensor]], flat: FlatRows, keep) -> None:
         rec = self.record
@@ -296,16 +221,15 @@ class EngineRecord:
 
     def end(self, keys) -> None:
         """The engine's scheduler finished these requests."""
-        self.flush()
         keys = list(keys)
-        own = self.record.requests_end(keys, own=self.own is not None)
+        own = self.record.request_counters(keys) if self.own is not None else {}
+        self.record.requests_end(keys)
         for k in keys:
             info = self.ledger.end(k)
             if self.own is not None:
                 self.own.end(k, info, own.get(k))
 
     def state_dict(self) -> dict:
-        self.flush()
         return self.record.state_dict()
 
     def take_ended(self) -> list[tuple[str, RequestInfo | None, list[dict]]]:
@@ -313,8 +237,14 @@ class EngineRecord:
         return self.own.take_done() if self.own is not None else []
 
     def rows(self) -> list[dict]:
-        self.flush()
-        return self.own.rows(self.ledger, self.record.open_requests()) if self.own is not None else []
+        return self.own.rows(self.ledger, self.record.request_counters()) if self.own is not None else []
 
 
-__all__ = ["STEP_TOKENS", "EngineRecord", "Ledger", "RequestInfo", "RequestRows", "Steps", "TokenMap", "flat_rows"]
+def owned(readings: dict[str, list[torch.Tensor]]) -> dict[str, list[torch.Tensor]]:
+    """``readings`` copied out of the engine's buffers, each tensor once (layer t's post is layer t+1's pre:
+    one copy, so the record still sees one reading)."""
+    copies: dict[int, torch.Tensor] = {}
+    return {p: [copies.setdefault(id(x), x.clone()) if p != "attn" else x for x in xs] for p, xs in readings.items()}
+
+
+__all__ = ["EngineRecord", "Ledger", "RequestInfo", "RequestRows", "TokenMap", "flat_rows"]

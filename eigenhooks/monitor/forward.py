@@ -319,8 +319,7 @@ class Forward:
             self._keep(lp.index, points, base, grid)  # reduced in batches by the accumulator
             return
         # post(t) and pre(t+1) are one tensor: its norms and sums are taken once (the memo)
-        whole = self.flat is None or self.flat.steps == 1  # one forward's sequences: their consensus counts
-        self.projections[lp.index] = project(lp.bases, points, grid, base, consensus=whole, memo=self.memo)
+        self.projections[lp.index] = project(lp.bases, points, grid, base, consensus=True, memo=self.memo)
         if self.tokens:
             self.token_records.extend(self._token_records(lp, points, base, grid.mask))
 
@@ -348,8 +347,6 @@ class Forward:
             d, layout = x.shape[-1], self.flat.layout
             if layout == "rows":  # already row-major and full: the padded batch is a view
                 padded = x.view(R, n, d)
-            elif layout == "steps":  # step-major and full: a transposed view
-                padded = x.view(n, R, d).transpose(0, 1)
             else:
                 padded = x.new_zeros(R * n, d).index_copy_(0, self.flat_place, x).view(R, n, d)
             got = self._padded[id(x)] = (x, padded)
