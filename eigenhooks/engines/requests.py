@@ -182,9 +182,10 @@ class EngineRecord:
         self.log_points: list[tuple[int, dict[str, float]]] = []
         self.n_layers = n_layers or max(self.layers) + 1
 
-    def forward(self, readings: dict[str, list[torch.Tensor]], tm: TokenMap) -> None:
+    def forward(self, readings: dict[str, list[torch.Tensor]], tm: TokenMap, written=None) -> None:
         """One forward: ``readings`` {'pre', 'attn', 'post': [per layer (tokens, d)]} of the tokens ``tm``
-        describes; mid is pre + attn (the add the MLP's norm fuses)."""
+        describes; mid is pre + attn (the add the MLP's norm fuses). ``written``: a device bool, whether the
+        readings were written by this forward (``FlatRows.valid``: if not, none of its tokens count), or None."""
         skips = self.ledger.admit(tm)
         if sum(skips) == tm.tokens:  # every token counted before (a preempted request's recomputation)
             return
@@ -192,6 +193,8 @@ class EngineRecord:
         if not any(skips) and all(c == 1 for c in tm.counts):  # a decoding step: the record keeps its readings
             readings = owned(readings)
         flat, keep = flat_rows(tm, skips, readings["pre"][0].device)
+        if written is not None:
+            flat = flat._replace(valid=written)
         self._tell(readings, flat, keep)
         if self.log_every and self.n_forwards % self.log_every == 0:
             self.log_points.append((self.n_forwards, self.record.log_values(self.n_layers)))

@@ -48,6 +48,9 @@ class FlatRows(NamedTuple):
         layout: what the engine knows of the tokens' order, on the host. ``"rows"``: every row has
             ``width`` tokens, token ``r * width + i`` being row r's i-th. The readings are then the padded
             batch as they stand (a view), not scattered into one. ``""``: any order (``row`` says).
+        valid: a device bool scalar, or None: whether the readings are this forward's (an engine whose taps
+            write on the device says so after the forward, without reading it back); False: none of its
+            tokens count.
 
     A forward of one token a row (an engine's decoding step) is kept by the monitor with the steps before
     it of the same keys and reduced with them, as a padded batch's one-token steps are
@@ -60,6 +63,7 @@ class FlatRows(NamedTuple):
     position: torch.Tensor
     width: int = 0
     layout: str = ""
+    valid: torch.Tensor | None = None
 
 
 class CallFacts(NamedTuple):

@@ -481,6 +481,8 @@ def flat_grid(flat: FlatRows) -> tuple[torch.Tensor, Grid]:
     n = flat.width or int(counts.max())
     place = row * n + rank  # (tokens,)
     mask = torch.zeros(R * n, dtype=torch.bool, device=row.device).index_fill_(0, place, True)
+    if flat.valid is not None:  # the readings were not this forward's: none of its tokens count
+        mask &= flat.valid.to(mask.device)
     vi = torch.zeros(R * n, dtype=torch.int64, device=row.device).index_copy_(0, place, flat.position.to(torch.int64))
     return place, Grid(mask.view(R, n), vi.view(R, n))
 

@@ -68,7 +68,12 @@ class Session:
     def __init__(self, engine, n_layers: int, att, sink=None):
         self.engine, self.n_layers, self.att, self.sink = engine, n_layers, att, sink
         self.lock = threading.Lock()
-        self.dropped = 0  # forwards whose readings were not all written (counted nowhere)
+        self.dropped = 0  # forwards whose readings were not all written, seen on the host (counted nowhere)
+        self.missed_before = STORE.n_missed()  # forwards the taps did not write before this session (device)
+
+    def missed(self) -> int:
+        """Forwards of this session the taps did not write, by the device's count (``TapStore.check``)."""
+        return STORE.n_missed() - self.missed_before
 
     def close(self) -> None:
         self.att.detach()
