@@ -111,6 +111,7 @@ def make_session(runner, settings: dict, sink=None, log_every: int = 0, label=No
     """The record of a monitor with ``settings`` in this worker, attached to the engine's taps (``log_every``:
     engine forwards between the log points kept for the user's sinks, 0: none; ``label``: a request's
     internal id -> the columns naming it, ``ids``)."""
+    from ..checkpoint import drop_resident
     from ..requests import EngineRecord
 
     layers = getattr(runner, "_eigenhooks_layers", None)
@@ -122,6 +123,7 @@ def make_session(runner, settings: dict, sink=None, log_every: int = 0, label=No
     base = mon.adapter
     adapter = CheckpointAdapter(**{f.name: getattr(base, f.name) for f in dataclasses.fields(Adapter)})
     record, att = mon.record_spec().attach(adapter)
+    drop_resident(base)  # the plan is built: the checkpoint's pages are not needed (they stay readable)
     return Session(EngineRecord(record, log_every=log_every, n_layers=layers, label=label), layers, att, sink)
 
 
