@@ -203,3 +203,21 @@ def test_a_slab_that_moved_is_not_what_the_graph_writes(llama, seqs):
     eng.replayed(chunks)
     torch.testing.assert_close(old[0, :3], eng.slots(chunks)[0])  # written where the capture wrote
     assert eng.store.slab.abs().sum() == 0
+
+
+def test_a_narrow_forward_is_read_from_the_slab_whatever_its_dtype():
+    """``readings`` reads a forward of up to ``fixed`` tokens from the slab: a reading in another dtype than
+    the slab's is written there too (cast), and counted; a reading of another width is refused."""
+    store = TapStore()
+    store.n_slots, store.capacity, store.fixed = 2 * L + 1, 64, FIXED
+    store.reserve(16, torch.float32, "cpu")
+    store.attach()
+    xs = [torch.randn(5, 16, dtype=torch.bfloat16) for _ in range(2 * L + 1)]
+    for slot, x in enumerate(xs):
+        store.write(slot, x, x if slot % 2 == 0 else None)
+    assert bool(store.check())
+    got = store.readings(L, 5)
+    torch.testing.assert_close(got["pre"][1], (xs[2] + xs[2]).float())
+    torch.testing.assert_close(got["attn"][0], xs[1].float())
+    with pytest.raises(RuntimeError, match=r"does not fit the taps' slab"):
+        store.write(0, torch.randn(3, 8))

@@ -73,8 +73,17 @@ class TapStore:
         if self.slab is None:
             self.reserve(x.shape[-1], x.dtype, x.device)
         n, slab = x.shape[0], self.slab
-        if n <= self.fixed and slab.shape[2:] == x.shape[1:] and slab.dtype == x.dtype:
+        if n <= self.fixed:  # what ``readings`` reads for a forward this narrow, whatever wrote it
+            if slab.shape[2:] != x.shape[1:]:
+                raise RuntimeError(
+                    f"eigenhooks: a reading of shape {tuple(x.shape)} does not fit the taps' slab "
+                    f"{tuple(slab.shape)} (reserved for the model's hidden size)"
+                )
             buf = slab[slot, :n]
+            if slab.dtype != x.dtype:  # computed in the reading's dtype, kept in the slab's
+                buf.copy_(x if r is None and scale == 1.0 else x * scale if r is None else x + r)
+                self.count[slot : slot + 1].add_(1)
+                return
         else:  # wider than any graph replays: grown here, in Python (no graph holds its address)
             buf = self.wide.get(slot)
             if buf is None or buf.shape[0] < n or buf.shape[1:] != x.shape[1:] or buf.dtype != x.dtype:
