@@ -1,6 +1,6 @@
 """vLLM's decoders: where their layers are and how their residual stream maps onto the reading points.
 
-Most of vLLM's pre-norm decoder layers (Llama, Mistral, Qwen2/3, Phi-3, Gemma 1 and 3) pass the residual
+Most of vLLM's pre-norm decoder layers (Llama, Mistral, Qwen2/3, Phi-3, Gemma 1, 2 and 3) pass the residual
 stream as a pair: ``layer(positions, hidden, residual)`` returns ``(hidden, residual)`` and the norms fuse
 the add (``input_layernorm(hidden, residual)`` returns ``(norm(hidden + residual), hidden + residual)``, in
 place on some backends). No one tensor a hook sees is the residual stream; it is rebuilt from the pair:
@@ -8,7 +8,7 @@ place on some backends). No one tensor a hook sees is the residual stream; it is
 - ``pre`` of layer i (the input of its ``input_layernorm``, as the HF adapter reads it): ``hidden +
   residual`` of the layer's input pair, or ``hidden`` alone at the first layer (residual None);
 - ``attn``: what the attention sublayer adds to the residual stream: the ``self_attn`` output, or for the
-  sandwich-norm Gemma 3 the ``post_attention_layernorm`` output (the HF adapter's mid is residual +
+  sandwich-norm Gemma 2 and 3 the ``post_attention_layernorm`` output (the HF adapter's mid is residual +
   that); ``mid`` (the input of the MLP's norm) is ``pre + attn``, the very add the next norm fuses;
 - ``post``: ``pre`` of the next layer, or ``hidden + residual`` of the last layer's output (what the final
   norm fuses).
@@ -18,8 +18,8 @@ scaled by ``residual_multiplier``: ``pre`` is the input, ``attn`` the ``self_att
 multiplier (so ``mid`` is ``pre + attn`` as the layer computes it), ``post`` the output.
 
 An architecture not in ``VLLM_ARCHITECTURES`` is refused by name, never measured wrong: OLMo 2 (vLLM runs it
-through its transformers backend, whose layers these taps do not know), Gemma 2 (not yet held to the HF
-monitor: the tiny checkpoint tried had untied embeddings, which vLLM's Gemma 2 cannot load), and any other. The batch is flat, ``(tokens, hidden)``, its
+through its transformers backend, whose layers these taps do not know), and any other. The batch is flat,
+``(tokens, hidden)``, its
 requests concatenated. This module knows layouts only; it imports nothing of vLLM (the engine wing hands
 it the loaded model).
 """
@@ -56,6 +56,7 @@ VLLM_ARCHITECTURES = {
     "Qwen3ForCausalLM": VllmArch("qwen3"),
     "Phi3ForCausalLM": VllmArch("phi3"),  # vLLM runs it as Llama layers over the merged qkv
     "GemmaForCausalLM": VllmArch("gemma"),
+    "Gemma2ForCausalLM": VllmArch("gemma2", attn="post_attention_layernorm"),
     "Gemma3ForCausalLM": VllmArch("gemma3_text", attn="post_attention_layernorm"),
     "GraniteForCausalLM": VllmArch("granite", scale="residual_multiplier", pair=False),
 }
