@@ -12,8 +12,7 @@ a forward's end. This module is the engine-neutral contract between an engine's 
 - ``EngineRecord``: the forwards told to the monitor's record as flat batches (``models.attach.FlatRows``:
   the request is the cluster, its counters open until the scheduler ends it), and each request's own
   counts and gamma/rho (``RequestRows``), read from the record's counters of that request
-  (``Record.request_counters``). A decoding step (one token a request) is buffered where a padded
-  batch's is, in the record's accumulator (``monitor.accumulate``): one buffer for both.
+  (``Record.request_counters``).
 
 It imports no engine.
 """
@@ -152,21 +151,83 @@ class RequestRows:
         return out
 
 
+STEP_TOKENS = 256  # decoding steps staged until they hold this many tokens (the HF monitor's BUFFER_TOKENS)
+
+
+class Steps:
+    """Decoding forwards staged: one token for each of the same requests, in the same order, copied out
+    of the engine's buffers (which the next forward overwrites) into one (steps, requests, d) tensor a
+    reading, so the record measures them together, a request's steps its tokens (``FlatRows.steps``):
+    its matmuls then stream the bases once for up to ``STEP_TOKENS`` tokens, not once a step. A reading
+    that is two points (layer t's post is layer t+1's pre) is staged once."""
+
+    def __init__(self):
+        self.keys: tuple = ()
+        self.starts: list[int] = []
+        self.n = self.room = 0
+        self.bufs: list[torch.Tensor] = []  # one staging tensor per distinct reading
+        self.where: dict[str, list[int]] = {}  # point -> per layer, its staging tensor
+        self.written: list = []  # each step's device flag (``EngineRecord.forward``), if any was given
+
+    def fits(self, tm: TokenMap) -> bool:
+        return self.n == 0 or (tuple(tm.keys) == self.keys and self.n < self.room)
+
+    def add(self, readings: dict[str, list[torch.Tensor]], tm: TokenMap, written=None) -> None:
+        if self.n == 0:
+            self._lay_out(readings, len(tm.keys))
+            self.keys, self.starts, self.written = tuple(tm.keys), list(tm.starts), []
+        if written is not None:
+            self.written += [torch.ones((), dtype=torch.bool, device=written.device)] * (self.n - len(self.written))
+            self.written.append(written)
+        done = set()
+        for p, xs in readings.items():
+            for j, x in zip(self.where[p], xs):
+                if j not in done:
+                    done.add(j)
+                    self.bufs[j][self.n].copy_(x)
+        self.n += 1
+
+    def _lay_out(self, readings: dict[str, list[torch.Tensor]], R: int) -> None:
+        """Which staging tensor each reading goes to; the tensors are kept while their shape holds."""
+        self.room = max(STEP_TOKENS // R, 1)
+        x = readings["pre"][0]
+        shape, ids, self.where = (self.room, R, x.shape[-1]), {}, {}
+        for p, xs in readings.items():
+            self.where[p] = [ids.setdefault(id(t), len(ids)) for t in xs]
+        old = self.bufs
+        if len(old) != len(ids) or old[0].shape != shape or old[0].dtype != x.dtype or old[0].device != x.device:
+            self.bufs = [x.new_empty(shape) for _ in ids]
+
+    def take(self) -> tuple[dict[str, list[torch.Tensor]], FlatRows]:
+        """The staged steps as one flat batch (step-major: step s of request r is token s * R + r), and empty."""
+        S, R = self.n, len(self.keys)
+        device = self.bufs[0].device
+        row = torch.arange(R, device=device).repeat(S)
+        step = torch.arange(S, device=device).repeat_interleave(R)
+        position = torch.tensor(self.starts, device=device).repeat(S) + step
+        views = [b[:S].view(S * R, -1) for b in self.bufs]  # one object a reading: shared points stay shared
+        readings = {p: [views[j] for j in js] for p, js in self.where.items()}
+        valid = None
+        if self.written:  # each step's flag for its R tokens (step-major), padded for the steps that had none
+            flags = self.written + [torch.ones_like(self.written[0])] * (S - len(self.written))
+            valid = torch.stack(flags).repeat_interleave(R)
+        self.n, self.written = 0, []
+        return readings, FlatRows(self.keys, row, position, S, S, layout="steps", valid=valid)
+
+
 class EngineRecord:
     """An engine's forwards told to the monitor's record (``monitor.record.Record``) as flat batches.
 
-    Each forward is told as it ran. A decoding forward (one token a request) is kept by the record's
-    accumulator with the steps before it of the same requests, and reduced with them (its buffer, as a padded
-    batch's one-token steps); its readings are copied out of the engine's buffers first (the next forward
-    overwrites them). Whatever reads or ends requests reduces the kept steps first.
+    Decoding forwards (one token a request, the same requests) are staged (``Steps``) and told together;
+    everything that reads or ends requests tells the staged ones first.
 
     Args:
         record: the record (``RecordSpec.attach`` made it, in the engine's worker).
         requests: keep each request's own rows (``RequestRows``).
         log_every: engine forwards between log points (0: none). At each, the running values the sinks
             get (``monitor.logs.Labels``) are kept with the step, the engine forwards so far, until
-            ``take_log_points``: the user's process hands them to its sinks. A log point reduces the kept
-            steps first, so a small ``log_every`` costs what keeping them saves.
+            ``take_log_points``: the user's process hands them to its sinks. A log point tells the staged
+            steps first, so a small ``log_every`` costs what staging saves.
         n_layers: the model's layers (the sinks' tags are as wide as its last layer's number).
         label: a request's key (the engine's own id of it, unique) -> the columns naming it to the user
             (``RequestRows``).
@@ -178,6 +239,7 @@ class EngineRecord:
         self.own = RequestRows(record.plan, label) if requests else None
         self.layers = sorted(record.plan.layers)
         self.n_forwards = 0
+        self.steps = Steps()
         self.log_every = log_every
         self.log_points: list[tuple[int, dict[str, float]]] = []
         self.n_layers = n_layers or max(self.layers) + 1
@@ -190,14 +252,26 @@ class EngineRecord:
         if sum(skips) == tm.tokens:  # every token counted before (a preempted request's recomputation)
             return
         self.n_forwards += 1
-        if not any(skips) and all(c == 1 for c in tm.counts):  # a decoding step: the record keeps its readings
-            readings = owned(readings)
-        flat, keep = flat_rows(tm, skips, readings["pre"][0].device)
-        if written is not None:
-            flat = flat._replace(valid=written)
-        self._tell(readings, flat, keep)
+        if not any(skips) and all(c == 1 for c in tm.counts):  # a decoding step: staged
+            if not self.steps.fits(tm):
+                self.flush()
+            self.steps.add(readings, tm, written)
+            if self.steps.n == self.steps.room:
+                self.flush()
+        else:
+            self.flush()
+            flat, keep = flat_rows(tm, skips, readings["pre"][0].device)
+            if written is not None:
+                flat = flat._replace(valid=written)
+            self._tell(readings, flat, keep)
         if self.log_every and self.n_forwards % self.log_every == 0:
+            self.flush()
             self.log_points.append((self.n_forwards, self.record.log_values(self.n_layers)))
+
+    def flush(self) -> None:
+        """Tell the record the staged decoding steps, if any."""
+        if self.steps.n:
+            self._tell(*self.steps.take(), None)
 
     def take_log_points(self) -> list[tuple[int, dict[str, float]]]:
         """The log points kept since the last call, oldest first."""
@@ -224,6 +298,7 @@ class EngineRecord:
 
     def end(self, keys) -> None:
         """The engine's scheduler finished these requests."""
+        self.flush()
         keys = list(keys)
         own = self.record.request_counters(keys) if self.own is not None else {}
         self.record.requests_end(keys)
@@ -233,6 +308,7 @@ class EngineRecord:
                 self.own.end(k, info, own.get(k))
 
     def state_dict(self) -> dict:
+        self.flush()
         return self.record.state_dict()
 
     def take_ended(self) -> list[tuple[str, RequestInfo | None, list[dict]]]:
@@ -240,14 +316,8 @@ class EngineRecord:
         return self.own.take_done() if self.own is not None else []
 
     def rows(self) -> list[dict]:
+        self.flush()
         return self.own.rows(self.ledger, self.record.request_counters()) if self.own is not None else []
 
 
-def owned(readings: dict[str, list[torch.Tensor]]) -> dict[str, list[torch.Tensor]]:
-    """``readings`` copied out of the engine's buffers, each tensor once (layer t's post is layer t+1's pre:
-    one copy, so the record still sees one reading)."""
-    copies: dict[int, torch.Tensor] = {}
-    return {p: [copies.setdefault(id(x), x.clone()) if p != "attn" else x for x in xs] for p, xs in readings.items()}
-
-
-__all__ = ["EngineRecord", "Ledger", "RequestInfo", "RequestRows", "TokenMap", "flat_rows"]
+__all__ = ["STEP_TOKENS", "EngineRecord", "Ledger", "RequestInfo", "RequestRows", "Steps", "TokenMap", "flat_rows"]

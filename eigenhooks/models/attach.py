@@ -45,23 +45,23 @@ class FlatRows(NamedTuple):
         tokens, counted from the request's start (a chunked prefill or a decoding step continues it).
         width: the most tokens of one row in this forward, where the engine knows it on the host
         (0: counted from ``row``, one read from the device).
+        steps: the engine forwards these readings gather (> 1: each row's tokens are its one-token
+        decoding steps, told together as a padded batch's steps are flushed together). The
+        within-sequence consensus is one forward's: it is taken only where steps is 1.
         layout: what the engine knows of the tokens' order, on the host. ``"rows"``: every row has
-            ``width`` tokens, token ``r * width + i`` being row r's i-th. The readings are then the padded
+            ``width`` tokens, token ``r * width + i`` being row r's i-th; ``"steps"``: every row has
+            ``width`` tokens, token ``s * rows + r`` being row r's s-th. The readings are then the padded
             batch as they stand (a view), not scattered into one. ``""``: any order (``row`` says).
-        valid: a device bool scalar, or None: whether the readings are this forward's (an engine whose taps
-            write on the device says so after the forward, without reading it back); False: none of its
-            tokens count.
-
-    A forward of one token a row (an engine's decoding step) is kept by the monitor with the steps before
-    it of the same keys and reduced with them, as a padded batch's one-token steps are
-    (``monitor.accumulate``); the readings it is handed must stay as they are until the monitor reads its
-    state or the requests end (copy them out of buffers the next forward overwrites).
+        valid: whether the readings are this forward's, said on the device (an engine whose taps write on
+            the device says so after the forward, without reading it back): a bool scalar (False: none of
+            its tokens count), or (tokens,) bool, one a token (``steps`` > 1: each step's own); None: all are.
     """
 
     keys: tuple
     row: torch.Tensor
     position: torch.Tensor
     width: int = 0
+    steps: int = 1
     layout: str = ""
     valid: torch.Tensor | None = None
 

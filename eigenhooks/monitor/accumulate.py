@@ -41,7 +41,6 @@ class Undo:
     free: list
     sample: list | None = None  # what ``Sample.add`` changed
     ids: tuple = ()  # (open rows' sequence ids, open requests' ids)
-    buf_key: tuple = ()  # the buffered steps' shapes and request keys
 
 
 class Accumulator:
@@ -62,8 +61,8 @@ class Accumulator:
             self.state[i] = zero_state(layer_sizes(i, b), b.measures)
         self.zero = set(plan.layers)  # layers whose state is still zeros: replaced, not added to, at first
         self.rows: dict[int, torch.Tensor] = {}  # open sequences' per-row counters (b, len(measures.ROW), T)
-        self.buf: list[Step] = []  # buffered one-token steps, one a forward (padded or flat)
-        self.buf_key: tuple = ()  # the buffered steps' grid shapes and a flat batch's request keys
+        self.buf: list[Step] = []  # buffered one-token steps, one a forward
+        self.buf_shapes: tuple = ()  # the buffered steps' grid shapes
         self.buf_rows = 0  # rows of a buffered step
         self.seen: dict = {}  # stack -> (b, 1) valid tokens the open sequences have counted
         self.n_forwards = 0
@@ -84,7 +83,7 @@ class Accumulator:
             undo = Undo(
                 self.n_forwards, {i: dict(st) for i, st in self.state.items()}, set(self.zero), dict(self.rows),
                 list(self.buf), dict(self.seen), len(self.token_records), dict(self.keyed), dict(self.krows),
-                list(self.free), None, (self.open_ids, dict(self.request_ids)), self.buf_key,
+                list(self.free), None, (self.open_ids, dict(self.request_ids)),
             )  # fmt: skip
         if fs.fresh:
             self.end_sequences()
@@ -99,7 +98,7 @@ class Accumulator:
             self._add_layers(list(fs.layers.items()), fs.keys)
         if fs.own:  # a researcher's measures' sums, taken in the forward (a decoding step's too)
             self._add_layers([(i, LayerSums(s, None)) for i, s in fs.own.items()])
-        self._buffer(fs.step, (fs.shapes, fs.keys))
+        self._buffer(fs.step, fs.shapes)
         self.seen.update(fs.seen)
         if fs.token_records:
             self.token_records.extend(fs.token_records)
@@ -108,7 +107,7 @@ class Accumulator:
 
     def undo(self, u: Undo) -> None:
         self.n_forwards, self.state, self.zero, self.rows = u.n_forwards, u.state, u.zero, u.rows
-        self.buf, self.buf_key, self.seen = u.buf, u.buf_key, u.seen
+        self.buf, self.seen = u.buf, u.seen
         self.keyed, self.krows, self.free = u.keyed, u.krows, u.free
         del self.token_records[u.n_token_records :]
         if self.sample is not None and u.sample:
@@ -117,18 +116,16 @@ class Accumulator:
         if u.ids:
             self.open_ids, self.request_ids = u.ids
 
-    def _buffer(self, step: Step | None, key: tuple) -> None:
+    def _buffer(self, step: Step | None, shapes: tuple) -> None:
         """Keep a forward's one-token step as it is (one append; no work per layer), and flush every layer
-        at once when the buffer is full or the steps' shapes or requests change (a flush taken before every
-        layer's step is in would split the stack in two). ``key``: the step's grid shapes and, for a flat
-        batch (an engine's decoding step: one token a request), its request keys, one a row: the buffered
-        steps' rows are the same sequences, in the same order."""
+        at once when the buffer is full or the steps' shapes change (a flush taken before every layer's
+        step is in would split the stack in two). ``shapes``: the step's grid shapes."""
         if step is None:
             return
-        if self.buf and key != self.buf_key:
+        if self.buf and shapes != self.buf_shapes:
             self.flush()
         if not self.buf:
-            self.buf_key, self.buf_rows = key, step.grids[0].mask.shape[0]
+            self.buf_shapes, self.buf_rows = shapes, step.grids[0].mask.shape[0]
         self.buf.append(step)
         if len(self.buf) * self.buf_rows >= BUFFER_TOKENS:
             self.flush()
@@ -142,8 +139,7 @@ class Accumulator:
         prs = project_steps(buffered, bases, self.stacks)
         done = reduce_many([(bases[i], pr) for i, pr in prs])
         c = buffered[0].copies
-        results = [(i, LayerSums(d[0], fold_copies(d[1], c))) for (i, _), d in zip(prs, done)]
-        self._add_layers(results, self.buf_key[1])
+        self._add_layers([(i, LayerSums(d[0], fold_copies(d[1], c))) for (i, _), d in zip(prs, done)])
 
     def _add_layers(self, results: list[tuple[int, LayerSums]], keys: tuple | None = None) -> None:
         """Add layers' sums into the running state: every (layer, field) sum in one ``torch._foreach_add``
@@ -216,7 +212,6 @@ class Accumulator:
     def end_requests(self, keys) -> None:
         """A flat batch's requests ended (the engine's scheduler says so): their counters fold into the
         cluster sums, as ``end_sequences`` folds a padded batch's rows, and their slots are freed."""
-        self.flush()
         for k in keys:
             self.request_ids.pop(k, None)
         ended = [(k, self.keyed.pop(k)) for k in keys if k in self.keyed]
@@ -236,8 +231,7 @@ class Accumulator:
 
     def open_requests(self, keys=None) -> dict[str, torch.Tensor]:
         """Each open request's own counters so far (``request_counters``), by key: those of ``keys`` that
-        are open (None: every open one). Buffered steps are reduced first (``flush``)."""
-        self.flush()
+        are open (None: every open one)."""
         keys = list(self.keyed) if keys is None else [k for k in dict.fromkeys(keys) if k in self.keyed]
         if not keys:
             return {}
@@ -324,7 +318,7 @@ class Accumulator:
     def replace(self, states: dict[int, dict[str, torch.Tensor]]) -> None:
         """The state becomes ``states`` (a loaded one); nothing open or buffered is kept."""
         self.zero.clear()
-        self.rows, self.buf, self.buf_key = {}, [], ()
+        self.rows, self.buf = {}, []
         self.keyed, self.krows, self.free = {}, {}, []
         self.state = dict(states)
 

@@ -319,7 +319,8 @@ class Forward:
             self._keep(lp.index, points, base, grid)  # reduced in batches by the accumulator
             return
         # post(t) and pre(t+1) are one tensor: its norms and sums are taken once (the memo)
-        self.projections[lp.index] = project(lp.bases, points, grid, base, consensus=True, memo=self.memo)
+        whole = self.flat is None or self.flat.steps == 1  # one forward's sequences: their consensus counts
+        self.projections[lp.index] = project(lp.bases, points, grid, base, consensus=whole, memo=self.memo)
         if self.tokens:
             self.token_records.extend(self._token_records(lp, points, base, grid.mask))
 
@@ -347,6 +348,8 @@ class Forward:
             d, layout = x.shape[-1], self.flat.layout
             if layout == "rows":  # already row-major and full: the padded batch is a view
                 padded = x.view(R, n, d)
+            elif layout == "steps":  # step-major and full: a transposed view
+                padded = x.view(n, R, d).transpose(0, 1)
             else:
                 padded = x.new_zeros(R * n, d).index_copy_(0, self.flat_place, x).view(R, n, d)
             got = self._padded[id(x)] = (x, padded)
@@ -480,9 +483,11 @@ def flat_grid(flat: FlatRows) -> tuple[torch.Tensor, Grid]:
     )
     n = flat.width or int(counts.max())
     place = row * n + rank  # (tokens,)
-    mask = torch.zeros(R * n, dtype=torch.bool, device=row.device).index_fill_(0, place, True)
-    if flat.valid is not None:  # the readings were not this forward's: none of its tokens count
-        mask &= flat.valid.to(mask.device)
+    mask = torch.zeros(R * n, dtype=torch.bool, device=row.device)
+    if flat.valid is None:
+        mask.index_fill_(0, place, True)
+    else:  # readings the taps did not write (said on the device): none of those tokens count
+        mask.index_copy_(0, place, flat.valid.to(mask.device, torch.bool).expand(place.shape[0]))
     vi = torch.zeros(R * n, dtype=torch.int64, device=row.device).index_copy_(0, place, flat.position.to(torch.int64))
     return place, Grid(mask.view(R, n), vi.view(R, n))
 

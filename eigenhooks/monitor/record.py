@@ -112,7 +112,8 @@ class Record:
         mask = self.mask if self.mask is not None else facts.mask
         acc = self.acc
         seen = {} if call.fresh else acc.seen
-        fwd = Forward(self.plan, self.points, mask, seen, self.buffer, self.config.tokens, acc.n_forwards,
+        buffer = self.buffer and flat is None
+        fwd = Forward(self.plan, self.points, mask, seen, buffer, self.config.tokens, acc.n_forwards,
                       self._all_valid, call, facts.attn_ran, flat, acc.sequences(call.fresh, flat, call.copies))  # fmt: skip
         self._fwds[tid] = fwd
         self._tids.add(tid)

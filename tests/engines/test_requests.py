@@ -174,13 +174,11 @@ def test_the_ledger_counts_each_position_once_and_says_the_cached_prefix():
     assert led.end("a").upto == 7 and "a" not in led.info
 
 
-def test_decoding_steps_kept_together_equal_them_reduced_one_by_one(llama, monkeypatch):
-    """An engine's decoding steps are kept in the monitor's one buffer of steps (``monitor.accumulate``, as a
-    padded batch's are) and reduced together: the table, the consensus columns (one forward's, never across
-    steps) and each request's rows equal them reduced one by one, and the HF monitor's on the whole
-    sequences. The engine's buffers are overwritten after each forward (as the next forward does): what is
-    kept must be the record's own copy."""
-    from eigenhooks.monitor import accumulate
+def test_decoding_steps_told_together_equal_them_told_one_by_one(llama, monkeypatch):
+    """An engine's decoding steps are staged and told as one flat batch (``Steps``): the table, the
+    consensus columns (one forward's, never across steps) and each request's rows equal them told one by
+    one, and the HF monitor's on the whole sequences."""
+    from eigenhooks.engines import requests
 
     g = torch.Generator().manual_seed(5)
     seqs = {k: torch.randint(0, 64, (n,), generator=g).tolist() for k, n in (("A", 30), ("B", 18), ("C", 16))}
@@ -190,29 +188,26 @@ def test_decoding_steps_kept_together_equal_them_reduced_one_by_one(llama, monke
     schedule += [[("A", 18, 19), ("C", 0, 8)]]  # C's prompt beside A's step
     schedule += [[("A", t, t + 1), ("C", t - 11, t - 10)] for t in range(19, 27)]
     schedule += [[("A", t, t + 1)] for t in range(27, 30)]
-    project_steps = accumulate.project_steps
 
-    def run(buffer_tokens):
-        monkeypatch.setattr(accumulate, "BUFFER_TOKENS", buffer_tokens)
-        flushed = []
-        monkeypatch.setattr(
-            accumulate, "project_steps", lambda s, *a: (flushed.append(len(s)), project_steps(s, *a))[1]
-        )
-        sums = engine_record(llama)
+    def run(step_tokens):
+        monkeypatch.setattr(requests, "STEP_TOKENS", step_tokens)
+        sums, told = engine_record(llama), []
+        start = sums.record.forward_start
+        monkeypatch.setattr(sums.record, "forward_start", lambda facts: (told.append(facts.flat.steps), start(facts)))
         for chunks in schedule:
             readings, tm = flat(chunks, reads)
             sums.forward(readings, tm)
-            for xs in readings.values():  # the engine's next forward writes over its buffers
-                for x in xs:
+            for xs in readings.values():  # the engine's next forward writes over its buffers: what is staged
+                for x in xs:  # must be a copy
                     x.fill_(float("nan"))
             if chunks[-1] == ("B", 17, 18):
                 sums.end(["B"])
         sums.end(["A", "C"])
-        return sums, flushed
+        return sums, told
 
-    together, flushed_together = run(256)
-    apart, flushed_apart = run(1)
-    assert flushed_apart == [1] * 19 and flushed_together == [8, 8, 3]  # B ends; the keys change; A ends
+    together, told_together = run(256)
+    apart, told_apart = run(1)
+    assert told_apart == [1] * len(schedule) and max(told_together) == 8 and len(told_together) == 5
     a, b = _table(llama, apart), _table(llama, together)
     cons = [c for c in a.columns if c.startswith("consensus_")]
     assert cons and a[cons].notna().all().all()
@@ -228,7 +223,7 @@ def test_decoding_steps_kept_together_equal_them_reduced_one_by_one(llama, monke
 
 
 def test_log_points_count_engine_forwards_and_hold_the_values_then(llama):
-    """A log point every 3 engine forwards, kept decoding steps reduced first: each point's values are the
+    """A log point every 3 engine forwards, staged decoding steps told first: each point's values are the
     sinks' values (``Monitor.scalars``) of the forwards up to it, its step their count."""
     g = torch.Generator().manual_seed(6)
     seqs = {k: torch.randint(0, 64, (n,), generator=g).tolist() for k, n in (("A", 14), ("B", 12))}
@@ -253,8 +248,8 @@ def test_log_points_count_engine_forwards_and_hold_the_values_then(llama):
 
 
 def test_a_layout_the_engine_knows_changes_nothing(llama, monkeypatch):
-    """Full row-major chunks and decoding steps (``layout="rows"``) are read as views of the padded batch,
-    not scattered into one: the state is bit for bit the one the scatter gives."""
+    """Full row-major chunks (``layout="rows"``) and staged steps (``"steps"``) are read as views of the
+    padded batch, not scattered into one: the state is bit for bit the one the scatter gives."""
     from eigenhooks.engines import requests
     from eigenhooks.models.attach import FlatRows
 
@@ -262,7 +257,7 @@ def test_a_layout_the_engine_knows_changes_nothing(llama, monkeypatch):
     seqs = {k: torch.randint(0, 64, (n,), generator=g).tolist() for k in ("A", "B") for n in (20,)}
     reads = {k: readings_of(llama, s) for k, s in seqs.items()}
     schedule = [[("A", 0, 8), ("B", 0, 8)], [("A", 8, 12), ("B", 8, 10)]]  # rows, then unequal chunks
-    schedule += [[("A", t, t + 1), ("B", t - 2, t - 1)] for t in range(12, 20)]  # steps: kept together
+    schedule += [[("A", t, t + 1), ("B", t - 2, t - 1)] for t in range(12, 20)]  # steps: staged
 
     def run(hint: bool):
         layouts = []
@@ -280,5 +275,5 @@ def test_a_layout_the_engine_knows_changes_nothing(llama, monkeypatch):
         return sums.state_dict(), layouts
 
     (hinted, layouts), (scattered, _) = run(True), run(False)
-    assert layouts == ["rows", ""] + ["rows"] * 8
+    assert layouts == ["rows", "", "steps"]
     assert hinted == scattered
