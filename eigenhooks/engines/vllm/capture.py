@@ -164,7 +164,12 @@ def _(token, x, r, slot, scale=1.0):
 
 def _tap(x: torch.Tensor, r: torch.Tensor | None, slot: int, scale: float = 1.0) -> None:
     """A reading: the op when traced (it is then in the graph, and runs whenever the graph does); in eager
-    mode the write itself, with no dispatch (an idle tap then costs its hook call and one check)."""
+    mode the write itself, with no dispatch (an idle tap then costs its hook call and one check). Under vLLM's
+    transformers backend the layers see the flat batch as one sequence, (1, tokens, hidden): its view as
+    (tokens, hidden) is written."""
+    if x.dim() == 3:
+        x = x[0]
+        r = None if r is None else r[0]
     if torch.compiler.is_compiling():
         torch.ops.eigenhooks.vllm_tap(_TOKEN, x, r, slot, scale)
     else:
@@ -178,9 +183,12 @@ def _pair(args, kwargs):
     return h, r
 
 
-def _pre_hook(slot: int):
+def _pre_hook(slot: int, hf: bool = False):
     def hook(module, args, kwargs):
-        _tap(*_pair(args, kwargs), slot)
+        if hf:  # transformers' layer(hidden_states, ...)
+            _tap(args[0] if args else kwargs["hidden_states"], None, slot)
+        else:
+            _tap(*_pair(args, kwargs), slot)
 
     return hook
 
@@ -197,12 +205,14 @@ def _post_hook(slot: int, pair: bool):
         if pair:
             _tap(*output, slot)
         else:
-            _tap(output, None, slot)
+            _tap(output[0] if isinstance(output, tuple) else output, None, slot)
 
     return hook
 
 
-def place_taps(model, capacity: int, fixed: int = 256, hidden: int = 0, dtype=None, device=None) -> int:
+def place_taps(
+    model, capacity: int, fixed: int = 256, hidden: int = 0, dtype=None, device=None, architecture: str | None = None
+) -> int:
     """Register the taps on a freshly loaded vLLM model (before its first forward). Returns its layer count.
 
     capacity: the most tokens of a forward (max_num_batched_tokens). fixed: the most tokens of a forward a
@@ -212,12 +222,12 @@ def place_taps(model, capacity: int, fixed: int = 256, hidden: int = 0, dtype=No
     Raises:
         UnsupportedModelError: the model's layers are not laid out as models/vllm.py knows.
     """
-    layout = vllm_layout(model)
+    layout = vllm_layout(model, architecture)
     L = len(layout.layers)
     handles = []
     try:
         for i, (blk, attn, scale) in enumerate(zip(layout.layers, layout.attention, layout.scales)):
-            handles.append(blk.register_forward_pre_hook(_pre_hook(2 * i), with_kwargs=True))
+            handles.append(blk.register_forward_pre_hook(_pre_hook(2 * i, layout.hf), with_kwargs=True))
             handles.append(attn.register_forward_hook(_out_hook(2 * i + 1, scale)))
         handles.append(layout.layers[-1].register_forward_hook(_post_hook(2 * L, layout.pair)))
     except BaseException:

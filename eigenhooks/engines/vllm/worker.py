@@ -109,9 +109,10 @@ def _instrument(runner) -> None:
     fixed = (
         (getattr(cfg.compilation_config, "max_cudagraph_capture_size", None) or 512) if device.type == "cuda" else 64
     )
-    place_taps(model, capacity, fixed, cfg.model_config.get_hidden_size(), cfg.model_config.dtype, device)
+    arch = cfg.model_config.architecture
+    place_taps(model, capacity, fixed, cfg.model_config.get_hidden_size(), cfg.model_config.dtype, device, arch)
     _wrap_execute(runner)
-    runner._eigenhooks_layers = len(vllm_layout(model).layers)
+    runner._eigenhooks_layers = len(vllm_layout(model, arch).layers)
     opts = opted_in(cfg)
     if opts.get("out") and _rank0(runner):  # served: measured from the start, one line per finished request
         _serve(runner, opts)
