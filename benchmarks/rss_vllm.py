@@ -4,7 +4,9 @@ SmolLM2-135M (``bench_vllm.smollm2_folder``), float32, eager, one engine in this
 the engine core, which holds the model runner, in a child process). The modules the monitor's path imports
 are imported first, then the RSS of both processes is read; then a monitor is entered, 16 requests x
 (64 + 16) tokens generated inside it, its table and ``requests()`` read; then the RSS again. What is
-printed is each process's growth beside the checkpoint's size on disk; the goal is at most 10 % of it.
+printed is each process's growth beside the checkpoint's size on disk (anonymous and file-backed apart); the
+goal is at most 10 % of it. The modules the table imports (pandas, scipy.stats) are imported before the
+first reading: they are modules imported, not the monitor's memory.
 
 Usage: python benchmarks/rss_vllm.py   (the vllm venv, holding a heavy slot: /work/bin/heavy ...)
 """
@@ -20,14 +22,20 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 MB = 1 << 20
 
 
-def rss(pids) -> dict[int, int]:
-    import psutil
-
-    return {p: psutil.Process(p).memory_info().rss for p in pids}
+def rss(pids) -> dict[int, tuple[int, int]]:
+    """Each process's (anonymous, file-backed) resident bytes (``RssAnon``, ``RssFile`` + ``RssShmem``)."""
+    out = {}
+    for p in pids:
+        with open(f"/proc/{p}/status") as fh:
+            kb = {ln.split(":")[0]: int(ln.split()[1]) for ln in fh if ln.startswith("Rss")}
+        out[p] = (kb["RssAnon"] * 1024, (kb["RssFile"] + kb["RssShmem"]) * 1024)
+    return out
 
 
 def main() -> None:
+    import pandas  # noqa: F401  (the modules the table imports: summary() imports them)
     import psutil
+    import scipy.stats  # noqa: F401
     import transformers  # noqa: F401  (imported by vLLM anyway; the monitor's path may import its models)
     from bench_vllm import ENGINE, OPT_IN, prompts, smollm2_folder
     from vllm import LLM, SamplingParams
@@ -53,9 +61,12 @@ def main() -> None:
     print(f"SmolLM2-135M, float32, eager; checkpoint {size / MB:.0f} MB; 10 % of it: {size / MB / 10:.0f} MB")
     for p in pids:
         who = "main" if p == os.getpid() else f"engine core (pid {p})"
-        grew = (after[p] - before[p]) / MB
+        b, a = sum(before[p]), sum(after[p])
+        grew = (a - b) / MB
+        anon, file = ((after[p][j] - before[p][j]) / MB for j in (0, 1))
         print(
-            f"  {who:26s} RSS {before[p] / MB:7.0f} -> {after[p] / MB:7.0f} MB  (+{grew:.0f} MB, {grew / (size / MB):.1%})"
+            f"  {who:26s} RSS {b / MB:7.0f} -> {a / MB:7.0f} MB  (+{grew:.0f} MB, {grew / (size / MB):.1%}; "
+            f"anonymous {anon:+.0f} MB, file-backed {file:+.0f} MB)"
         )
     llm.llm_engine.engine_core.shutdown()
 

@@ -44,4 +44,12 @@ def folder_adapter(folder: str | Path, dtype: torch.dtype | None = None, archite
     return layouts.checkpoint_adapter(tensors, layout, dims, f"{folder} ({architecture}, {dt})", read)
 
 
-__all__ = ["folder_adapter"]
+def drop_resident(adapter: Adapter) -> int:
+    """The adapter's checkpoint tensors that are still maps of their file (``zoo.checkpoint.drop_resident``)
+    given back to the kernel once a plan is built; they stay readable. Returns the bytes given back."""
+    from ..spectra.memo import layer_parameters
+
+    return checkpoint.drop_resident([p for i in range(adapter.n_layers) for p in layer_parameters(adapter, i)])
+
+
+__all__ = ["drop_resident", "folder_adapter"]

@@ -11,7 +11,8 @@ a forward's end. This module is the engine-neutral contract between an engine's 
   so never counted (the request's first computed position says how long it was);
 - ``EngineRecord``: the forwards told to the monitor's record as flat batches (``models.attach.FlatRows``:
   the request is the cluster, its counters open until the scheduler ends it), and each request's own
-  counts and gamma/rho (``RequestRows``), read from the record's counters of that request.
+  counts and gamma/rho (``RequestRows``), read from the record's counters of that request
+  (``Record.request_counters``).
 
 It imports no engine.
 """
@@ -96,7 +97,7 @@ def flat_rows(tm: TokenMap, skips: list[int], device) -> tuple[FlatRows, torch.T
 class RequestRows:
     """Each request's own counts and gamma/rho per (layer, target): ``requests()``'s rows.
 
-    They are the record's own per-request counters (``Record.requests_end``, ``open_requests``: the tokens
+    They are the record's own per-request counters (``Record.request_counters``: the tokens
     it counted, those up, and their sums of a(pre), a(mid), a(post), ``measures.ROW``), read when a request
     ends or when the rows are asked for; nothing is measured twice. A request's rows sum to the table's.
 
@@ -166,14 +167,18 @@ class Steps:
         self.n = self.room = 0
         self.bufs: list[torch.Tensor] = []  # one staging tensor per distinct reading
         self.where: dict[str, list[int]] = {}  # point -> per layer, its staging tensor
+        self.written: list = []  # each step's device flag (``EngineRecord.forward``), if any was given
 
     def fits(self, tm: TokenMap) -> bool:
         return self.n == 0 or (tuple(tm.keys) == self.keys and self.n < self.room)
 
-    def add(self, readings: dict[str, list[torch.Tensor]], tm: TokenMap) -> None:
+    def add(self, readings: dict[str, list[torch.Tensor]], tm: TokenMap, written=None) -> None:
         if self.n == 0:
             self._lay_out(readings, len(tm.keys))
-            self.keys, self.starts = tuple(tm.keys), list(tm.starts)
+            self.keys, self.starts, self.written = tuple(tm.keys), list(tm.starts), []
+        if written is not None:
+            self.written += [torch.ones((), dtype=torch.bool, device=written.device)] * (self.n - len(self.written))
+            self.written.append(written)
         done = set()
         for p, xs in readings.items():
             for j, x in zip(self.where[p], xs):
@@ -202,8 +207,12 @@ class Steps:
         position = torch.tensor(self.starts, device=device).repeat(S) + step
         views = [b[:S].view(S * R, -1) for b in self.bufs]  # one object a reading: shared points stay shared
         readings = {p: [views[j] for j in js] for p, js in self.where.items()}
-        self.n = 0
-        return readings, FlatRows(self.keys, row, position, S, S, layout="steps")
+        valid = None
+        if self.written:  # each step's flag for its R tokens (step-major), padded for the steps that had none
+            flags = self.written + [torch.ones_like(self.written[0])] * (S - len(self.written))
+            valid = torch.stack(flags).repeat_interleave(R)
+        self.n, self.written = 0, []
+        return readings, FlatRows(self.keys, row, position, S, S, layout="steps", valid=valid)
 
 
 class EngineRecord:
@@ -233,12 +242,12 @@ class EngineRecord:
         self.steps = Steps()
         self.log_every = log_every
         self.log_points: list[tuple[int, dict[str, float]]] = []
-        self._labels = None
         self.n_layers = n_layers or max(self.layers) + 1
 
-    def forward(self, readings: dict[str, list[torch.Tensor]], tm: TokenMap) -> None:
+    def forward(self, readings: dict[str, list[torch.Tensor]], tm: TokenMap, written=None) -> None:
         """One forward: ``readings`` {'pre', 'attn', 'post': [per layer (tokens, d)]} of the tokens ``tm``
-        describes; mid is pre + attn (the add the MLP's norm fuses)."""
+        describes; mid is pre + attn (the add the MLP's norm fuses). ``written``: a device bool, whether the
+        readings were written by this forward (``FlatRows.valid``: if not, none of its tokens count), or None."""
         skips = self.ledger.admit(tm)
         if sum(skips) == tm.tokens:  # every token counted before (a preempted request's recomputation)
             return
@@ -246,35 +255,28 @@ class EngineRecord:
         if not any(skips) and all(c == 1 for c in tm.counts):  # a decoding step: staged
             if not self.steps.fits(tm):
                 self.flush()
-            self.steps.add(readings, tm)
+            self.steps.add(readings, tm, written)
             if self.steps.n == self.steps.room:
                 self.flush()
         else:
             self.flush()
             flat, keep = flat_rows(tm, skips, readings["pre"][0].device)
+            if written is not None:
+                flat = flat._replace(valid=written)
             self._tell(readings, flat, keep)
         if self.log_every and self.n_forwards % self.log_every == 0:
-            self._log_point()
-
-    def _log_point(self) -> None:
-        """The sinks' running values now, kept with the step (``take_log_points``)."""
-        from ..monitor.logs import Labels
-
-        self.flush()
-        rec = self.record
-        if self._labels is None:
-            self._labels = Labels(rec.plan, rec.config.reading_points, self.n_layers)
-        self.log_points.append((self.n_forwards, self._labels.now(rec.acc)))
-
-    def take_log_points(self) -> list[tuple[int, dict[str, float]]]:
-        """The log points kept since the last call, oldest first."""
-        out, self.log_points = self.log_points, []
-        return out
+            self.flush()
+            self.log_points.append((self.n_forwards, self.record.log_values(self.n_layers)))
 
     def flush(self) -> None:
         """Tell the record the staged decoding steps, if any."""
         if self.steps.n:
             self._tell(*self.steps.take(), None)
+
+    def take_log_points(self) -> list[tuple[int, dict[str, float]]]:
+        """The log points kept since the last call, oldest first."""
+        out, self.log_points = self.log_points, []
+        return out
 
     def _tell(self, readings: dict[str, list[torch.Tensor]], flat: FlatRows, keep) -> None:
         rec = self.record
@@ -298,7 +300,8 @@ class EngineRecord:
         """The engine's scheduler finished these requests."""
         self.flush()
         keys = list(keys)
-        own = self.record.requests_end(keys, own=self.own is not None)
+        own = self.record.request_counters(keys) if self.own is not None else {}
+        self.record.requests_end(keys)
         for k in keys:
             info = self.ledger.end(k)
             if self.own is not None:
@@ -314,7 +317,7 @@ class EngineRecord:
 
     def rows(self) -> list[dict]:
         self.flush()
-        return self.own.rows(self.ledger, self.record.open_requests()) if self.own is not None else []
+        return self.own.rows(self.ledger, self.record.request_counters()) if self.own is not None else []
 
 
 __all__ = ["STEP_TOKENS", "EngineRecord", "Ledger", "RequestInfo", "RequestRows", "Steps", "TokenMap", "flat_rows"]

@@ -52,6 +52,9 @@ class FlatRows(NamedTuple):
             ``width`` tokens, token ``r * width + i`` being row r's i-th; ``"steps"``: every row has
             ``width`` tokens, token ``s * rows + r`` being row r's s-th. The readings are then the padded
             batch as they stand (a view), not scattered into one. ``""``: any order (``row`` says).
+        valid: whether the readings are this forward's, said on the device (an engine whose taps write on
+            the device says so after the forward, without reading it back): a bool scalar (False: none of
+            its tokens count), or (tokens,) bool, one a token (``steps`` > 1: each step's own); None: all are.
     """
 
     keys: tuple
@@ -60,6 +63,7 @@ class FlatRows(NamedTuple):
     width: int = 0
     steps: int = 1
     layout: str = ""
+    valid: torch.Tensor | None = None
 
 
 class CallFacts(NamedTuple):

@@ -209,19 +209,16 @@ class Accumulator:
         return Sequences(self.sample.R, self.sample_seed, fresh, copies, None if fresh else self.open_ids, known,
                          flat.keys if flat is not None else None)  # fmt: skip
 
-    def end_requests(self, keys, own: bool = False) -> dict[str, torch.Tensor]:
+    def end_requests(self, keys) -> None:
         """A flat batch's requests ended (the engine's scheduler says so): their counters fold into the
-        cluster sums, as ``end_sequences`` folds a padded batch's rows, and their slots are freed.
-
-        own: return each ended request's own counters (``request_counters``), else nothing."""
+        cluster sums, as ``end_sequences`` folds a padded batch's rows, and their slots are freed."""
         for k in keys:
             self.request_ids.pop(k, None)
         ended = [(k, self.keyed.pop(k)) for k in keys if k in self.keyed]
         if not ended:
-            return {}
+            return
         slots = [s for _, s in ended]
         picked, idx = self._pick(slots)
-        out = dict(zip([k for k, _ in ended], self.request_counters(picked, len(slots)))) if own else {}
         groups: dict[tuple, list[int]] = {}
         for layer, kr in self.krows.items():
             groups.setdefault((kr.shape, kr.device), []).append(layer)
@@ -231,14 +228,15 @@ class Accumulator:
                 self.state[i] = st
                 self.krows[i] = self.krows[i].index_fill(0, idx[device], 0)
         self.free.extend(slots)
-        return out
 
-    def open_requests(self) -> dict[str, torch.Tensor]:
-        """Each open request's own counters so far (``request_counters``), by key."""
-        if not self.keyed:
+    def open_requests(self, keys=None) -> dict[str, torch.Tensor]:
+        """Each open request's own counters so far (``request_counters``), by key: those of ``keys`` that
+        are open (None: every open one)."""
+        keys = list(self.keyed) if keys is None else [k for k in dict.fromkeys(keys) if k in self.keyed]
+        if not keys:
             return {}
-        picked, _ = self._pick(list(self.keyed.values()))
-        return dict(zip(self.keyed, self.request_counters(picked, len(self.keyed))))
+        picked, _ = self._pick([self.keyed[k] for k in keys])
+        return dict(zip(keys, self.request_counters(picked, len(keys))))
 
     def _pick(self, slots: list[int]) -> tuple[dict[int, torch.Tensor], dict]:
         """Each layer's counters of the requests at ``slots`` (slots, len(measures.ROW), T), and the slots as

@@ -483,7 +483,11 @@ def flat_grid(flat: FlatRows) -> tuple[torch.Tensor, Grid]:
     )
     n = flat.width or int(counts.max())
     place = row * n + rank  # (tokens,)
-    mask = torch.zeros(R * n, dtype=torch.bool, device=row.device).index_fill_(0, place, True)
+    mask = torch.zeros(R * n, dtype=torch.bool, device=row.device)
+    if flat.valid is None:
+        mask.index_fill_(0, place, True)
+    else:  # readings the taps did not write (said on the device): none of those tokens count
+        mask.index_copy_(0, place, flat.valid.to(mask.device, torch.bool).expand(place.shape[0]))
     vi = torch.zeros(R * n, dtype=torch.int64, device=row.device).index_copy_(0, place, flat.position.to(torch.int64))
     return place, Grid(mask.view(R, n), vi.view(R, n))
 

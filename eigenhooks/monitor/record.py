@@ -5,7 +5,8 @@ A forward's life, one way (docs/adapters.md): the attachment says a forward star
 the forward ends: its sums are reduced (``Forward.finish``), counted (``Accumulator.add``) and
 logged (``logs.LogPoints``), or taken back whole if a sink write fails; a forward that raised is
 dropped whole. Nothing goes back to the attachment. A flat batch's requests stay open across
-forwards until the engine ends them (``requests_end``).
+forwards until the engine ends them (``requests_end``); what they counted so far is asked for apart
+(``request_counters``), so that every event returns nothing.
 
 A record needs only the ``Plan`` and the ``MonitorConfig``: it can live in another process (an
 engine's worker, ``RecordSpec``) and be read back there (``state_dict``).
@@ -24,6 +25,7 @@ from ..models.hooks import thread_key
 from .accumulate import Accumulator
 from .config import MonitorConfig
 from .forward import Call, Forward, Generation, lean_layout
+from .logs import Labels
 from .plan import Plan
 from .sinks import SinkError
 
@@ -80,6 +82,7 @@ class Record:
         self._all_valid: list = []  # Forward's reused all-True mask
         self._lean = None  # (untapped count, once ids) where one-token steps may keep readings as they come
         self._lean_known: list = [None, None]  # the last step's order of readings and its layout (Forward)
+        self._labels = None  # (n_layers, logs.Labels) of ``log_values``
 
     def attached(self, att: Attachment) -> None:
         """An attachment will talk to this record: whether its one-token steps may be kept as they come."""
@@ -177,17 +180,27 @@ class Record:
         if self.ended is not None:
             self.ended(not ok)
 
-    def requests_end(self, keys, own: bool = False) -> dict[str, torch.Tensor]:
-        """The engine finished these requests: their sequences end (their counters fold into the sums).
-        own: return each one's own counters (``Accumulator.request_counters``: its tokens, up-counts and
-        alignment sums per layer and target, ``measures.ROW``), by key."""
+    def requests_end(self, keys) -> None:
+        """The engine finished these requests: their sequences end (their counters fold into the sums)."""
         with self._lock:
-            return self.acc.end_requests(keys, own)
+            self.acc.end_requests(keys)
 
-    def open_requests(self) -> dict[str, torch.Tensor]:
-        """Each open request's own counters so far, by key (as ``requests_end`` gives them)."""
+    # ---- queries ----
+    def request_counters(self, keys=None) -> dict[str, torch.Tensor]:
+        """The open requests' own counters so far, by key: those of ``keys`` still open (None: all of them).
+        Each is (layers, len(measures.ROW), T) float64 on the host (``Accumulator.request_counters``: its
+        tokens, up-counts and alignment sums per layer and target). Ask before ``requests_end``: an ended
+        request's counters are folded into the sums and forgotten."""
         with self._lock:
-            return self.acc.open_requests()
+            return self.acc.open_requests(keys)
+
+    def log_values(self, n_layers: int) -> dict[str, float]:
+        """The sinks' running values now, {tag: value} (``logs.Labels.now``; tags as wide as layer
+        ``n_layers - 1``'s number)."""
+        with self._lock:
+            if self._labels is None or self._labels[0] != n_layers:
+                self._labels = (n_layers, Labels(self.plan, self.points, n_layers))
+            return self._labels[1].now(self.acc)
 
     # ---- counting ----
     def _count(self, ok: bool, intact: bool) -> None:

@@ -46,7 +46,7 @@ def test_the_served_sink_writes_whole_lines_and_forgets_what_it_wrote(tmp_path):
     eng.forward(*flat([("A", 0, 9), ("B", 0, 15)], reads))
     eng.end(["A"])
     sink.write_ended(eng)
-    assert eng.own.done == [] and "A" not in eng.record.open_requests()  # written, then forgotten: bounded
+    assert eng.own.done == [] and "A" not in eng.record.request_counters()  # written, then forgotten: bounded
     with open(sink.path, "ab") as f:
         f.write(b'{"request_id": "cut by a ki')  # a line a kill cut short
     lines = read_lines(tmp_path)

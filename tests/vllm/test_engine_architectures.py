@@ -1,11 +1,11 @@
 """Every architecture eigenhooks monitors on vLLM, held to the HF monitor on a seeded tiny checkpoint (issue 57).
 
 One tiny GQA model per architecture of ``models.vllm.VLLM_ARCHITECTURES`` (Llama, Mistral, Qwen2, Qwen3, Phi-3,
-Gemma, Gemma 3, Granite) (head_dim 32: CPU attention
+Gemma, Gemma 2, Gemma 3, Granite, OLMo 2) (head_dim 32: CPU attention
 refuses 16; norms moved away from 1; Granite's multipliers away from 1), served by an opted-in eager
 engine; its table must equal the HF monitor's on the tokens the engine processed (tests/vllm/parity.py:
-counts exact, gamma to 1e-4). The structurally new layouts (Gemma 3's sandwich norm, Granite's single
-stream) are held in compiled mode too. An architecture vLLM serves that eigenhooks cannot read is refused
+counts exact, gamma to 1e-4). The structurally new layouts (Gemma 2 and 3's sandwich norm, Granite's single
+stream, OLMo 2's transformers layers) are held in compiled mode too. An architecture vLLM serves that eigenhooks cannot read is refused
 at the build (test_engine_limits.py).
 """
 
@@ -40,7 +40,13 @@ def _configs():
         "Qwen3ForCausalLM": (T.Qwen3ForCausalLM, T.Qwen3Config, {}),
         "Phi3ForCausalLM": (T.Phi3ForCausalLM, T.Phi3Config, {}),
         "GemmaForCausalLM": (T.GemmaForCausalLM, T.GemmaConfig, {}),
+        "Gemma2ForCausalLM": (  # vLLM's Gemma 2 ties its embeddings (an lm_head in the checkpoint is refused)
+            T.Gemma2ForCausalLM,
+            T.Gemma2Config,
+            {"query_pre_attn_scalar": 32, "tie_word_embeddings": True},
+        ),
         "Gemma3ForCausalLM": (T.Gemma3ForCausalLM, T.Gemma3TextConfig, {"query_pre_attn_scalar": 32}),
+        "Olmo2ForCausalLM": (T.Olmo2ForCausalLM, T.Olmo2Config, {}),
         "GraniteForCausalLM": (
             T.GraniteForCausalLM,
             T.GraniteConfig,
@@ -69,14 +75,13 @@ def test_the_table_covers_every_monitored_architecture():
     assert sorted(_configs()) == sorted(VLLM_ARCHITECTURES)
 
 
-@pytest.mark.parametrize("arch", ["Gemma2ForCausalLM", "Olmo2ForCausalLM"])
+@pytest.mark.parametrize("arch", ["Starcoder2ForCausalLM"])
 def test_an_architecture_eigenhooks_cannot_read_is_refused_by_name_at_the_build(arch, tmp_path):
     """vLLM serves these; eigenhooks reads their spectra but not their layers in the engine: refused in one
     line naming the architecture, before anything loads (never measured wrong)."""
     import transformers as T
 
-    cls, cfg_cls = {"Gemma2ForCausalLM": (T.Gemma2ForCausalLM, T.Gemma2Config),
-                    "Olmo2ForCausalLM": (T.Olmo2ForCausalLM, T.Olmo2Config)}[arch]  # fmt: skip
+    cls, cfg_cls = {"Starcoder2ForCausalLM": (T.Starcoder2ForCausalLM, T.Starcoder2Config)}[arch]
     torch.manual_seed(0)
     cls(cfg_cls(**BASE)).save_pretrained(tmp_path / arch)
     with pytest.raises(eh.UnsupportedModelError, match=rf"cannot monitor vLLM architecture \['{arch}'\]") as e:
@@ -102,6 +107,6 @@ def test_eager_engine_equals_hf_for_each_architecture(arch, tmp_path):
     _parity(save_tiny(tmp_path / arch, arch), enforce_eager=True)
 
 
-@pytest.mark.parametrize("arch", ["Gemma3ForCausalLM", "GraniteForCausalLM"])
+@pytest.mark.parametrize("arch", ["Gemma2ForCausalLM", "Gemma3ForCausalLM", "GraniteForCausalLM", "Olmo2ForCausalLM"])
 def test_compiled_engine_equals_hf_for_the_new_layouts(arch, tmp_path):
     _parity(save_tiny(tmp_path / arch, arch))

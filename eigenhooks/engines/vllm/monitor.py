@@ -18,6 +18,7 @@ import warnings
 from ...models.vllm import check_architecture
 from ...monitor import MeasurementWarning, views
 from ...monitor.facade import make_config
+from ..checkpoint import drop_resident
 from .plugin import KEY
 from .session import make_monitor
 
@@ -122,7 +123,8 @@ class EngineMonitor:
             return
         res = got[0]
         mon = self._monitor()
-        mon.load_state_dict(res["state"])
+        mon.load_state_dict(res["state"])  # the plan is built by now: the checkpoint's pages are not needed
+        drop_resident(mon.adapter)
         self._rows = res["requests"]
         self.n_forwards, self.dropped = res["n_forwards"], res["dropped"]
         for step, values in res.get("log_points") or ():  # the worker's log points, in order

@@ -68,7 +68,12 @@ class Session:
     def __init__(self, engine, n_layers: int, att, sink=None):
         self.engine, self.n_layers, self.att, self.sink = engine, n_layers, att, sink
         self.lock = threading.Lock()
-        self.dropped = 0  # forwards whose readings were not all written (counted nowhere)
+        self.dropped = 0  # forwards whose readings were not all written, seen on the host (counted nowhere)
+        self.missed_before = STORE.n_missed()  # forwards the taps did not write before this session (device)
+
+    def missed(self) -> int:
+        """Forwards of this session the taps did not write, by the device's count (``TapStore.check``)."""
+        return STORE.n_missed() - self.missed_before
 
     def close(self) -> None:
         self.att.detach()
@@ -106,6 +111,7 @@ def make_session(runner, settings: dict, sink=None, log_every: int = 0, label=No
     """The record of a monitor with ``settings`` in this worker, attached to the engine's taps (``log_every``:
     engine forwards between the log points kept for the user's sinks, 0: none; ``label``: a request's
     internal id -> the columns naming it, ``ids``)."""
+    from ..checkpoint import drop_resident
     from ..requests import EngineRecord
 
     layers = getattr(runner, "_eigenhooks_layers", None)
@@ -117,6 +123,7 @@ def make_session(runner, settings: dict, sink=None, log_every: int = 0, label=No
     base = mon.adapter
     adapter = CheckpointAdapter(**{f.name: getattr(base, f.name) for f in dataclasses.fields(Adapter)})
     record, att = mon.record_spec().attach(adapter)
+    drop_resident(base)  # the plan is built: the checkpoint's pages are not needed (they stay readable)
     return Session(EngineRecord(record, log_every=log_every, n_layers=layers, label=label), layers, att, sink)
 
 

@@ -72,23 +72,31 @@ def _wrap_execute(runner) -> None:
                     s.engine.end(finished)
                     if s.sink is not None:
                         s.sink.write_ended(s.engine)
-        STORE.start_forward()
         out = inner(scheduler_output, *args, **kwargs)
         total = scheduler_output.total_num_scheduled_tokens
         if total:
-            readings = STORE.readings(sessions[0].n_layers, total)
-            tm = None if readings is None else _token_map(runner, scheduler_output)
-            for s in sessions:
-                with s.lock:
-                    if readings is None:
-                        s.dropped += 1
-                    else:
-                        s.engine.forward(readings, tm)
-            if readings is None:
-                log.warning("eigenhooks: a forward's readings were not all written; it was not counted")
+            drain(sessions, total, lambda: _token_map(runner, scheduler_output))
         return out
 
     runner.execute_model = execute_model
+
+
+def drain(sessions, total: int, token_map, store=STORE) -> None:
+    """After a forward of ``total`` tokens: its readings (``store``'s) told to every session, with the
+    device's word on whether the taps wrote them (``TapStore.check``: a forward they did not write counts
+    none of its tokens; nothing is read back here). ``token_map``: the forward's ``TokenMap``, made from
+    the host's batch metadata."""
+    written = store.check()
+    readings = None if written is None else store.readings(sessions[0].n_layers, total)
+    tm = None if readings is None else token_map()
+    for s in sessions:
+        with s.lock:
+            if readings is None:
+                s.dropped += 1
+            else:
+                s.engine.forward(readings, tm, written)
+    if readings is None:
+        log.warning("eigenhooks: a forward's readings were not all written; it was not counted")
 
 
 def _instrument(runner) -> None:
@@ -96,9 +104,15 @@ def _instrument(runner) -> None:
     cfg = runner.vllm_config
     model = runner.model
     capacity = max(int(cfg.scheduler_config.max_num_batched_tokens), 1)
-    place_taps(model, capacity)
+    device = next(model.parameters()).device
+    # the slab holds what a CUDA graph replays (its largest batch); with no graphs (the CPU build), small steps
+    fixed = (
+        (getattr(cfg.compilation_config, "max_cudagraph_capture_size", None) or 512) if device.type == "cuda" else 64
+    )
+    arch = cfg.model_config.architecture
+    place_taps(model, capacity, fixed, cfg.model_config.get_hidden_size(), cfg.model_config.dtype, device, arch)
     _wrap_execute(runner)
-    runner._eigenhooks_layers = len(vllm_layout(model).layers)
+    runner._eigenhooks_layers = len(vllm_layout(model, arch).layers)
     opts = opted_in(cfg)
     if opts.get("out") and _rank0(runner):  # served: measured from the start, one line per finished request
         _serve(runner, opts)
@@ -181,7 +195,7 @@ class EigenhooksWorker:
         if s is None:
             return None
         with s.lock:
-            return {"state": s.engine.state_dict(), "requests": s.engine.rows(), "dropped": s.dropped,
+            return {"state": s.engine.state_dict(), "requests": s.engine.rows(), "dropped": s.dropped + s.missed(),
                     "n_forwards": s.engine.n_forwards, "log_points": s.engine.take_log_points()}  # fmt: skip
 
     def eigenhooks_stop(self, sid: int) -> dict | None:
