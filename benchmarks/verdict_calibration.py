@@ -25,18 +25,12 @@ import argparse
 import time
 
 import torch
+from verdict_null import upper95  # the design study's bound, one definition (benchmarks/ is the script's path)
 
 import eigenhooks as eh
 from eigenhooks.monitor.verdict import covariance, per_sequence, rank_p, split
 from eigenhooks.run.corpus import describe, stdlib_docstrings
 from eigenhooks.run.corpus import split as split_docs
-
-
-def upper95(x: int, n: int) -> float:
-    """One-sided 95% Clopper-Pearson upper bound of a share x/n."""
-    from scipy.stats import beta
-
-    return 1.0 if x >= n else float(beta.ppf(0.95, x + 1, n - x))
 
 
 def kept(model, tok, docs, tokens: int) -> dict[int, dict]:
