@@ -39,7 +39,7 @@ class Undo:
     keyed: dict
     krows: dict
     free: list
-    sample: list | None = None  # what ``Sample.add`` changed
+    sample: dict | None = None  # the candidates ``Sample.add`` kept (taken back by ``Sample.undo``)
     ids: tuple = ()  # (open rows' sequence ids, open requests' ids)
 
 
@@ -90,7 +90,7 @@ class Accumulator:
         if fs.sequences is not None:
             fs.sequences.counted(self)
         if self.sample is not None and fs.cands is not None:
-            u = self.sample.add(fs.cands, undoable)  # every layer's kept tokens, in place
+            u = self.sample.add(fs.cands, undoable)  # kept as they came, merged once R/4 wait
             if undo is not None:
                 undo.sample = u
             self.sample_version += 1

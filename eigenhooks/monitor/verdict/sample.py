@@ -75,7 +75,7 @@ def halves(seed: int, seq: torch.Tensor) -> torch.Tensor:
 class Candidates:
     """One forward's candidates: which slots of its null subsample, their keys, and each layer's readings there.
 
-    Made once per grid (``pick``), then filled layer by layer (``take``): (c, 2, d) float32 unit vectors of the
+    Made once per grid (``pick``), then filled layer by layer (``take``): a pair of (c, d) float32 readings, the
     baseline (pre, or LN_t(pre) on a post-norm layer) and mid. c <= R: the forward's R smallest keys."""
 
     def __init__(self, flat: torch.Tensor, keys: torch.Tensor, seq: torch.Tensor, pos: torch.Tensor):
@@ -105,11 +105,12 @@ class Candidates:
         return Candidates(flat, keys, seq, vi)
 
     def take(self, layer: int, base: torch.Tensor, mid: torch.Tensor) -> None:
-        """Keep layer's readings (b, n, d) at the candidates, (c, 2, d) as they are (made float32 unit vectors once
-        for every layer, when the sample takes them: ``Sample.add``)."""
+        """Keep layer's readings (b, n, d) at the candidates: (c, d) float32 baseline and mid, as they are (made
+        unit vectors only when read: ``Sample.host``)."""
         with torch.no_grad():
             d = base.shape[-1]
-            self.X[layer] = torch.stack([base.reshape(-1, d)[self.flat], mid.reshape(-1, d)[self.flat]], 1)
+            self.X[layer] = (base.reshape(-1, d).index_select(0, self.flat).float(),
+                             mid.reshape(-1, d).index_select(0, self.flat).float())  # fmt: skip
 
 
 class ForwardCandidates:
@@ -146,41 +147,48 @@ class ForwardCandidates:
 
 
 FIELDS = ("keys", "seq", "pos", "X")
+PENDING = 4  # forwards' candidates wait, as they came, until R / PENDING tokens a layer do; then they merge at once
 
 
 class Group:
-    """The kept tokens of layers of one width and device, stacked: keys, seq, pos (L, R), X (L, R, 2, d) float32,
-    so that a forward's merge is a dozen ops whatever the number of layers."""
+    """The kept tokens of layers of one width and device, stacked: keys, seq, pos (L, R + 1), X (L, R + 1, 2, d)
+    float32 readings as they came (unit vectors only when read), so that a merge is a few ops a layer whatever the
+    number of layers. Slot R is a sink that candidates which do not enter are written to (fixed shapes, no host
+    sync); it is never read."""
 
     def __init__(self, layers: list[int], R: int, d: int, device):
-        self.layers, self.row = list(layers), {i: r for r, i in enumerate(layers)}
+        self.layers, self.row, self.R = list(layers), {i: r for r, i in enumerate(layers)}, R
         L = len(layers)
         self.t = {
-            "keys": torch.full((L, R), float("inf"), dtype=torch.float64, device=device),
-            "seq": torch.zeros(L, R, dtype=torch.int64, device=device),
-            "pos": torch.zeros(L, R, dtype=torch.int64, device=device),
-            "X": torch.full((L, R, 2, d), float("nan"), dtype=torch.float32, device=device),
+            "keys": torch.full((L, R + 1), float("inf"), dtype=torch.float64, device=device),
+            "seq": torch.zeros(L, R + 1, dtype=torch.int64, device=device),
+            "pos": torch.zeros(L, R + 1, dtype=torch.int64, device=device),
+            "X": torch.full((L, R + 1, 2, d), float("nan"), dtype=torch.float32, device=device),
         }
 
     def view(self, layer: int) -> dict[str, torch.Tensor]:
-        return {k: v[self.row[layer]] for k, v in self.t.items()}
+        return {k: v[self.row[layer], : self.R] for k, v in self.t.items()}
 
 
 class Sample:
     """The kept tokens of every layer: per layer, keys (R,), seq (R,), pos (R,) and X (R, 2, d) float32 (views into
     ``Group``s that stack the layers of one width).
 
-    ``add`` merges one forward's candidates in place and returns what undoes it; ``merge`` takes another sample's
-    union; ``to_dict`` / ``from_dict`` carry it in a state dict (base64 of its bytes: JSON-able)."""
+    ``add`` keeps one forward's candidates as they came (an append: what a forward pays) and merges the waiting
+    ones into the buffers when R / PENDING tokens a layer wait (``flush``); what is read (``layers``, ``host``,
+    ``to_dict``) is the union's R smallest, waiting candidates included, and reading changes nothing. ``merge``
+    takes another sample's union; ``to_dict`` / ``from_dict`` carry it in a state dict (base64 of its bytes)."""
 
     def __init__(self, R: int):
         self.R = R
         self.groups: list[Group] = []
         self.of: dict[int, Group] = {}  # layer -> its group
+        self.pending: list[dict[int, Candidates]] = []  # forwards' candidates not merged yet: layer -> Candidates
+        self.n_pending = 0  # their tokens a layer (the most of any layer)
 
     @property
     def layers(self) -> dict[int, dict[str, torch.Tensor]]:
-        return {i: g.view(i) for i, g in sorted(self.of.items())}
+        return {i: self._layer(i) for i in sorted(self.of)}
 
     def ensure(self, layers: list[int], d: int, device) -> None:
         """Buffers for these layers (one group for those not held yet), empty."""
@@ -190,62 +198,86 @@ class Sample:
             self.groups.append(g)
             self.of.update({i: g for i in new})
 
-    def add(self, cands: list[Candidates] | None, undoable: bool = True) -> list | None:
-        """Merge a forward's candidates (one set a grid) into every layer they read, in place: for each layer, the
-        union's R smallest keys.
-
-        A layer's c candidates, sorted up by key, are paired with its c largest kept keys, sorted down: candidate j
-        takes its partner's slot when its key is smaller (the pairs that swap are a prefix, and what is kept is
-        then exactly the R smallest of both). Every layer of a group in one op each. Returns what undoes it."""
+    def add(self, cands: list[Candidates] | None, undoable: bool = True) -> dict | None:
+        """Keep a forward's candidates (one set a grid) for every layer they read: appended as they are, the
+        waiting ones merged first if these would take them past R / PENDING tokens. Returns what undoes it."""
         got = {i: c for c in cands or () for i in c.X}  # layer -> its candidates
         if not got:
             return None
         for i, c in got.items():
             if i not in self.of:
-                self.ensure([j for j in got if got[j].X[j].shape[-1] == c.X[i].shape[-1]], c.X[i].shape[-1],
-                            c.X[i].device)  # fmt: skip
-        undo = [] if undoable else None
+                d = c.X[i][0].shape[-1]
+                self.ensure([j for j in got if got[j].X[j][0].shape[-1] == d], d, c.X[i][0].device)
+        n = max(c.keys.numel() for c in got.values())
+        if self.pending and self.n_pending + n > max(self.R // PENDING, 1):
+            self.flush()
+        self.pending.append(got)
+        self.n_pending += n
+        return got if undoable else None
+
+    def undo(self, undo: dict | None) -> None:
+        """Take back the ``add`` that returned ``undo`` (the last one: its candidates are still waiting)."""
+        if undo is None:
+            return
+        at = next((k for k, e in enumerate(self.pending) if e is undo), None)
+        if at is None:
+            raise RuntimeError("eigenhooks: the verdict sample merged a forward it was asked to take back")
+        del self.pending[at]
+        self.n_pending = sum(max(c.keys.numel() for c in e.values()) for e in self.pending)
+
+    def flush(self) -> None:
+        """Merge the waiting candidates into every layer's buffers, in place: each layer keeps the union's R
+        smallest keys.
+
+        A layer's P waiting candidates, sorted up by key (the first min(P, R)), are paired with its largest kept
+        keys, sorted down: candidate j takes its partner's slot when its key is smaller (the pairs that swap are
+        a prefix, and what is kept is then exactly the R smallest of both); the others are written to the sink
+        slot. Keys of every layer of a group in one op each, readings in one op a layer and forward."""
         for g in self.groups:
-            here = [i for i in g.layers if i in got]
-            if here:
-                self._add_group(g, here, got, undo)
-        return undo
+            if any(i in e for e in self.pending for i in g.layers):
+                self._flush_group(g)
+        self.pending, self.n_pending = [], 0
 
-    def _add_group(self, g: Group, here: list[int], got: dict, undo: list | None) -> None:
-        sets = {id(got[i]) for i in here}
-        c = max(got[i].keys.numel() for i in here)
-        if len(sets) == 1 and len(here) == len(g.layers):  # one grid, every layer: the candidates' keys broadcast
-            one = got[here[0]]
-            keys, seq, pos = (one.keys.expand(len(here), c), one.seq.expand(len(here), c), one.pos.expand(len(here), c))
-            X = torch.stack([got[i].X[i] for i in g.layers])
-        else:  # layers of several grids, or some not read: each row its own, padded with empty candidates
-            keys, seq, pos, X = _padded(g, got, c)
-        if c > self.R:  # more than it can keep (``Candidates.pick`` already holds a forward to R): the R smallest
-            keys, at = torch.topk(keys, self.R, dim=1, largest=False)
-            seq, pos, X, c = seq.gather(1, at), pos.gather(1, at), _rows(X, at), self.R
-        X = X.float()
-        X = X / X.norm(dim=-1, keepdim=True)  # (L, c, 2, d) unit readings
+    def _flush_group(self, g: Group) -> None:
+        R, L = self.R, len(g.layers)
+        sizes = [max((e[i].keys.numel() for i in g.layers if i in e), default=0) for e in self.pending]
+        keys, seq, pos = _waiting(g, self.pending, sizes)
+        n = min(keys.shape[1], R)
         ck, order = torch.sort(keys, dim=1)
-        top, slots = torch.topk(g.t["keys"], c, dim=1, largest=True)  # (L, c): the kept keys, sorted down
-        enter = ck < top
-        if undo is not None:
-            undo.append((g, slots, {k: _rows(v, slots).clone() for k, v in g.t.items()}))
-        for k, new in (
-            ("keys", ck),
-            ("seq", seq.gather(1, order)),
-            ("pos", pos.gather(1, order)),
-            ("X", _rows(X, order)),
-        ):
-            e = enter.view(*enter.shape, *([1] * (new.dim() - 2)))
-            _put(g.t[k], slots, torch.where(e, new, _rows(g.t[k], slots)))
+        top, slots = torch.topk(g.t["keys"][:, :R], n, dim=1, largest=True)  # the kept keys, sorted down
+        dest = torch.full_like(order, R)  # each waiting candidate's slot, R (the sink) where it does not enter
+        dest.scatter_(1, order[:, :n], torch.where(ck[:, :n] < top, slots, R))
+        flat = (dest + torch.arange(L, device=dest.device)[:, None] * (R + 1)).reshape(-1)
+        for k, v in (("keys", keys), ("seq", seq), ("pos", pos)):
+            g.t[k].view(-1).index_copy_(0, flat, v.reshape(-1))
+        for r, i in enumerate(g.layers):
+            at = 0
+            for e, m in zip(self.pending, sizes):
+                if i in e:
+                    base, mid = e[i].X[i]
+                    to = dest[r, at : at + base.shape[0]]
+                    g.t["X"][r, :, 0].index_copy_(0, to, base)
+                    g.t["X"][r, :, 1].index_copy_(0, to, mid)
+                at += m
 
-    def undo(self, undo: list | None) -> None:
-        for g, slots, old in reversed(undo or []):
-            for k, v in old.items():
-                _put(g.t[k], slots, v)
+    def _layer(self, layer: int) -> dict[str, torch.Tensor]:
+        """Layer's R smallest of what is kept and what waits (views of the buffers when nothing waits)."""
+        ours = self.of[layer].view(layer)
+        waiting = [e[layer] for e in self.pending if layer in e]
+        if not waiting:
+            return ours
+        both = {
+            "keys": torch.cat([ours["keys"], *(c.keys for c in waiting)]),
+            "seq": torch.cat([ours["seq"], *(c.seq for c in waiting)]),
+            "pos": torch.cat([ours["pos"], *(c.pos for c in waiting)]),
+            "X": torch.cat([ours["X"], *(torch.stack(c.X[layer], 1) for c in waiting)]),
+        }
+        at = torch.sort(both["keys"], stable=True).indices[: self.R]
+        return {k: v[at] for k, v in both.items()}
 
     def merge(self, other: Sample) -> None:
         """Take another sample's tokens: every layer keeps the union's R smallest keys."""
+        self.flush()
         for layer, theirs in other.layers.items():
             if layer not in self.of:
                 self.ensure([layer], theirs["X"].shape[-1], theirs["X"].device)
@@ -257,11 +289,11 @@ class Sample:
 
     def host(self, layer: int) -> dict[str, torch.Tensor] | None:
         """Layer's kept tokens on the CPU in key order (which slot a token took depends on the order tokens came
-        in; the key order does not), empty slots and non-finite readings left out."""
-        g = self.of.get(layer)
-        if g is None:
+        in; the key order does not), X as float32 unit vectors, empty slots and non-finite readings left out."""
+        if layer not in self.of:
             return None
-        cpu = {k: v.detach().cpu() for k, v in g.view(layer).items()}
+        cpu = {k: v.detach().cpu() for k, v in self._layer(layer).items()}
+        cpu["X"] = cpu["X"] / cpu["X"].norm(dim=-1, keepdim=True)
         ok = torch.isfinite(cpu["keys"]) & torch.isfinite(cpu["X"]).all(-1).all(-1)
         order = torch.argsort(cpu["keys"][ok], stable=True)
         return {k: v[ok][order] for k, v in cpu.items()}
@@ -291,6 +323,7 @@ class Sample:
 
     def all_gather(self, dist, group, device) -> None:
         """Every rank ends with the union's R smallest keys of every rank's sample (ranks' layers must agree)."""
+        self.flush()
         for layer, buf in self.layers.items():
             parts = {}
             for k, v in buf.items():
@@ -305,29 +338,27 @@ class Sample:
                 self.merge(other)
 
 
-def _rows(t: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
-    """t (L, R, ...) at idx (L, c) along dim 1: (L, c, ...)."""
-    return t.gather(1, idx.view(*idx.shape, *([1] * (t.dim() - 2))).expand(*idx.shape, *t.shape[2:]))
-
-
-def _put(t: torch.Tensor, idx: torch.Tensor, v: torch.Tensor) -> None:
-    """t (L, R, ...) at idx (L, c) along dim 1 becomes v (L, c, ...), in place."""
-    t.scatter_(1, idx.view(*idx.shape, *([1] * (t.dim() - 2))).expand(*idx.shape, *t.shape[2:]), v)
-
-
-def _padded(g: Group, got: dict, c: int):
-    """A group's candidates row by row, each padded to c with empty ones (key +inf, never taken)."""
-    L, d = len(g.layers), g.t["X"].shape[-1]
-    dev = g.t["keys"].device
-    keys = torch.full((L, c), float("inf"), dtype=torch.float64, device=dev)
-    seq = torch.zeros(L, c, dtype=torch.int64, device=dev)
-    pos = torch.zeros(L, c, dtype=torch.int64, device=dev)
-    X = torch.zeros(L, c, 2, d, dtype=torch.float32, device=dev)
+def _waiting(g: Group, pending: list[dict], sizes: list[int]):
+    """The waiting candidates' keys, seq, pos (L, P) of a group's layers, forward after forward, each forward's
+    block padded to its size with empty ones (key +inf: never taken); one row for all when every layer of the group
+    read the same candidates."""
+    dev, L = g.t["keys"].device, len(g.layers)
+    if all(all(i in e for i in g.layers) and len({id(e[i]) for i in g.layers}) == 1 for e in pending):
+        ones = [e[g.layers[0]] for e in pending]
+        return tuple(torch.cat([getattr(c, k) for c in ones])[None].expand(L, -1) for k in ("keys", "seq", "pos"))
+    P = sum(sizes)
+    keys = torch.full((L, P), float("inf"), dtype=torch.float64, device=dev)
+    seq = torch.zeros(L, P, dtype=torch.int64, device=dev)
+    pos = torch.zeros(L, P, dtype=torch.int64, device=dev)
     for r, i in enumerate(g.layers):
-        if i in got:
-            one, n = got[i], got[i].keys.numel()
-            keys[r, :n], seq[r, :n], pos[r, :n], X[r, :n] = one.keys, one.seq, one.pos, one.X[i]
-    return keys, seq, pos, X
+        at = 0
+        for e, m in zip(pending, sizes):
+            c = e.get(i)
+            if c is not None:
+                n = c.keys.numel()
+                keys[r, at : at + n], seq[r, at : at + n], pos[r, at : at + n] = c.keys, c.seq, c.pos
+            at += m
+    return keys, seq, pos
 
 
 def _pack(t: torch.Tensor) -> dict:
