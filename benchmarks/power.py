@@ -15,7 +15,7 @@ unedited model. Layers after L are downstream of the edit, not "unplanted".
 Each pass is one monitored forward of 4 x 128 tokens of the bundled text (window ``seed``, which
 no choice of the study was made on), ``null_seed = seed``, with K = KMAX Haar draws; the
 statistics at a smaller K are read from the first K draws, which are the draws a run at that K
-makes (``stats.haar_frames`` draws them in order; checked by ``check``). Per pass and candidate
+makes (``measures.haar.haar_frames`` draws them in order; checked by ``check``). Per pass and candidate
 statistic, detection at L is the verdict the run would print: Benjamini-Hochberg over the run's
 hypotheses (the default targets' distinct (layer, subspace)), q < 0.05. False positives: random
 unit targets (each added to the table as the user would add one: its 30 rows join the family) and

@@ -421,4 +421,5 @@ def foreach_sum(a: list[torch.Tensor], b: list[torch.Tensor]) -> list[torch.Tens
 
 def layer_sizes(i: int, b) -> Sizes:
     """Layer i's state sizes from its ``LayerBases``."""
-    return Sizes(i, b.T, len(b.ks), b.null_draws, max(b.eig_slots, 0), b.fnull_draws, b.d)
+    draws = {m.name: m.draws(b.frames[m.name]) for m in b.measures if m.name in b.frames}
+    return Sizes(i, b.T, len(b.ks), max(b.eig_slots, 0), b.d, draws)

@@ -21,7 +21,7 @@ import torch
 
 from ..linalg.cache import tensors_digest
 from ..spectra.compute import weights_digest
-from .measures import MEASURES, owner
+from .measures import owner
 
 FORMAT = 2  # the fingerprint's own version: a state of another format is refused, never guessed (2: xxh3)
 SHOWN = 3  # differences named in one message
@@ -65,9 +65,7 @@ def fingerprint(adapter, config, plan, target_defs) -> dict:
     return {
         "format": FORMAT,
         "settings": {
-            **{
-                k: v for m in MEASURES + config.measures for k, v in m.fingerprint(config).items()
-            },  # each measure's keys
+            **{k: v for m in plan.measures for k, v in m.fingerprint(config).items()},  # each measure's keys
             "reading_points": list(config.reading_points),
             **({"measures": [m.name for m in config.measures]} if config.measures else {}),
         },

@@ -49,7 +49,7 @@ def widen(frames: torch.Tensor, k_max: int, seed: int, apply_F=None) -> torch.Te
     """Frames (K, d, k0) with k_max - k0 columns more, their first k0 columns unchanged.
 
     The new columns are Gaussian (or F times Gaussian, ``apply_F`` mapping (d, m) to F @ it, as
-    ``stats.power_step_frames``), orthogonalised against the frame and among themselves: Gram-Schmidt
+    ``measures.fnull.power_step_frames``), orthogonalised against the frame and among themselves: Gram-Schmidt
     on independent columns, so a Haar frame stays Haar and an F-null frame stays orth(F g_1 .. F g_k).
     """
     K, d, k0 = frames.shape

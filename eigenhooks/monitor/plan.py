@@ -16,11 +16,11 @@ import torch
 from ..linalg.eig import RANKS
 from ..models import Adapter, layer_index
 from ..spectra import parallel_map
-from ..spectra.compute import VARIANTS, layer_stacked, spectra_by_rank
+from ..spectra.compute import VARIANTS, spectra_by_rank
 from . import fingerprint, stats
 from . import head_targets as H
 from .config import MonitorConfig
-from .measures import MEASURES
+from .measures import Draw, registered
 from .reduce import Arena, LayerBases, pad_to_stack, warm
 from .sinks import check_tags
 
@@ -71,11 +71,13 @@ class LayerPlan:
 
 @dataclass(eq=False)
 class Plan:
-    """Every measured layer's plan, the arenas they project into, and the custom vectors' digests."""
+    """Every measured layer's plan, the arenas they project into, the custom vectors' digests, and what is
+    measured (the registered measures when it was built, then the researcher's own)."""
 
     layers: dict[int, LayerPlan]
     arenas: list[Arena]
     vectors: dict[str, dict[int, str]] = field(default_factory=dict)  # custom target -> {layer: digest}
+    measures: tuple = ()
 
 
 def parse_targets(adapter: Adapter, targets) -> tuple[list[TargetDef], dict[str, dict[int, str]]]:
@@ -157,13 +159,13 @@ def _parse_target(ad: Adapter, t, vectors: dict) -> TargetDef:
 
 
 def seed(config: MonitorConfig, layer: int, which: int) -> int:
-    """The seed of layer ``layer``'s null draws of one kind (0: Haar, 1+j: the j-th F-null, 1000: ties)."""
+    """The seed of layer ``layer``'s null draws of one kind (each null family's ``which``; 1000: ties)."""
     return stats.draw_seed(config.null_seed, layer, which)
 
 
 def build_plan(adapter: Adapter, config: MonitorConfig, defs: list[TargetDef], vectors: dict) -> Plan:
     """Spectra (cached), bases, null frames and facts for every layer a target measures."""
-    ad = adapter
+    ad, measures = adapter, registered() + config.measures
     top = max(4, 2 * config.eig_top)
     wanted: dict[tuple[str, bool], list[str]] = {}  # (variant, heads) -> ranking rules: one decomposition a layer
     for d in defs:
@@ -179,28 +181,28 @@ def build_plan(adapter: Adapter, config: MonitorConfig, defs: list[TargetDef], v
     # each layer's bases and null frames, layers side by side (torch releases the GIL); an offloaded
     # model's layers are brought in one at a time, in order
     offloaded = any(p.device.type == "meta" for p in ad.model.parameters())
-    built = parallel_map(lambda i: _layer(ad, config, defs, specs, i), range(ad.n_layers), serial=offloaded)
+    built = parallel_map(lambda i: _layer(ad, config, defs, specs, measures, i), range(ad.n_layers), serial=offloaded)
     layers = {i: lp for i, lp in enumerate(built) if lp is not None}
     where = {lp.bases: w for lp in layers.values() if (w := _where(ad, lp.index)) is not None}
     on_cuda = bool(where) and len(where) == len(layers) and all(w[0].type == "cuda" for w in where.values())
     arenas = pad_to_stack([lp.bases for lp in layers.values()], widen_frames=on_cuda)  # one kind reduces together
     warm(arenas, where)
-    return Plan(layers, arenas, vectors)
+    return Plan(layers, arenas, vectors, measures)
 
 
 def _targets(ad: Adapter, config: MonitorConfig, d: TargetDef, specs: dict, i: int) -> list[tuple]:
     """Layer i's (TargetSpec, TargetMeta) of one target: none, one, or one per head (head targets)."""
     if not d.builtin and i not in d.per_layer:
         return []
-    s = specs[(d.variant or "ov", d.rank or "modulus", False)][i]
-    fkey = (d.variant or "ov") if config.fnull_draws else None
+    variant = d.variant or "ov"  # a custom target's F: the layer's plain one
+    s = specs[(variant, d.rank or "modulus", False)][i]
     if d.heads:  # each head's subspace, checked as a custom target is; ranked among the layer's F
         eig = stats.eig_subspaces(s.eigenvalues, s.eigenvectors, config.eig_top)
         out = []
         for p in H.heads_of(specs[(d.variant, d.rank, True)][i]):
             name = H.row_name(d.name, p.head)
             U = stats.check_target(name, p.basis, ad.width(i))
-            t = stats.TargetSpec(name, U, U[:, 0] if U.shape[1] == 1 else None, eig, fkey)
+            t = stats.TargetSpec(name, U, U[:, 0] if U.shape[1] == 1 else None, eig, variant)
             out.append((t, TargetMeta(name, d.variant, d.rank, p, p.head)))
         return out
     eig = stats.eig_subspaces(s.eigenvalues, s.eigenvectors, config.eig_top + (1 if d.builtin else 0))
@@ -210,32 +212,22 @@ def _targets(ad: Adapter, config: MonitorConfig, d: TargetDef, specs: dict, i: i
         U = d.per_layer[i]
     v1 = U[:, 0] if U.shape[1] == 1 else None
     return [
-        (stats.TargetSpec(d.name, U, v1, eig, fkey), TargetMeta(d.name, d.variant, d.rank, s if d.builtin else None))
+        (stats.TargetSpec(d.name, U, v1, eig, variant), TargetMeta(d.name, d.variant, d.rank, s if d.builtin else None))
     ]
 
 
-def _layer(ad: Adapter, config: MonitorConfig, defs: list[TargetDef], specs: dict, i: int) -> LayerPlan | None:
+def _layer(
+    ad: Adapter, config: MonitorConfig, defs: list[TargetDef], specs: dict, measures: tuple, i: int
+) -> LayerPlan | None:
     """Layer i's plan, or None if no target measures it."""
     pairs = [(pair, d.heads) for d in defs for pair in _targets(ad, config, d, specs, i)]
     if not pairs:
         return None
-    tgts, meta = [p[0] for p, _ in pairs], [p[1] for p, _ in pairs]
-    k_draw, k_max = H.frame_widths([t.k for t in tgts], [h for _, h in pairs])
-    widen_seed = lambda j: seed(config, i, H.WIDEN_SEED + j)  # noqa: E731
-    haar = stats.haar_frames(ad.width(i), k_draw, config.null_draws, seed(config, i, 0))
-    haar = H.widen(haar, k_max, widen_seed(0))
-    fnull = {}
-    fkeys = sorted({t.fnull for t, (_, h) in zip(tgts, pairs) if t.fnull and not h})  # the layer targets' first
-    for fkey in fkeys + sorted({t.fnull for t in tgts if t.fnull} - set(fkeys)):
-        O, V = layer_stacked(ad, i, fkey)
-        apply_F = lambda G, O=O, V=V: O @ (V @ G)  # noqa: E731
-        frames = stats.power_step_frames(
-            apply_F, ad.width(i), k_draw, config.fnull_draws, seed(config, i, 1 + len(fnull))
-        )
-        fnull[fkey] = H.widen(frames, k_max, widen_seed(1 + len(fnull)), apply_F)
-    bases = LayerBases(
-        tgts, haar, fnull, config.null_stride, eig_slots=config.eig_top, measures=MEASURES + config.measures, layer=i
-    )
+    tgts, meta, heads = [p[0] for p, _ in pairs], [p[1] for p, _ in pairs], [h for _, h in pairs]
+    k_draw, k_max = H.frame_widths([t.k for t in tgts], heads)
+    at = Draw(ad, config, i, tgts, heads, k_draw, k_max, lambda which: seed(config, i, which))
+    frames = {m.name: f for m in measures if (f := m.draw(at)) is not None}  # each null family's
+    bases = LayerBases(tgts, frames, config.null_stride, eig_slots=config.eig_top, measures=measures, layer=i)
     rp, ly = ad.reading_points(i), ad.layers[i]
     points = config.reading_points
     need_mid = "mid" in points and rp.mid is not None

@@ -10,8 +10,11 @@ Two steps, both from public pieces only:
 
 1. ``build_bases`` re-derives each layer's bases: the built-in targets' principal subspaces
    and F's own eigen-subspaces from ``spectra_by_rank``, custom targets through
-   ``stats.check_target``, the Haar frames (``stats.haar_frames``) and the F-null frames
-   (``stats.power_step_frames`` on ``layer_stacked``), with the monitor's seeds.
+   ``stats.check_target``, the Haar frames (``measures.haar.haar_frames``) and the F-null frames
+   (``measures.fnull.power_step_frames`` on ``layer_stacked``), with the monitor's seeds. It
+   assembles them here (which frames, their seeds, their order, their widening), not through the
+   null families' ``draw``, on purpose: the twin is the independent check the tests compare the
+   monitor against, so it re-derives from the definitions what the plan builds.
 2. ``reference_states`` runs over the forwards' readings (``Recorded``: each layer's pre,
    mid, post and, post-norm, base = LN_t(pre); the valid-token mask; each token's index among
    its sequence's valid tokens; whether the forward continues the previous one's sequences)
@@ -51,7 +54,9 @@ import torch
 from ..spectra.compute import layer_stacked, spectra_by_rank
 from . import head_targets as H
 from . import stats
-from .measures import MEASURES, ROW, TARGET, Sizes, zero_state
+from .measures import FNULL, HAAR, TARGET, Sizes, registered, zero_state
+from .measures.fnull import power_step_frames
+from .measures.haar import haar_frames
 from .measures.own import check, own_sums, readings
 from .measures.plain import align, align_frames, up  # noqa: F401  (the plain helpers, re-exported)
 
@@ -167,7 +172,7 @@ def _layer_bases(adapter, i, chosen, specs, K, Kf, m, null_seed) -> PlainBases:
             rows.append((name, variant, per[i], stats.eig_subspaces(s.eigenvalues, s.eigenvectors, m), False))
     k_draw, k_max = H.frame_widths([r[2].shape[1] for r in rows], [r[4] for r in rows])
     haar = H.widen(
-        stats.haar_frames(d, k_draw, K, stats.draw_seed(null_seed, i, 0)),
+        haar_frames(d, k_draw, K, stats.draw_seed(null_seed, i, 0)),
         k_max,
         stats.draw_seed(null_seed, i, H.WIDEN_SEED),
     )
@@ -177,7 +182,7 @@ def _layer_bases(adapter, i, chosen, specs, K, Kf, m, null_seed) -> PlainBases:
         for j, variant in enumerate(first + sorted({r[1] for r in rows} - set(first))):
             O, V = layer_stacked(adapter, i, variant)
             F = lambda G, O=O, V=V: O @ (V @ G)  # noqa: E731
-            f = stats.power_step_frames(F, d, k_draw, Kf, stats.draw_seed(null_seed, i, 1 + j))
+            f = power_step_frames(F, d, k_draw, Kf, stats.draw_seed(null_seed, i, 1 + j))
             frames[variant] = H.widen(f, k_max, stats.draw_seed(null_seed, i, H.WIDEN_SEED + 1 + j), F)
     tgts = [TargetBases(name, U, eig, frames.get(variant)) for name, variant, U, eig, _ in rows]
     width = max([len(t.eig) for t in tgts] + [m if any(t.eig for t in tgts) else 0])
@@ -185,13 +190,14 @@ def _layer_bases(adapter, i, chosen, specs, K, Kf, m, null_seed) -> PlainBases:
 
 
 class _LayerSums:
-    """One layer's running state and its open sequences' counters (b, len(ROW), T)."""
+    """One layer's running state and its open sequences' counters (b, len(measures.ROW), T)."""
 
-    def __init__(self, bases: PlainBases, K: int, measures: tuple = MEASURES, layer: int | None = None):
+    def __init__(self, bases: PlainBases, K: int, measures: tuple, layer: int | None = None):
         self.bases, self.measures, self.layer = bases, measures, layer
         T = len(bases.targets)
         d = bases.haar.shape[1]
-        self.state = zero_state(Sizes(layer, T, len(bases.ks), K, bases.m, bases.Kf, d), measures)
+        draws = {HAAR.name: K, FNULL.name: bases.Kf}  # the frames drawn here (``build_bases``)
+        self.state = zero_state(Sizes(layer, T, len(bases.ks), bases.m, d, draws), measures)
         self.rows: torch.Tensor | None = None
 
     def close(self) -> None:
@@ -225,7 +231,7 @@ def reference_states(
         layer -> {name: tensor} in the ``measures.zero_state`` layout, open sequences folded in.
     """
     K = next(iter(bases.values())).haar.shape[0] if bases else 0
-    measures = MEASURES + check(measures)
+    measures = registered() + check(measures)
     sums = {i: _LayerSums(b, K, measures, i) for i, b in bases.items()}
     for fw in forwards:
         if not fw.continues:
@@ -241,7 +247,7 @@ def _add_forward(ls: _LayerSums, rd: LayerReading, mask: torch.Tensor, index: to
     """Add one forward's readings of one layer to its sums, one sequence at a time."""
     b = mask.shape[0]
     T = len(ls.bases.targets)
-    rows = torch.zeros(b, len(ROW), T, dtype=torch.float64)
+    rows = torch.zeros(b, sum(len(m.row_fields) for m in ls.measures), T, dtype=torch.float64)
     for row in range(b):
         valid = mask[row]
         pts = {

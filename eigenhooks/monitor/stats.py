@@ -6,9 +6,9 @@ a(x) = ||U^T x|| / ||x||; delta = a(mid) - a(base), base = pre (pre-norm) or LN_
 
 A number means something only next to its null, so every (layer, target) carries:
 - K Haar-random subspaces of the same k (nested: the first k columns of one random
-  orthonormal (d, k_max) frame, so draws are shared between k = 1 and k = 2);
+  orthonormal (d, k_max) frame, so draws are shared between k = 1 and k = 2; ``measures.haar``);
 - F's own top-m eigen-subspaces (``eig_rank``) and directions orth(F g), one power step
-  from a Gaussian start (``fnull``): "v_1 is special" must beat these too;
+  from a Gaussian start (``measures.fnull``): "v_1 is special" must beat these too;
 - per-sequence counts for cluster-robust intervals (the sequence is the cluster; under a
   KV cache it spans forwards, so the monitor keeps per-row counters open until it ends).
 
@@ -45,31 +45,6 @@ def draw_seed(null_seed: int, layer: int, which: int) -> int:
     """The seed of one layer's null draws of one kind (0: Haar, 1 + j: the j-th F-null variant, 1000: p_null's
     ties): the monitor's (``plan.seed``) and the plain reference's one definition."""
     return (null_seed * 1_000_003 + layer * 101 + which) % (2**63)
-
-
-def haar_frames(d: int, k_max: int, K: int, seed: int) -> torch.Tensor:
-    """K Haar-random orthonormal frames (K, d, k_max), float64, fixed by the seed.
-
-    The span of the first k columns of each frame is a Haar-random k-subspace for every
-    k <= k_max, so one set of draws serves targets of every k.
-    """
-    g = torch.Generator().manual_seed(int(seed))
-    G = torch.randn(K, d, k_max, generator=g, dtype=torch.float64)
-    Q, R = torch.linalg.qr(G)
-    return Q * torch.sign(torch.diagonal(R, dim1=-2, dim2=-1))[:, None, :]  # unique QR: Haar
-
-
-def power_step_frames(apply_F, d: int, k_max: int, K: int, seed: int) -> torch.Tensor:
-    """K frames (K, d, k_max) spanning orth(F g_1 .. F g_k), g Gaussian: one power step.
-
-    Args:
-        apply_F: maps (d, m) float64 to F @ it.
-    """
-    g = torch.Generator().manual_seed(int(seed))
-    G = torch.randn(d, K * k_max, generator=g, dtype=torch.float64)
-    FG = apply_F(G).T.reshape(K, k_max, d).transpose(1, 2)  # (K, d, k_max)
-    Q, R = torch.linalg.qr(FG)
-    return Q * torch.sign(torch.diagonal(R, dim1=-2, dim2=-1))[:, None, :]
 
 
 def eig_subspaces(eigenvalues: torch.Tensor, eigenvectors: torch.Tensor, m: int) -> list[torch.Tensor]:
@@ -177,13 +152,13 @@ def _real_span(X: torch.Tensor, noise: float) -> torch.Tensor:
 
 @dataclass
 class TargetSpec:
-    """One (layer, target): its basis, its v_1 (k = 1), its eigen-subspaces and F-null group."""
+    """One (layer, target): its basis, its v_1 (k = 1), its eigen-subspaces and the variant of F it is measured under."""
 
     name: str
     U: torch.Tensor  # (d, k) float64
     v1: torch.Tensor | None = None  # (d,) for the signed cosine, k = 1
     eig: list[torch.Tensor] = field(default_factory=list)  # (d, k_i) each
-    fnull: str | None = None  # key of the F-null frames (the variant); None: no F-null
+    variant: str = "ov"  # its F's variant (a custom target's: 'ov'); the F-null draws from that F
 
     @property
     def k(self) -> int:

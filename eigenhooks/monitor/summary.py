@@ -1,8 +1,9 @@
 """From a monitor's sums to the table a user reads: one row per (layer, target).
 
-Pure: it takes each layer's current state (``Accumulator.current``) and the plan, and calls the
-formulas of ``stats`` (alignment means, the Haar null band, Monte-Carlo p-values, cluster-robust
-intervals, the verdict) and runs Benjamini-Hochberg over the table's hypotheses (``q_values``). Columns: docs/concepts.md, "Statistics".
+Pure: it takes each layer's current state (``Accumulator.current``) and the plan, asks each measure for its
+columns of every row (``measures.summarize``), then each null family for its columns over the whole table
+(``Builtin.table``, then ``Builtin.power``), handing it Benjamini-Hochberg over the table's hypotheses
+(``q_values``). Columns: docs/concepts.md, "Statistics".
 """
 
 from __future__ import annotations
@@ -13,9 +14,8 @@ from pathlib import Path
 import torch
 
 from . import stats
-from . import verdict as V
 from .config import MonitorConfig
-from .measures import TARGET, summarize
+from .measures import TARGET, Table, summarize
 from .plan import Plan, seed
 
 
@@ -67,80 +67,27 @@ def summary_table(
     if heads:  # head targets' query head; <NA> on the layer targets' rows (an empty cell in CSV)
         df["head"] = df["head"].astype("Int64")
     if len(df):
-        fam = [family(r) for r in rows]
+        families = [family(r) for r in rows]
+        layers = df["layer"].tolist()
         # one subspace, one p: rows of one hypothesis (equal subspaces at a layer, e.g. a target given back with
         # its sign flipped) take its first row's p, which the float sums of Δγ only match to rounding
-        first = hypotheses(df["layer"].tolist(), bases, fam)
-        df["p_null"] = [df["p_null"].iat[j] for j in first]
-        df["q_null"] = q_values(df["layer"].tolist(), bases, fam, df["p_null"].tolist(), first)
-        read_mid = "mid" in config.reading_points
-        df["verdict_haar"] = [
-            stats.verdict(q, lift, null_tokens=n, read_mid=read_mid)
-            for q, lift, n in zip(df["q_null"], df["dgamma_lift"], df["null_tokens"])
-        ]
-        nulls = verdict_columns(df, plan, config, verdict, first, bases, fam)
-        df["static_lift"] = df["static"] - df["static_null_median"]
-        for name, q, lift in (("verdict", "q_tilt", "tilt_lift"), ("verdict_static", "q_static", "static_lift")):
-            df[name] = [V.verdict(qv, lv, n, read_mid) for qv, lv, n in zip(df[q], df[lift], df["verdict_sequences"])]
-        detectable_columns(df, first, fam)
-        detectable_tilt(df, first, fam, nulls)
-        rest = [c for c in df.columns if c not in FIRST and c != "verdict_haar"]
-        df = df[[c for c in FIRST if c in df.columns] + rest + ["verdict_haar"]]  # last: a text every row fills
+        first = hypotheses(layers, bases, families)
+        at = Table(
+            plan, config, verdict, "mid" in config.reading_points,
+            shared=lambda col: [col[j] for j in first],
+            q=lambda p: q_values(layers, bases, families, p, first),
+            families=families, first=first, scratch={},
+        )  # fmt: skip
+        for m in plan.measures:  # each null family's columns over the table, then its power
+            m.table(df, at)
+        for m in plan.measures:
+            m.power(df, at)
+        lead = ("layer", "target", "head") + tuple(c for m in plan.measures for c in m.first)
+        tail = [c for m in plan.measures for c in m.last if c in df.columns]
+        rest = [c for c in df.columns if c not in lead and c not in tail]
+        df = df[[c for c in lead if c in df.columns] + rest + tail]
     df.attrs["per_layer"] = [c for m in config.measures for c in df.columns if c.startswith(m.name + ".")]
     return df
-
-
-def verdict_columns(df, plan: Plan, config: MonitorConfig, verdict, first, bases, fam) -> list:
-    """The verdict's columns (``verdict.COLUMNS``, q_tilt and q_static) into df; each row's tilt draws (for
-    ``detectable_tilt``). BH runs per question (docs/concepts.md). A layer where a call hangs on the draws (a q
-    within Monte-Carlo error of 0.05, ``verdict.unsure``) is scored again on ``EXTEND`` times the draws, and q
-    computed again."""
-    blocks: dict[int, int] = {}
-    for _ in range(2):
-        vcols = verdict(config, blocks) if verdict is not None else {}
-        got, nulls = [], []
-        for layer, lp in sorted(plan.layers.items()):
-            for ti in range(len(lp.targets)):
-                v = dict(vcols[layer][ti]) if vcols.get(layer) else V.nan_columns(K=config.verdict_draws)
-                nulls.append(v.pop("_null", None))
-                got.append(v)
-        for c in V.COLUMNS:
-            df[c] = [v[c] for v in got]
-        for p, q in (("p_tilt", "q_tilt"), ("p_static", "q_static")):
-            df[p] = [df[p].iat[j] for j in first]
-            df[q] = q_values(df["layer"].tolist(), bases, fam, df[p].tolist(), first)
-        more = {
-            int(r.layer): V.EXTEND
-            for r in df[["layer", "p_tilt", "q_tilt", "p_static", "q_static", "verdict_draws"]].itertuples()
-            if V.unsure(r.p_tilt, r.q_tilt, r.verdict_draws) or V.unsure(r.p_static, r.q_static, r.verdict_draws)
-        }
-        if not more.keys() - blocks.keys():
-            break
-        blocks.update(more)
-    return nulls
-
-
-# the columns a reader needs first: which row, what was decided, the tested effect and its interval, q
-FIRST = (
-    "layer", "target", "head", "verdict", "tilt", "tilt_ci_lo", "tilt_ci_hi", "q_tilt", "tilt_null_lo",
-    "tilt_null_hi", "verdict_static", "static", "static_ci_lo", "static_ci_hi", "q_static", "static_null_lo",
-    "static_null_hi", "p_tilt", "p_static", "tilt_lift", "static_lift", "eig_tilt_percentile", "detectable_tilt",
-    "verdict_sequences", "verdict_tokens",
-)  # fmt: skip
-
-
-def detectable_tilt(df, first: list[int], families: list[str], nulls: list) -> None:
-    """``detectable_tilt``: the smallest lift of the tilt above its null's median each row would have been called
-    at with 80% power, alone among its family's m hypotheses (those with a p_tilt), its own error across sequences
-    included (``verdict.detectable``)."""
-    import numpy as np
-
-    ok = df["p_tilt"].notna().to_numpy()
-    m = {f: sum(1 for i, j in enumerate(first) if i == j and families[i] == f and ok[i]) for f in set(families)}
-    df["detectable_tilt"] = [
-        V.detectable(nl, se, m[f]) if o and nl is not None else np.nan
-        for nl, se, f, o in zip(nulls, df["tilt_se"], families, ok)
-    ]
 
 
 LAYERS, HEADS = "layers", "heads"
@@ -183,31 +130,6 @@ def q_values(
         for i, qi in zip(reps, stats.bh([p[i] for i in reps])):
             q[i] = qi
     return [q[j] for j in first]
-
-
-def detectable_columns(df, first: list[int], families: list[str]) -> None:
-    """``detectable_dgamma`` and ``detectable_rho``: the smallest planted Δγ (the verdict's test) and Δρ (rho's
-    fitted tail, ``p_rho_tail``) each row would have been called at with 80% power, alone among its family's m
-    hypotheses (those with a p), from the run's own sums (``stats.detectable``). Δρ's includes rho's
-    cluster-robust error on the null's tokens; Δγ's has no error term (the run keeps no per-sequence Δγ), so
-    its power there is about a half; docs/findings.md measures both on planted effects. Δρ's is inf where
-    even rho = 1 would not be called."""
-    import numpy as np
-
-    ok = df["p_null"].notna().to_numpy()
-    m = {f: sum(1 for i, j in enumerate(first) if i == j and families[i] == f and ok[i]) for f in set(families)}
-    K = df["null_draws"].to_numpy()
-    mf = [m[f] for f in families]
-    dg, rho = [], []
-    for r, K_, m_ in zip(df.to_dict("records"), K, mf):
-        dg.append(
-            stats.detectable(r["dgamma"], r["null_dgamma_mean"], r["null_dgamma_sd"], K_, m_, stats.DGAMMA_TAIL_DF)
-        )
-        se = (r["lift_ci_hi"] - r["lift_ci_lo"]) / (2 * stats.Z95)
-        x = stats.detectable(r["rho_null_tokens"], r["null_rho_mean"], r["null_rho_sd"], K_, m_, None, se)
-        rho.append(np.inf if x == x and r["rho_null_tokens"] + x > 1 else x)
-    df["detectable_dgamma"] = np.where(ok, dg, np.nan)
-    df["detectable_rho"] = np.where(ok, rho, np.nan)
 
 
 def save_table(summary: Callable, path) -> Path:

@@ -55,7 +55,7 @@ def test_null_subsample_compares_target_and_draws_on_the_same_tokens(gpt2):
     red = mon._plan.layers[layer].bases
     H = red.Bn64[:, slice(*red.cols["haar"])].float()
     draws, dgs = [], []
-    for j in range(red.null_draws):
+    for j in range(red.frames["haar"].shape[0]):
         Q = H[:, j * red.frame_width : j * red.frame_width + int(row["k"])]
         u = (alignment(mid, Q) - alignment(pre, Q)) > 1e-6
         draws.append(float(u[sel].double().mean()))

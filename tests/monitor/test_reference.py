@@ -37,6 +37,7 @@ from eigenhooks.models import get_adapter
 from eigenhooks.monitor import stats as M
 from eigenhooks.monitor.config import POINTS
 from eigenhooks.monitor.measures import TGT_FIELDS
+from eigenhooks.monitor.measures.haar import haar_frames
 from eigenhooks.monitor.reference import (
     LayerReading,
     PlainBases,
@@ -453,7 +454,7 @@ def test_reference_against_the_definitions():
     g = torch.Generator().manual_seed(9)
     d, K, s = 4, 3, 2
     U = torch.eye(d, dtype=torch.float64)[:, :1]
-    haar = M.haar_frames(d, 1, K, seed=1)
+    haar = haar_frames(d, 1, K, seed=1)
     bases = {0: PlainBases([TargetBases("e1", U, [], None)], haar, ks=[1])}
     pre, mid = torch.randn(2, 5, d, generator=g), torch.randn(2, 5, d, generator=g)
     mask = torch.tensor([[True] * 5, [False, True, True, True, False]])

@@ -69,7 +69,7 @@ def test_padding_the_eigen_columns_changes_nothing(reducers):
     r = reducers[2]
     wide = copy.deepcopy(r)
     widths = [g.stop - g.start for g in r.g_slices]  # its group's layout, with 5 more eigen-columns
-    wide.pad_group(widths, r._haar.shape[2], r.eig_width + 5, r.group_ks, r.group_fks)
+    wide.pad_group(widths, r.frame_width, r.eig_width + 5, r.group_ks)
     assert wide.Bn64.shape[1] == r.Bn64.shape[1] + 5
     P, mask = points(r, 3, 20, seed=4)
     same(reduce_one(r, P, mask), reduce_one(wide, P, mask))
@@ -103,9 +103,8 @@ def test_layers_of_other_target_widths_stack_and_each_reads_its_own(reducers, wi
 
     def unpadded(r):  # the monitor padded the fixture's reducers: their own frames are the first k_max columns
         k = r.k_max
-        return LayerBases(
-            r.targets, r._haar[..., :k], {f: v[..., :k] for f, v in r._fnull.items()}, r.null_stride, r.eig_slots
-        )
+        first = lambda f: {key: first(v) for key, v in f.items()} if isinstance(f, dict) else f[..., :k]  # noqa: E731
+        return LayerBases(r.targets, {name: first(f) for name, f in r.frames.items()}, r.null_stride, r.eig_slots)
 
     alone = [unpadded(r) for r in reducers]
     assert {r.Bt64.shape[1] for r in alone} != {r.Bt64.shape[1] for r in reducers}  # really unpadded
@@ -228,7 +227,7 @@ def test_a_layer_with_fewer_eigen_subspaces_stacks_with_the_others(reducers):
 
     r = copy.deepcopy(reducers[0])
     short = [dataclasses.replace(t, eig=t.eig[:-1]) for t in r.targets]
-    r2 = LayerBases(short, r._haar, r._fnull, r.null_stride, eig_slots=r.eig_slots)
+    r2 = LayerBases(short, r.frames, r.null_stride, eig_slots=r.eig_slots)
     assert r2.kind == r.kind
     pad_to_stack([r, r2])
     P, mask = points(r, 3, 20, seed=9)

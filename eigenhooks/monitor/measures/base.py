@@ -7,11 +7,19 @@ columns in the layer's null matrix (``columns``), hands each its slice of the pr
 counters (``rows``) and its group constants (``constants``). A measure's state fields start at
 ``zero`` (one layer's ``Sizes``); its fingerprint keys are ``settings``; its running values at the
 sinks' log points are ``scalars``.
+
+A null family is such a measure, with the rest of what it needs named here too: its frames, drawn
+per layer when the plan is built (``draw``, given a ``Draw``), what layers must share to be reduced
+together (``kind``), its draws' count (``draws``, into ``Sizes.draws``), and its columns over the
+whole table (``table``, then ``power``, given a ``Table``), with where they stand (``first``,
+``last``). The plan, the reduction and the table iterate over the registry (``measures.register``).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import torch
 
@@ -31,17 +39,59 @@ class Sizes:
 
     Attributes:
         layer: the layer's index (None where a state is made for no particular layer).
-        T: its targets. n_k: their distinct dimensions k. K: Haar draws. m: eig slots. Kf: F-null draws.
-        d: its width.
+        T: its targets. n_k: their distinct dimensions k. m: eig slots.
+        d: its width. draws: each null family's draws at the layer, by its name (``Builtin.draws``).
     """
 
     layer: int | None
     T: int
     n_k: int
-    K: int
     m: int
-    Kf: int
     d: int | None = None  # the layer's width (a researcher's measure makes its zero sums from it)
+    draws: dict[str, int] = field(default_factory=dict)
+
+
+class Draw(NamedTuple):
+    """What a null family draws one layer's frames from, when the plan is built (``Builtin.draw``).
+
+    Attributes:
+        adapter: the model's adapter. config: the ``MonitorConfig``. layer: the layer's index.
+        targets: its ``stats.TargetSpec``s. heads: which of them are head targets.
+        k_draw: the width frames are drawn at (the layer targets' widest k). k_max: every target's widest.
+        seed: ``which`` -> the seed of the layer's draws of that kind (``stats.draw_seed``).
+    """
+
+    adapter: object
+    config: object
+    layer: int
+    targets: list
+    heads: list[bool]
+    k_draw: int
+    k_max: int
+    seed: Callable[[int], int]
+
+
+class Table(NamedTuple):
+    """What a null family's columns over the whole table read (``Builtin.table`` and ``Builtin.power``).
+
+    Attributes:
+        plan: what was measured. config: the ``MonitorConfig``. verdict: the kept tokens' columns
+            (``summary.summary_table``'s ``verdict``), or None. read_mid: 'mid' is a reading point.
+        shared: a column's values with every row of a hypothesis given its first row's (one subspace, one p).
+        q: BH's q of a column of p-values over the table's hypotheses, per family of rows.
+        families: each row's BH family. first: each row's hypothesis's first row.
+        scratch: what a family's ``table`` leaves for its ``power``.
+    """
+
+    plan: object
+    config: object
+    verdict: Callable | None
+    read_mid: bool
+    shared: Callable[[list], list]
+    q: Callable[[list], list[float]]
+    families: list[str]
+    first: list[int]
+    scratch: dict
 
 
 @dataclass
@@ -74,9 +124,11 @@ class Builtin:
         fields: the names of its state fields (reserved: no researcher's measure may take them).
         settings: the ``MonitorConfig`` fields its numbers depend on (recorded in the fingerprint).
         null: whether it is projected on the null subsample (has columns in ``Bn64``).
-        row_fields: its per-sequence open counters (the rows' order follows ``measures.MEASURES``).
+        row_fields: its per-sequence open counters (the rows' order follows the registry, ``measures.ROW``).
         per_k: its state fields kept per distinct k (a padded group reads its own k back).
         own: a researcher's measure run beside the reduction (``own.Own``), not in it.
+        table_columns: the columns its ``table`` and ``power`` add (reserved as its summary columns are).
+        first: its columns that lead the table, after the row's keys. last: its columns that end it.
     """
 
     name = ""
@@ -86,6 +138,9 @@ class Builtin:
     row_fields: tuple[str, ...] = ()
     per_k: tuple[str, ...] = ()
     own = False
+    table_columns: tuple[str, ...] = ()
+    first: tuple[str, ...] = ()
+    last: tuple[str, ...] = ()
 
     def fingerprint(self, config) -> dict:
         """Its settings as the fingerprint records them."""
@@ -104,7 +159,20 @@ class Builtin:
         """An entry ``at`` of its field ``key`` as an error names it (``targets``: the layer's, in order)."""
         return f"entry {list(at)}"
 
-    # ---- the layer's bases ----
+    # ---- the layer's bases (``plan.build_plan``, ``reduce.LayerBases``) ----
+    def draw(self, at: Draw):
+        """Its frames at one layer, each tensor (draws, d, k_max) float64, alone or in a dict (None: none there).
+        Padding a group adds zero columns on the right of each (``LayerBases.pad_group``)."""
+        return None
+
+    def draws(self, frames) -> int:
+        """How many draws its ``frames`` hold (``Sizes.draws``)."""
+        return 0
+
+    def kind(self, frames, lb) -> tuple:
+        """What layers' frames must share for their reductions to stack (``LayerBases.kind``)."""
+        return ()
+
     def columns(self, lb, width: int) -> list[torch.Tensor]:
         """Its (d, c) blocks of the layer's null matrix ``Bn64``, in order (null measures)."""
         return []
@@ -156,6 +224,13 @@ class Builtin:
     def summary(self, row: Row, out: dict) -> dict:
         """Its summary columns of one (layer, target); ``out`` holds the columns of the measures before it."""
         return {}
+
+    def table(self, df, at: Table) -> None:
+        """Its columns over the whole table into df (a q over the table's hypotheses, a verdict), in registry
+        order, once every row's summary columns are in."""
+
+    def power(self, df, at: Table) -> None:
+        """Its power columns into df (the effect it would call), once every measure's ``table`` ran."""
 
     def reference(self, ls, X: dict, Xb, Y: dict, Yr, sub: torch.Tensor, row: torch.Tensor) -> None:
         """Plain float64: add one sequence's counted tokens X[p] (n, d) (Xb: LN_t(pre), post-norm), their

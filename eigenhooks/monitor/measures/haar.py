@@ -1,8 +1,11 @@
-"""The Haar null: K Haar-random k-subspaces per layer, nested over k (``stats.haar_frames``).
+"""The Haar null: K Haar-random k-subspaces per layer, nested over k (``haar_frames``).
 
-Columns: each draw's k_max-wide frame, ``null_draws * frame_width`` columns of ``Bn64``. State:
-``null_up`` (up-counts per k and draw), ``null_pre`` and ``null_mid`` (alignment sums), and the
-per-sequence mean up-count over draws (``ubar_sub``, for the lift's interval).
+Frames: (null_draws, d, k_max), drawn at the layer targets' widest k and widened for head targets
+(``head_targets.widen``). Columns: each draw's k_max-wide frame, ``null_draws * frame_width`` columns
+of ``Bn64``. State: ``null_up`` (up-counts per k and draw), ``null_pre`` and ``null_mid`` (alignment
+sums), and the per-sequence mean up-count over draws (``ubar_sub``, for the lift's interval). Over
+the table: ``q_null`` (BH over the table's hypotheses), ``verdict_haar`` (its last column), and the
+detectable effects ``detectable_dgamma`` and ``detectable_rho``.
 """
 
 from __future__ import annotations
@@ -10,6 +13,18 @@ from __future__ import annotations
 import torch
 
 from .base import Builtin, row_at
+
+
+def haar_frames(d: int, k_max: int, K: int, seed: int) -> torch.Tensor:
+    """K Haar-random orthonormal frames (K, d, k_max), float64, fixed by the seed.
+
+    The span of the first k columns of each frame is a Haar-random k-subspace for every
+    k <= k_max, so one set of draws serves targets of every k.
+    """
+    g = torch.Generator().manual_seed(int(seed))
+    G = torch.randn(K, d, k_max, generator=g, dtype=torch.float64)
+    Q, R = torch.linalg.qr(G)
+    return Q * torch.sign(torch.diagonal(R, dim1=-2, dim2=-1))[:, None, :]  # unique QR: Haar
 
 
 def prefix_norms(H: torch.Tensor, ks: list[int]) -> torch.Tensor:
@@ -36,16 +51,32 @@ class Haar(Builtin):
     null = True
     row_fields = ("ubar_sub",)
     per_k = ("null_up", "null_pre", "null_mid")
+    table_columns = ("q_null", "verdict_haar", "detectable_dgamma", "detectable_rho")
+    last = ("verdict_haar",)  # a text every row fills
 
     def fingerprint(self, config) -> dict:
         return {"null_seed": config.null_seed, "null_draws": config.null_draws, "null_stride": config.null_stride}
 
+    def draw(self, at):
+        from .. import head_targets as H
+
+        frames = haar_frames(at.adapter.width(at.layer), at.k_draw, at.config.null_draws, at.seed(0))
+        return H.widen(frames, at.k_max, at.seed(H.WIDEN_SEED))
+
+    def draws(self, frames):
+        return frames.shape[0]
+
+    def kind(self, frames, lb):
+        return (frames.shape[0],)
+
     def zero(self, size):
+        K = size.draws.get(self.name, 0)
         z = lambda *s: torch.zeros(*s, dtype=torch.float64)  # noqa: E731
-        return {"null_up": z(size.n_k, size.K), "null_pre": z(size.n_k, size.K), "null_mid": z(size.n_k, size.K)}
+        return {"null_up": z(size.n_k, K), "null_pre": z(size.n_k, K), "null_mid": z(size.n_k, K)}
 
     def columns(self, lb, width):
-        return [lb._haar.permute(1, 0, 2).reshape(lb.d, lb.null_draws * lb.frame_width)]  # column j*kw + i
+        frames = lb.frames[self.name]
+        return [frames.permute(1, 0, 2).reshape(lb.d, frames.shape[0] * lb.frame_width)]  # column j*kw + i
 
     def constants(self, bases, picks, dev):
         hot = lambda idx, n, dt: torch.nn.functional.one_hot(torch.tensor(idx), n).transpose(1, 2).to(dev, dt)  # noqa: E731
@@ -56,7 +87,7 @@ class Haar(Builtin):
     def align(self, stk, P, inv):
         bases = stk.bases
         L, N = P.shape[:2]
-        H = P.reshape(L, N, bases.null_draws, bases.frame_width)
+        H = P.reshape(L, N, bases.frames[self.name].shape[0], bases.frame_width)
         cum = prefix_norms(H, bases.group_ks).transpose(2, 3)  # (L, N, n_k, K) at the group's ks
         return {"haar": cum * inv[..., None, None]}  # (L, N, n_k, K)
 
@@ -75,12 +106,12 @@ class Haar(Builtin):
         scratch["u_h"] = u_h
 
     def no_mid(self, stk, st):
-        bases = stk.bases
-        st["null_up"] = st["null_mid"] = torch.zeros(stk.L, len(bases.group_ks), bases.null_draws, device=stk.dev)
+        K = stk.bases.frames[self.name].shape[0]
+        st["null_up"] = st["null_mid"] = torch.zeros(stk.L, len(stk.bases.group_ks), K, device=stk.dev)
 
     def rows(self, stk, scratch):
-        bases = stk.bases
-        ubar = stk.per_row(scratch["u_h"].sum(-1)) / bases.null_draws  # (L, b, n_k): mean over draws, per k
+        K = stk.bases.frames[self.name].shape[0]
+        ubar = stk.per_row(scratch["u_h"].sum(-1)) / K  # (L, b, n_k): mean over draws, per k
         k0 = stk.picks["k_index"][0]
         if "k_hot" in stk.consts:  # each layer its targets' own k
             return [torch.bmm(ubar, stk.consts["k_hot"])]
@@ -141,6 +172,44 @@ class Haar(Builtin):
         )
         col["null_draws"] = K
         return col
+
+    def table(self, df, at) -> None:
+        """p_null shared by each hypothesis's rows, q_null over the table's, and the Haar test's verdict."""
+        from .. import stats
+
+        df["p_null"] = at.shared(df["p_null"].tolist())
+        df["q_null"] = at.q(df["p_null"].tolist())
+        df["verdict_haar"] = [
+            stats.verdict(q, lift, null_tokens=n, read_mid=at.read_mid)
+            for q, lift, n in zip(df["q_null"], df["dgamma_lift"], df["null_tokens"])
+        ]
+
+    def power(self, df, at) -> None:
+        """``detectable_dgamma`` and ``detectable_rho``: the smallest planted Δγ (the Haar test's) and Δρ (rho's
+        fitted tail, ``p_rho_tail``) each row would have been called at with 80% power, alone among its family's m
+        hypotheses (those with a p), from the run's own sums (``stats.detectable``). Δρ's includes rho's
+        cluster-robust error on the null's tokens; Δγ's has no error term (the run keeps no per-sequence Δγ), so
+        its power there is about a half; docs/findings.md measures both on planted effects. Δρ's is inf where
+        even rho = 1 would not be called."""
+        import numpy as np
+
+        from .. import stats
+
+        first, families = at.first, at.families
+        ok = df["p_null"].notna().to_numpy()
+        m = {f: sum(1 for i, j in enumerate(first) if i == j and families[i] == f and ok[i]) for f in set(families)}
+        K = df["null_draws"].to_numpy()
+        mf = [m[f] for f in families]
+        dg, rho = [], []
+        for r, K_, m_ in zip(df.to_dict("records"), K, mf):
+            dg.append(
+                stats.detectable(r["dgamma"], r["null_dgamma_mean"], r["null_dgamma_sd"], K_, m_, stats.DGAMMA_TAIL_DF)
+            )
+            se = (r["lift_ci_hi"] - r["lift_ci_lo"]) / (2 * stats.Z95)
+            x = stats.detectable(r["rho_null_tokens"], r["null_rho_mean"], r["null_rho_sd"], K_, m_, None, se)
+            rho.append(np.inf if x == x and r["rho_null_tokens"] + x > 1 else x)
+        df["detectable_dgamma"] = np.where(ok, dg, np.nan)
+        df["detectable_rho"] = np.where(ok, rho, np.nan)
 
     def reference(self, ls, X: dict, Xb, Y: dict, Yr, sub, row) -> None:
         """Plain float64: the Haar sums on one sequence's subsample Y[p] (its reference Yr); ubar into row."""

@@ -97,37 +97,34 @@ class Measure:
 
 def reserved() -> tuple[frozenset, frozenset]:
     """The built-in measures' names and fields, and the summary's built-in columns: no own measure's name."""
-    from . import MEASURES
+    from . import registered
 
-    names = {m.name for m in MEASURES} | {f for m in MEASURES for f in m.fields} | {"tgt"}
+    names = {m.name for m in registered()} | {f for m in registered() for f in m.fields} | {"tgt"}
     return frozenset(names), builtin_columns()
 
 
-# The columns ``summary.summary_table`` writes itself around the measures' (row keys, the spectrum's, BH's q, the
-# verdict, the detectable effects). Only these are named here: it imports this package, so it cannot be run
-# from here. tests/monitor/test_own_measure.py checks every column of real summaries against builtin_columns().
-TABLE_COLUMNS = (
-    "layer target head variant rank k kind lambda_1_re lambda_1_im abs_lambda_1 gap_ratio null_seed q_null verdict "
-    "detectable_dgamma detectable_rho verdict_haar"
-).split()
+# The columns ``summary.summary_table`` writes itself around the measures' (row keys, the spectrum's). Only these
+# are named here: it imports this package, so it cannot be run from here. tests/monitor/test_own_measure.py checks
+# every column of real summaries against builtin_columns().
+TABLE_COLUMNS = "layer target head variant rank k kind lambda_1_re lambda_1_im abs_lambda_1 gap_ratio null_seed".split()
 
 
 @functools.cache
 def builtin_columns() -> frozenset:
-    """Every column ``mon.summary()`` can make itself: the measures' summary columns, read off their summaries of
-    an empty layer state (pre-norm and post-norm), and ``TABLE_COLUMNS``. A column a built-in measure adds is
-    reserved with no list to update."""
+    """Every column ``mon.summary()`` can make itself: the registered measures' summary columns, read off their
+    summaries of an empty layer state (pre-norm and post-norm), their columns over the table (``table_columns``),
+    and ``TABLE_COLUMNS``. A column a built-in measure adds is reserved with no list to update."""
     import warnings
 
-    from ..verdict import SAMPLE_COLUMNS  # the verdict's, made from the kept tokens when the table is
-    from . import MEASURES, summarize, zero_state
+    from . import registered, summarize, zero_state
 
-    state = zero_state(Sizes(layer=0, T=1, n_k=1, K=2, m=2, Kf=2, d=2))
-    columns = set(TABLE_COLUMNS) | set(SAMPLE_COLUMNS)
+    measures = registered()
+    state = zero_state(Sizes(layer=0, T=1, n_k=1, m=2, d=2, draws={m.name: 2 for m in measures}), measures)
+    columns = set(TABLE_COLUMNS) | {c for m in measures for c in m.table_columns}
     with warnings.catch_warnings():  # the empty state's means are 0/0: NaN, which is all they can be
         warnings.simplefilter("ignore")
         for post_norm in (False, True):
-            columns |= set(summarize(state, 0, 0, 1, post_norm, tie_seed=0, measures=MEASURES, layer=0))
+            columns |= set(summarize(state, 0, 0, 1, post_norm, tie_seed=0, measures=measures, layer=0))
     return frozenset(columns)
 
 

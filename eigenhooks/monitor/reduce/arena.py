@@ -91,7 +91,7 @@ def pad_to_stack(bases: list[LayerBases], widen_frames: bool = False) -> list[Ar
     2-dimensional, real or complex top eigenvectors, stack together); give each kind one ``Arena``, in
     which the i-th layer (in the order given) projects into row i.
 
-    widen_frames: also pad the Haar and F-null frames of layers whose widest target is 1-dimensional
+    widen_frames: also pad the null families' frames of layers whose widest target is 1-dimensional
     to the group's 2 columns, so that every layer stacks in one group. That doubles those layers'
     null projections and halves the stacked reductions: worth it on CUDA, where a group's reduction
     is ~100 launches and a null matmul is microseconds; not on the CPU, where the matmuls are the
@@ -106,11 +106,10 @@ def pad_to_stack(bases: list[LayerBases], widen_frames: bool = False) -> list[Ar
         widths = [max(r.targets[ti].k for r in rs) for ti in range(rs[0].T)]
         k_max = max(r.k_max for r in rs)
         ks = sorted({k for r in rs for k in r.ks})
-        fks = sorted({k for r in rs for k in r.group_fks})
         eig_width = max(r.eig_width for r in rs)
         for r in rs:
             if len(rs) > 1:
-                r.pad_group(widths, k_max, eig_width, ks, fks)
+                r.pad_group(widths, k_max, eig_width, ks)
         arena = Arena(rs)
         for i, r in enumerate(rs):
             r.arena, r.row = arena, i
@@ -134,12 +133,10 @@ def warm(arenas: list[Arena], where: dict[LayerBases, tuple[torch.device, torch.
 
 def picks(bases: list[LayerBases]) -> dict[str, list]:
     """What each layer of a padded group reads back as its own, per layer: the index of each target's
-    k among the group's ks ('k_index', as ``LayerBases.k_index`` among its own), of each F-null target's k
-    among the group's fks ('fk_index'), which targets have a cosine with v_1 ('cos', 0/1 per target), and
-    the index of each of its own ks among the group's ('ks_index')."""
+    k among the group's ks ('k_index', as ``LayerBases.k_index`` among its own), which targets have a cosine
+    with v_1 ('cos', 0/1 per target), and the index of each of its own ks among the group's ('ks_index')."""
     return {
         "k_index": [[r.group_ks.index(t.k) for t in r.targets] for r in bases],
-        "fk_index": [[r.group_fks.index(k) for _, _, k in r.fnull_targets] for r in bases],
         "cos": [[float(ti in r.cos_targets) for ti in range(r.T)] for r in bases],
         "ks_index": [[r.group_ks.index(k) for k in r.ks] for r in bases],
     }
@@ -149,8 +146,8 @@ def group_constants(bases: list[LayerBases], dev: torch.device) -> GroupConstant
     """The device constants of a stacked group on dev, made once and kept by its arena: each
     measure's (``Measure.constants``), e.g. 'S' (L, eig columns, T*eig_slots) float32 and 'valid'
     (L, T, eig_slots) when there are eigen-slots; and, where the layers' own k differ, one-hot
-    pickers 'k_hot' (L, n_k, T) float64 and 'fk_hot' (L, n_fk, F-null targets) float32, and 'cos'
-    (L, 1, T), 1 where a target has a cosine with v_1."""
+    pickers of each target's k, e.g. 'k_hot' (L, n_k, T) float64, and 'cos' (L, 1, T), 1 where a target has
+    a cosine with v_1."""
     arena = bases[0].arena
     key = (tuple(r.row for r in bases), dev)
     if arena is not None and all(r.arena is arena for r in bases) and key in arena.constants:

@@ -1,7 +1,7 @@
-"""One layer's bases: its targets, F's eigen-subspaces, the Haar and F-null frames, as projection matrices.
+"""One layer's bases: its targets, F's eigen-subspaces, each null family's frames, as projection matrices.
 
 ``LayerBases`` lays a layer's bases out as two matrices, ``Bt64`` (d, target columns) and
-``Bn64`` (d, null columns: eigen-subspaces | Haar frames | F-null frames), and keeps them on
+``Bn64`` (d, null columns: each null measure's in turn, ``measures.NULL_COLUMNS``), and keeps them on
 the activations' device (``on``). Layers of one kind are padded to one layout (``pad_group``)
 so that their reductions stack; a zero column changes no norm, so no number moves.
 """
@@ -10,14 +10,14 @@ from __future__ import annotations
 
 import torch
 
-from ..measures import EIG, MEASURES, NULL_COLUMNS
+from ..measures import EIG, NULL_COLUMNS, registered
 from ..measures.eig import eig_columns
 from ..stats import TargetSpec
 from .kernels import has_out_dtype, split
 
 
 class LayerBases:
-    """One layer's bases (targets, F's eigen-subspaces, Haar and F-null frames).
+    """One layer's bases (targets, F's eigen-subspaces, the null families' frames).
 
     The targets are projected on every token. The nulls are projected on a subsample: the valid
     tokens whose index in their own sequence is a multiple of ``null_stride`` (``Grid.sub``), a
@@ -25,39 +25,39 @@ class LayerBases:
     the same tokens are kept beside them, so p_null, the percentiles and eig_rank compare like with like.
 
     The dimension k, by name: ``t.k`` a target's; ``ks`` the layer's distinct k (``n_k`` of them, a state's
-    per-k rows), ``k_index`` each target's among them; ``group_ks`` / ``group_fks`` the distinct k of its
-    padded group (of its F-null targets), whose rows a group's reduction takes (``arena.picks``: the same
-    indices among those, one-hot as 'k_hot' / 'fk_hot'); ``k_max`` the widest k its frames are drawn at,
-    ``frame_width`` the columns a frame takes in ``Bn64`` (k_max, or its group's when widened).
+    per-k rows), ``k_index`` each target's among them; ``group_ks`` the distinct k of its padded group, whose
+    rows a group's reduction takes (``arena.picks``: the same indices among those, one-hot as 'k_hot');
+    ``k_max`` the widest k, the columns its frames are drawn with; ``frame_width`` the columns a frame takes
+    in ``Bn64`` (k_max, or its group's when widened).
 
     Args:
         targets: the layer's targets.
-        haar: (null_draws, d, k_max) Haar frames. fnull: {key: (fnull_draws, d, k_max)} F-null frames.
+        frames: each null family's frames by its name (``Builtin.draw``: tensors (draws, d, k_max), alone or
+            in a dict); a family with none at this layer is left out.
         null_stride: the subsample takes every null_stride-th token (1: every token; ``MonitorConfig.null_stride``).
         eig_slots: eigen-subspaces per target (at least the longest ``eig``): layers whose spectra give
             fewer (a complex pair cut at the last slot) keep the rest NaN and stack with the others.
+        measures: what is measured here (default: the registered measures).
     """
 
     def __init__(
         self,
         targets: list[TargetSpec],
-        haar: torch.Tensor,
-        fnull: dict[str, torch.Tensor],
+        frames: dict[str, object],
         null_stride: int = 1,
         eig_slots: int = 0,
-        measures: tuple = MEASURES,
+        measures: tuple | None = None,
         layer: int | None = None,
     ):
-        self.measures, self.layer = tuple(measures), layer  # what is measured here (``measures``)
+        self.measures, self.layer = registered() if measures is None else tuple(measures), layer
         self.targets = targets
         self.T = len(targets)
-        self.null_draws, self.d, self.k_max = haar.shape
+        self.d, self.k_max = targets[0].U.shape[0], max(t.k for t in targets)
+        self.frame_width = self.k_max
         self.null_stride = null_stride
         self.ks = sorted({t.k for t in targets})  # every k <= k_max: the frames are k_max wide
         self.k_index = [self.ks.index(t.k) for t in targets]
         self.eig_slots = max([len(t.eig) for t in targets] + [eig_slots if any(t.eig for t in targets) else 0])
-        self.fkeys = sorted(fnull)
-        self.fnull_draws = next(iter(fnull.values())).shape[0] if fnull else 0
         self.t_slices, at = [], 0
         for t in targets:
             self.t_slices.append(slice(at, at + t.k))
@@ -65,15 +65,13 @@ class LayerBases:
         self.Bt64 = torch.cat([t.U for t in targets], 1)  # (d, target columns)
         # the layout of the group this layer is reduced with (``pad_group``); its own until then
         self.g_slices, self.group_ks = list(self.t_slices), list(self.ks)
-        self.group_fks = sorted({t.k for t in targets if t.fnull is not None})
-        self._haar, self._fnull = haar, fnull
+        self.frames = dict(frames)
         self._eig_cols, self._seg = eig_columns(self)
         self._build_null(sum(E.shape[1] for E in self._eig_cols))
         self.eig_valid = torch.zeros(self.T, max(self.eig_slots, 1), dtype=torch.bool)
         for ti, t in enumerate(targets):
             self.eig_valid[ti, : len(t.eig)] = True
         self.cos_targets = [ti for ti, t in enumerate(targets) if t.v1 is not None]
-        self.fnull_targets = [(ti, t.fnull, t.k) for ti, t in enumerate(targets) if t.fnull is not None]
         self.arena = None  # set by arena.pad_to_stack: the group's buffers, this layer's row in them
         self.row = 0
         self._group_consts: dict = {}  # arena.group_constants' cache, when this layer is its group's first
@@ -95,30 +93,26 @@ class LayerBases:
         self.Bn64 = torch.cat(blocks, 1)
         self._dev: dict = {}
 
-    def pad_group(self, widths: list[int], k_max: int, eig_width: int, ks: list[int], fks: list[int]) -> None:
+    def pad_group(self, widths: list[int], k_max: int, eig_width: int, ks: list[int]) -> None:
         """Lay this layer out like the rest of its group, so that they stack: each target's columns
-        zero-padded to ``widths``, the Haar and F-null frames to ``k_max`` columns, the eigen-columns
-        to ``eig_width``; the prefix norms taken at the group's ``ks`` (``fks`` for the F-null frames).
-        A zero column changes no norm, so every number of this layer stays what it was; the stacked
-        reduction reads each layer's own k, cosines and F-null k back out (``stacked``)."""
+        zero-padded to ``widths``, every null family's frames to ``k_max`` columns, the eigen-columns
+        to ``eig_width``; the prefix norms taken at the group's ``ks``. A zero column changes no norm,
+        so every number of this layer stays what it was; the stacked reduction reads each layer's own
+        k and cosines back out (``stacked``)."""
         pad = lambda t, w: torch.nn.functional.pad(t, (0, w - t.shape[-1]))  # noqa: E731  zero columns on the right
         self.Bt64 = torch.cat([pad(t.U, w) for t, w in zip(self.targets, widths)], 1)
         self.g_slices, at = [], 0
         for w in widths:
             self.g_slices.append(slice(at, at + w))
             at += w
-        self.group_ks, self.group_fks = list(ks), list(fks)
-        self._haar = pad(self._haar, k_max)
-        self._fnull = {key: pad(f, k_max) for key, f in self._fnull.items()}
+        self.group_ks = list(ks)
+        widen = lambda f: {k: widen(v) for k, v in f.items()} if isinstance(f, dict) else pad(f, k_max)  # noqa: E731
+        self.frames = {name: widen(f) for name, f in self.frames.items()}
+        self.frame_width = k_max
         width = max(eig_width, self.eig_width) if self.eig_slots else self.eig_width
         self._build_null(width)
         if self.arena is not None:  # its group's device constants were made for the old layout
             self.arena.constants.clear()
-
-    @property
-    def frame_width(self) -> int:
-        """Columns per Haar and F-null frame in ``Bn64``: k_max, or its group's when padded (``pad_group``)."""
-        return self._haar.shape[2]
 
     @property
     def eig_width(self) -> int:
@@ -131,12 +125,9 @@ class LayerBases:
         return (
             self.T,
             self.d,
-            self.null_draws,
-            self.fnull_draws,
-            tuple(self.fkeys),
             self.eig_slots,
-            tuple((ti, f) for ti, f, _ in self.fnull_targets),
             tuple(m.name for m in self.measures),
+            tuple(m.kind(self.frames[m.name], self) for m in self.measures if m.name in self.frames),
         )
 
     @property
@@ -144,7 +135,7 @@ class LayerBases:
         """Everything the stacked reduction needs to be the same across layers."""
         return (
             self.kind, tuple((g.start, g.stop) for g in self.g_slices), self.frame_width, tuple(self.group_ks),
-            tuple(self.group_fks), tuple(self.cols.items()), self.Bn64.shape[1],
+            tuple(self.cols.items()), self.Bn64.shape[1],
         )  # fmt: skip
 
     def on(self, device: torch.device, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
