@@ -60,7 +60,7 @@ def main() -> None:
     assert int(table["n_tokens"].iloc[0]) == 16 * (64 + 15) and len(rows) > 0
     print(f"SmolLM2-135M, float32, eager; checkpoint {size / MB:.0f} MB; 10 % of it: {size / MB / 10:.0f} MB")
     for p in pids:
-        who = "main" if p == os.getpid() else f"engine core (pid {p})"
+        who = "main" if p == os.getpid() else f"{psutil.Process(p).name()} (pid {p})"  # VLLM::EngineCore, ::Worker
         b, a = sum(before[p]), sum(after[p])
         grew = (a - b) / MB
         anon, file = ((after[p][j] - before[p][j]) / MB for j in (0, 1))

@@ -280,8 +280,13 @@ class Monitor:
         self._prepare()
         return RecordSpec(worker_plan(self._plan), self.config, self._layout())
 
-    def load_state_dict(self, state: dict) -> None:
+    def load_state_dict(self, state: dict, sample=None) -> None:
         """Replace the statistics with a saved state (``state_dict`` of a monitor that means the same).
+
+        Args:
+            state: the state. sample: where its verdict sample is held when the state does not carry it
+                (``accumulate.RemoteSample``: another process keeps it and computes its columns); None: the
+                state's own.
 
         Raises:
             ValueError: the state comes from other weights, targets, reading points or null
@@ -289,7 +294,7 @@ class Monitor:
         """
         self._prepare()
         layers = fingerprint.check_state(self._layout(), state, self._acc.state)
-        sample = self._state_sample(state)
+        sample = self._state_sample(state) if sample is None else sample
         self._acc.replace(layers)
         self._acc.replace_sample(sample)
 

@@ -13,14 +13,19 @@ per (request, layer, target).
 from __future__ import annotations
 
 import dataclasses
+import logging
 import warnings
+import weakref
 
 from ...models.vllm import check_architecture
 from ...monitor import MeasurementWarning, views
+from ...monitor.accumulate import RemoteSample
 from ...monitor.facade import make_config
 from ..checkpoint import drop_resident
 from .plugin import KEY
-from .session import make_monitor
+from .session import make_monitor, verdict_from_wire
+
+log = logging.getLogger(__name__)
 
 
 class NotOptedInError(RuntimeError):
@@ -69,6 +74,7 @@ class EngineMonitor:
         self.dropped = 0
         self._active = False
         self._reading = False
+        self._release = None  # lets go of the last session's verdict sample in the worker (weakref.finalize)
 
     def __repr__(self) -> str:  # one line from what was read back last: no call into the engine
         return views.facts_repr(self._facts())
@@ -99,7 +105,11 @@ class EngineMonitor:
         started = [s for s in self.llm.collective_rpc("eigenhooks_start", args=(self._wire, log_every)) if s]
         if not started:
             raise RuntimeError("no vLLM worker took the eigenhooks session (expected tensor-parallel rank 0 to)")
+        if self._release is not None:  # the last block's sample: this block's state will replace its table
+            self._release()
         self._sid, self._active = started[0], True
+        self._release = weakref.finalize(self, _let_go, self.llm, self._sid)
+        self._release.atexit = False  # at exit the engine's processes go, and their memory with them
         return self
 
     def __exit__(self, *exc) -> None:
@@ -123,8 +133,10 @@ class EngineMonitor:
             return
         res = got[0]
         mon = self._monitor()
-        mon.load_state_dict(res["state"])  # the plan is built by now: the checkpoint's pages are not needed
-        drop_resident(mon.adapter)
+        # the verdict's sample stays in the worker, which computes the table's verdict columns where it is
+        remote = RemoteSample(mon.config.verdict_tokens, _Columns(self.llm, self._sid), _Fetch(self.llm, self._sid))
+        mon.load_state_dict(res["state"], sample=remote)
+        drop_resident(mon.adapter)  # the plan is built by now: the checkpoint's pages are not needed
         self._rows = res["requests"]
         self.n_forwards, self.dropped = res["n_forwards"], res["dropped"]
         for step, values in res.get("log_points") or ():  # the worker's log points, in order
@@ -177,6 +189,49 @@ class EngineMonitor:
 
     def scalars(self) -> dict:
         return self._monitor().scalars()
+
+
+def _one(llm, method: str, *args):
+    """The answer of the worker that counts (tensor-parallel rank 0) to ``method``; None from the others."""
+    got = [r for r in llm.collective_rpc(method, args=args) if r is not None]
+    if not got:
+        raise RuntimeError(
+            "the vLLM engine no longer holds this monitor's verdict sample (its engine was shut down or reset): "
+            "read summary() or state_dict() while the engine runs"
+        )
+    return got[0]
+
+
+@dataclasses.dataclass
+class _Columns:
+    """``RemoteSample.columns``: the verdict's columns computed in the worker, where the sample is."""
+
+    llm: object
+    sid: int
+
+    def __call__(self, blocks: dict[int, int]) -> dict[int, list[dict]]:
+        return verdict_from_wire(_one(self.llm, "eigenhooks_verdict", self.sid, [[i, b] for i, b in blocks.items()]))
+
+
+@dataclasses.dataclass
+class _Fetch:
+    """``RemoteSample.fetch``: the sample itself, sent as raw bytes, made JSON-able here (``Sample.to_dict``'s form)."""
+
+    llm: object
+    sid: int
+
+    def __call__(self) -> dict:
+        from ...monitor.verdict.sample import as_text
+
+        return as_text(_one(self.llm, "eigenhooks_sample", self.sid))
+
+
+def _let_go(llm, sid: int) -> None:
+    """Let go of stopped session ``sid``'s verdict sample in the worker (its monitor is gone or entered again)."""
+    try:
+        llm.collective_rpc("eigenhooks_release", args=(sid,))
+    except Exception as e:  # an engine shut down first: its worker, and the sample, are gone already
+        log.debug("eigenhooks: releasing session %s's verdict sample: %s", sid, e)
 
 
 __all__ = ["EngineMonitor", "NotOptedInError"]

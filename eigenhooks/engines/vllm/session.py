@@ -62,6 +62,29 @@ def make_monitor(vllm_config, settings: dict, sink=None, llm=None):
     return Monitor(adapter, attach=False, sink=sink, **settings_from_wire(settings))
 
 
+def verdict_to_wire(columns: dict[int, list[dict]]) -> dict[str, list[dict]]:
+    """``Accumulator.verdict``'s columns as plain data for an rpc: layers as strings, each row's tilt draws
+    (``_null``, float64) as raw bytes."""
+    out = {}
+    for i, rows in columns.items():
+        out[str(i)] = [
+            {k: (v.detach().to("cpu", torch.float64).numpy().tobytes() if k == "_null" else v) for k, v in r.items()}
+            for r in rows
+        ]
+    return out
+
+
+def verdict_from_wire(wire: dict[str, list[dict]]) -> dict[int, list[dict]]:
+    """``verdict_to_wire``'s inverse."""
+    return {
+        int(i): [
+            {k: (torch.frombuffer(bytearray(v), dtype=torch.float64) if k == "_null" else v) for k, v in r.items()}
+            for r in rows
+        ]
+        for i, rows in wire.items()
+    }
+
+
 class Session:
     """One entered monitor in this worker: the record its forwards are told to, and the served sink, if any."""
 
@@ -136,4 +159,6 @@ __all__ = [
     "make_monitor",
     "make_session",
     "settings_from_wire",
+    "verdict_from_wire",
+    "verdict_to_wire",
 ]
