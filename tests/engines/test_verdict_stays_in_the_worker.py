@@ -2,7 +2,8 @@
 the table's verdict columns are computed where it is (``accumulate.RemoteSample``), so the user's process holds
 neither. Here, without an engine: a worker's record fed flat batches, and a user-side monitor that asks it for
 its columns through the rpc's wire form; its table and its whole state equal those of the same state read back
-whole, every column, and after the session stops (``KeptVerdict``) as before."""
+whole, every column (its plan without null frames: ``Monitor.states_only``), and after the session stops
+(``KeptVerdict``) as before."""
 
 from __future__ import annotations
 
@@ -63,7 +64,7 @@ def test_the_table_and_state_equal_those_read_back_whole(worker):
     lean_state = eng.state_dict(sample=False)
     assert "sample" not in lean_state
     asked = []
-    user = eh.Monitor(model, attach=False, **SETTINGS)
+    user = eh.Monitor(model, attach=False, **SETTINGS).states_only()  # no null frames: the worker projects
     user.load_state_dict(lean_state, sample=remote(eng, asked))
     want, got = whole.summary(), user.summary()
     assert want["verdict_sequences"].min() >= 10 and want["p_tilt"].notna().all()
@@ -76,6 +77,10 @@ def test_the_table_and_state_equal_those_read_back_whole(worker):
     again = eh.Monitor(model, attach=False, **SETTINGS)
     again.load_state_dict(state)
     pd.testing.assert_frame_equal(again.summary(), want)
+    with pytest.raises(RuntimeError, match=r"only reads states back \(states_only\(\)"):
+        user.__enter__()
+    with pytest.raises(RuntimeError, match="make another eh.monitor to measure here"):
+        user.fwd_hooks()
 
 
 def test_a_stopped_sessions_kept_verdict_gives_the_same_columns(worker):
@@ -107,7 +112,7 @@ def test_merging_into_a_monitor_whose_sample_is_elsewhere_brings_it_here(worker)
     whole = eh.Monitor(model, attach=False, **SETTINGS)
     whole.load_state_dict(eng.state_dict())
     whole.merge_state_dict(eng.state_dict())
-    user = eh.Monitor(model, attach=False, **SETTINGS)
+    user = eh.Monitor(model, attach=False, **SETTINGS).states_only()
     user.load_state_dict(eng.state_dict(sample=False), sample=remote(eng, []))
     user.merge_state_dict(eng.state_dict())
     pd.testing.assert_frame_equal(user.summary(), whole.summary())

@@ -53,13 +53,15 @@ def engine_dtype(vllm_config) -> str:
 
 def make_monitor(vllm_config, settings: dict, sink=None, llm=None):
     """An unattached ``eh.Monitor`` over the engine's checkpoint (``checkpoint_adapter``; in the user's process,
-    ``llm`` given, the one ``eh.spectra(llm)`` reads, shared), with ``settings`` (and ``sink``). Its
-    fingerprint is the HF monitor's of the same checkpoint: the weights it digests are the same tensors."""
+    ``llm`` given, the one ``eh.spectra(llm)`` reads, shared, and a monitor that only reads states back:
+    ``Monitor.states_only``), with ``settings`` (and ``sink``). Its fingerprint is the HF monitor's of the same
+    checkpoint: the weights it digests are the same tensors."""
     from ...monitor import Monitor
     from .checkpoint import engine_adapter
 
     adapter = engine_adapter(llm) if llm is not None else checkpoint_adapter(vllm_config)
-    return Monitor(adapter, attach=False, sink=sink, **settings_from_wire(settings))
+    mon = Monitor(adapter, attach=False, sink=sink, **settings_from_wire(settings))
+    return mon.states_only() if llm is not None else mon  # the worker projects: yours keeps no null frames
 
 
 def verdict_to_wire(columns: dict[int, list[dict]]) -> dict[str, list[dict]]:
