@@ -8,6 +8,11 @@ checkpoint's attention tensors (``session.checkpoint_adapter``; ``load_state_dic
 checked), so ``summary()``,
 ``plot()``, ``save()``, ``state_dict()`` and the sinks are the HF monitor's own. ``requests()`` is one row
 per (request, layer, target).
+
+The verdict's kept tokens stay in the worker: a read carries the sums without them, the table's verdict
+columns are computed there (``eigenhooks_verdict``, through ``accumulate.RemoteSample``), and the tokens
+cross only for ``state_dict()`` (``eigenhooks_sample``, raw bytes). A stopped session's are kept there until
+this monitor is entered again or let go (``eigenhooks_release``, by ``weakref.finalize``).
 """
 
 from __future__ import annotations
