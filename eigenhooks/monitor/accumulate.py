@@ -404,15 +404,18 @@ class KeptVerdict:
 class RemoteSample:
     """The verdict's kept tokens held in another process (an engine's worker), which computes their columns there,
     so they never cross whole to read a table: ``columns(blocks)`` gives ``Accumulator.verdict``'s result for
-    ``blocks`` computed there; ``fetch()`` the sample itself in ``Sample.to_dict``'s form, asked for only when the
-    whole state is (``Monitor.state_dict``)."""
+    ``blocks`` computed there; ``fetch()`` the sample itself as raw bytes (``Sample.to_dict(raw=True)``), asked
+    for only when the whole state is (``Monitor.state_dict``) or the tokens are needed here (``local_sample``)."""
 
     R: int
     columns: Callable[[dict[int, int]], dict[int, list[dict]]]
     fetch: Callable[[], dict]
 
     def to_dict(self) -> dict:
-        return self.fetch()
+        """``Sample.to_dict``'s JSON-able form of the tokens held there."""
+        from .verdict.sample import as_text
+
+        return as_text(self.fetch())
 
 
 @dataclass

@@ -54,7 +54,7 @@ def remote(eng: EngineRecord, asked: list) -> RemoteSample:
         asked.append(dict(blocks))
         return verdict_from_wire(verdict_to_wire(eng.verdict({int(i): int(b) for i, b in blocks.items()})))
 
-    return RemoteSample(SETTINGS["verdict_tokens"], columns, lambda: as_text(eng.sample()))
+    return RemoteSample(SETTINGS["verdict_tokens"], columns, eng.sample)
 
 
 def test_the_table_and_state_equal_those_read_back_whole(worker):

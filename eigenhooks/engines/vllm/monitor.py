@@ -115,7 +115,14 @@ class EngineMonitor:
         self._sid, self._active = started[0], True
         self._release = weakref.finalize(self, _let_go, self.llm, self._sid)
         self._release.atexit = False  # at exit the engine's processes go, and their memory with them
+        _before_shutdown(self.llm).add(self)
         return self
+
+    def _bring_sample_here(self) -> None:
+        """The engine is shutting down: its worker's copy of the verdict's sample comes here (raw bytes), so the
+        table is still whole afterwards (computed here then, from the same tokens and targets)."""
+        if self._mon is not None and not self._active:
+            self._mon._acc.local_sample()
 
     def __exit__(self, *exc) -> None:
         self._active = False
@@ -220,19 +227,42 @@ class _Columns:
 
 @dataclasses.dataclass
 class _Fetch:
-    """``RemoteSample.fetch``: the sample itself, sent as raw bytes, made JSON-able here (``Sample.to_dict``'s form)."""
+    """``RemoteSample.fetch``: the sample itself, sent as raw bytes (``Sample.to_dict(raw=True)``)."""
 
     llm: object
     sid: int
 
     def __call__(self) -> dict:
-        from ...monitor.verdict.sample import as_text
+        return _one(self.llm, "eigenhooks_sample", self.sid)
 
-        return as_text(_one(self.llm, "eigenhooks_sample", self.sid))
+
+def _before_shutdown(llm) -> weakref.WeakSet:
+    """The monitors whose verdict sample the engine's worker keeps; its client's ``shutdown`` (what
+    ``llm.llm_engine.engine_core.shutdown()`` calls) first brings each one's sample into this process."""
+    core = llm.llm_engine.engine_core
+    mons = getattr(core, "_eigenhooks_monitors", None)
+    if mons is None:
+        mons = core._eigenhooks_monitors = weakref.WeakSet()
+        inner = core.shutdown
+
+        def shutdown(*args, **kwargs):
+            for mon in list(mons):
+                try:
+                    mon._bring_sample_here()
+                except Exception as e:  # the engine is already gone: its table cannot be whole, say so when read
+                    log.warning("eigenhooks: the verdict's sample could not be read before shutdown: %s", e)
+            mons.clear()
+            core._eigenhooks_shut = True  # nothing to let go of afterwards (``_let_go``)
+            return inner(*args, **kwargs)
+
+        core.shutdown = shutdown
+    return mons
 
 
 def _let_go(llm, sid: int) -> None:
     """Let go of stopped session ``sid``'s verdict sample in the worker (its monitor is gone or entered again)."""
+    if getattr(llm.llm_engine.engine_core, "_eigenhooks_shut", False):  # the worker, and the sample, are gone
+        return
     try:
         llm.collective_rpc("eigenhooks_release", args=(sid,))
     except Exception as e:  # an engine shut down first: its worker, and the sample, are gone already
