@@ -13,7 +13,6 @@ import json
 import pandas as pd
 import pytest
 import torch
-import transformers as T
 
 import eigenhooks as eh
 from eigenhooks.engines.requests import EngineRecord, TokenMap
@@ -28,13 +27,9 @@ SETTINGS = {"null_draws": 8, "null_stride": 2, "verdict_draws": 99, "verdict_tok
 @pytest.fixture(scope="module")
 def worker():
     """A tiny Llama and a worker's record of 24 requests (enough sequences for a verdict in each half)."""
-    from tests.engines.test_requests import readings_of
+    from tests.engines.test_requests import readings_of, tiny_llama
 
-    torch.manual_seed(0)
-    cfg = T.LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                        num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=128)  # fmt: skip
-    model = T.LlamaForCausalLM(cfg).eval()
-    assert sum(p.numel() for p in model.parameters()) < 50_000
+    model = tiny_llama()
     mon = eh.Monitor(model, attach=False, **SETTINGS)
     adapter = CheckpointAdapter(**{f.name: getattr(mon.adapter, f.name) for f in dataclasses.fields(Adapter)})
     record, _ = mon.record_spec().attach(adapter)
