@@ -86,7 +86,9 @@ def test_the_verdicts_sample_stays_in_the_worker_and_the_table_is_the_whole_stat
     sid = mon._sid
     del mon
     gc.collect()
-    assert llm_opted_eager.collective_rpc("eigenhooks_release", args=(sid,)) == [False]  # let go already
+    with eh.monitor(llm_opted_eager, **opts):  # the next call into the engine lets go of the gone monitor's
+        pass
+    assert llm_opted_eager.collective_rpc("eigenhooks_release", args=([sid],)) == [0]  # let go already
 
 
 def test_a_request_beside_others_equals_it_alone(llm_opted_eager):

@@ -12,7 +12,8 @@ per (request, layer, target).
 The verdict's kept tokens stay in the worker: a read carries the sums without them, the table's verdict
 columns are computed there (``eigenhooks_verdict``, through ``accumulate.RemoteSample``), and the tokens
 cross only for ``state_dict()`` (``eigenhooks_sample``, raw bytes). A stopped session's are kept there until
-this monitor is entered again or let go (``eigenhooks_release``, by ``weakref.finalize``).
+this monitor is entered again or let go (``eigenhooks_release``, sent at the next call into the engine after
+``weakref.finalize`` noted it).
 """
 
 from __future__ import annotations
@@ -113,8 +114,11 @@ class EngineMonitor:
         if self._release is not None:  # the last block's sample: this block's state will replace its table
             self._release()
         self._sid, self._active = started[0], True
-        self._release = weakref.finalize(self, _let_go, self.llm, self._sid)
+        # when this monitor goes, its session's id joins the engine's list to let go of: a finalizer may run
+        # inside any code (a garbage collection), so it only appends; the next call into the engine sends it
+        self._release = weakref.finalize(self, _to_let_go(self.llm).append, self._sid)
         self._release.atexit = False  # at exit the engine's processes go, and their memory with them
+        _let_go(self.llm)
         _before_shutdown(self.llm).add(self)
         return self
 
@@ -136,6 +140,7 @@ class EngineMonitor:
         """Read the worker's state now (during the block; the summary then includes open requests)."""
         if self._sid is None:
             raise RuntimeError("this monitor was never entered: read() reads an entered monitor's state")
+        _let_go(self.llm)
         self._absorb(self.llm.collective_rpc("eigenhooks_read", args=(self._sid,)))
         return self
 
@@ -239,11 +244,14 @@ class _Fetch:
 def _before_shutdown(llm) -> weakref.WeakSet:
     """The monitors whose verdict sample the engine's worker keeps; its client's ``shutdown`` (what
     ``llm.llm_engine.engine_core.shutdown()`` calls) first brings each one's sample into this process."""
-    core = llm.llm_engine.engine_core
-    mons = getattr(core, "_eigenhooks_monitors", None)
+    engine = llm.llm_engine
+    mons = getattr(engine, "_eigenhooks_monitors", None)
     if mons is None:
-        mons = core._eigenhooks_monitors = weakref.WeakSet()
-        inner = core.shutdown
+        mons = engine._eigenhooks_monitors = weakref.WeakSet()
+        core = getattr(engine, "engine_core", None)
+        inner = getattr(core, "shutdown", None)
+        if inner is None:  # a client without a shutdown of its own: nothing to hook
+            return mons
 
         def shutdown(*args, **kwargs):
             for mon in list(mons):
@@ -252,21 +260,29 @@ def _before_shutdown(llm) -> weakref.WeakSet:
                 except Exception as e:  # the engine is already gone: its table cannot be whole, say so when read
                     log.warning("eigenhooks: the verdict's sample could not be read before shutdown: %s", e)
             mons.clear()
-            core._eigenhooks_shut = True  # nothing to let go of afterwards (``_let_go``)
+            _to_let_go(llm).clear()  # the worker, and every sample it kept, go with the engine
+            engine._eigenhooks_shut = True
             return inner(*args, **kwargs)
 
         core.shutdown = shutdown
     return mons
 
 
-def _let_go(llm, sid: int) -> None:
-    """Let go of stopped session ``sid``'s verdict sample in the worker (its monitor is gone or entered again)."""
-    if getattr(llm.llm_engine.engine_core, "_eigenhooks_shut", False):  # the worker, and the sample, are gone
-        return
-    try:
-        llm.collective_rpc("eigenhooks_release", args=(sid,))
-    except Exception as e:  # an engine shut down first: its worker, and the sample, are gone already
-        log.debug("eigenhooks: releasing session %s's verdict sample: %s", sid, e)
+def _to_let_go(llm) -> list[int]:
+    """The engine's stopped sessions whose monitors are gone: their samples are let go of at the next call."""
+    engine = llm.llm_engine
+    ids = getattr(engine, "_eigenhooks_let_go", None)
+    if ids is None:
+        ids = engine._eigenhooks_let_go = []
+    return ids
+
+
+def _let_go(llm) -> None:
+    """Let go, in the worker, of the samples of the stopped sessions whose monitors are gone (``_to_let_go``)."""
+    ids = _to_let_go(llm)
+    if ids and not getattr(llm.llm_engine, "_eigenhooks_shut", False):
+        sids, ids[:] = list(ids), []
+        llm.collective_rpc("eigenhooks_release", args=(sids,))
 
 
 __all__ = ["EngineMonitor", "NotOptedInError"]

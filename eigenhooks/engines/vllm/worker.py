@@ -236,9 +236,10 @@ class EigenhooksWorker:
                 KEPT[sid] = s.engine.kept_verdict()
         return out
 
-    def eigenhooks_release(self, sid: int) -> bool:
-        """Forget stopped session ``sid``'s verdict (its monitor is gone or entered again)."""
-        return KEPT.pop(sid, None) is not None
+    def eigenhooks_release(self, sids: list) -> int:
+        """Forget stopped sessions' verdicts (their monitors are gone or entered again). Returns how many were
+        kept."""
+        return sum(KEPT.pop(int(sid), None) is not None for sid in sids)
 
 
 if "vllm" in sys.modules:  # imported by vLLM resolving the worker extension (not by a walk of the package)
