@@ -18,7 +18,11 @@ Goal (issue 49), on this CPU: compiled <= 1.05, eager <= 1.10. On a GPU with CUD
 ``--rounds 4 --repeats 3``: eager 1.016, compiled 1.028, eager opted in and idle 1.033 (identical
 arms differ by up to 6% here); docs/vllm.md has the table. Again on issue 57's branch, holding a heavy slot
 with another job in the other (load 3.5-3.9): eager 1.033 (rounds 1.006, 1.106, 1.030), opted in and idle
-0.964 (rounds 0.912, 1.020): under load the rounds' spread exceeds the monitor's cost.
+0.964 (rounds 0.912, 1.020): under load the rounds' spread exceeds the monitor's cost. With the verdict's sample
+(issue 56) and its merge batched, the sample kept in the worker (issue 57), ``--modes eager --rounds 3
+--repeats 3`` with another job in the other slot (load 2.9-3.6): eager 1.046 (rounds 1.074, 1.034, 1.046),
+``read_s`` 48-54 s (the verdict's columns, computed in the worker, which vLLM binds to one core); compiled,
+``--rounds 2 --repeats 2`` beside another session's engine (load 3.5-4.6): 1.108 (rounds 1.072, 1.152).
 
 Usage: python benchmarks/bench_vllm.py [--modes eager,compiled] [--against monitored|optin|plain]
        [--rounds 2] [--repeats 2]   (run under `flock /tmp/eigenhooks-heavy.lock`; the vllm venv)

@@ -1,12 +1,13 @@
-"""Resident memory the monitor adds to a vLLM engine's processes: the user's and the engine core's (issue 57).
+"""Resident memory the monitor adds to a vLLM engine's processes: yours, the engine core's, the worker's (issue 57).
 
 SmolLM2-135M (``bench_vllm.smollm2_folder``), float32, eager, one engine in this process (vLLM's default:
-the engine core, which holds the model runner, in a child process). The modules the monitor's path imports
-are imported first, then the RSS of both processes is read; then a monitor is entered, 16 requests x
-(64 + 16) tokens generated inside it, its table and ``requests()`` read; then the RSS again. What is
-printed is each process's growth beside the checkpoint's size on disk (anonymous and file-backed apart); the
-goal is at most 10 % of it. The modules the table imports (pandas, scipy.stats) are imported before the
-first reading: they are modules imported, not the monitor's memory.
+the engine core and its worker, which holds the model runner, in child processes). The modules the monitor's
+path imports are imported first, then the RSS of every process is read; then a monitor is entered, 16
+requests x (64 + 16) tokens generated inside it, its table and ``requests()`` read; then the RSS again. What
+is printed is each process's growth beside the checkpoint's size on disk (anonymous and file-backed apart;
+the goal is at most 10 % of it), and the mappings that grew most (``/proc/PID/smaps``). The modules the table
+imports (pandas, scipy.stats) are imported before the first reading: they are modules imported, not the
+monitor's memory.
 
 Usage: python benchmarks/rss_vllm.py   (the vllm venv, holding a heavy slot: /work/bin/heavy ...)
 """
@@ -32,6 +33,25 @@ def rss(pids) -> dict[int, tuple[int, int]]:
     return out
 
 
+def maps(pid: int) -> dict[str, int]:
+    """Resident bytes by mapping (``/proc/PID/smaps``): a file's path, ``[heap]``, or ``[anon]`` for the rest."""
+    out: dict[str, int] = {}
+    name = "[anon]"
+    with open(f"/proc/{pid}/smaps") as fh:
+        for ln in fh:
+            head = ln.split()
+            if not head[0].endswith(":"):  # a mapping's first line: range perms offset dev inode [path]
+                name = head[5] if len(head) > 5 else "[anon]"
+            elif head[0] == "Rss:":
+                out[name] = out.get(name, 0) + int(head[1]) * 1024
+    return out
+
+
+def grown(before: dict[str, int], after: dict[str, int], top: int = 4) -> str:
+    d = sorted(((after.get(k, 0) - before.get(k, 0), k) for k in set(before) | set(after)), reverse=True)
+    return ", ".join(f"{Path(k).name or k} {v / MB:+.0f}" for v, k in d[:top] if v >= MB)
+
+
 def main() -> None:
     import pandas  # noqa: F401  (the modules the table imports: summary() imports them)
     import psutil
@@ -52,15 +72,15 @@ def main() -> None:
     llm.generate(prompts(1, vocab), sp, use_tqdm=False)  # warm: first-batch costs on both sides
     core = [c.pid for c in psutil.Process().children(recursive=True) if c.memory_info().rss > 200 * MB]
     pids = [os.getpid(), *core]
-    before = rss(pids)
+    before, before_maps = rss(pids), {p: maps(p) for p in pids}
     with eh.monitor(llm, null_draws=19) as mon:
         llm.generate(prompts(2, vocab), sp, use_tqdm=False)
     table, rows = mon.summary(), mon.requests()
-    after = rss(pids)
+    after, after_maps = rss(pids), {p: maps(p) for p in pids}
     assert int(table["n_tokens"].iloc[0]) == 16 * (64 + 15) and len(rows) > 0
     print(f"SmolLM2-135M, float32, eager; checkpoint {size / MB:.0f} MB; 10 % of it: {size / MB / 10:.0f} MB")
     for p in pids:
-        who = "main" if p == os.getpid() else f"engine core (pid {p})"
+        who = "main" if p == os.getpid() else f"{psutil.Process(p).name()} (pid {p})"  # VLLM::EngineCore, ::Worker
         b, a = sum(before[p]), sum(after[p])
         grew = (a - b) / MB
         anon, file = ((after[p][j] - before[p][j]) / MB for j in (0, 1))
@@ -68,6 +88,7 @@ def main() -> None:
             f"  {who:26s} RSS {b / MB:7.0f} -> {a / MB:7.0f} MB  (+{grew:.0f} MB, {grew / (size / MB):.1%}; "
             f"anonymous {anon:+.0f} MB, file-backed {file:+.0f} MB)"
         )
+        print(f"      grew most (MB): {grown(before_maps[p], after_maps[p])}")
     llm.llm_engine.engine_core.shutdown()
 
 

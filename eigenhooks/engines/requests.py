@@ -307,9 +307,25 @@ class EngineRecord:
             if self.own is not None:
                 self.own.end(k, info, own.get(k))
 
-    def state_dict(self) -> dict:
+    def state_dict(self, sample: bool = True) -> dict:
+        """The record's state (``Record.state_dict``), the staged steps told first."""
         self.flush()
-        return self.record.state_dict()
+        return self.record.state_dict(sample)
+
+    def verdict(self, blocks: dict[int, int] | None = None) -> dict[int, list[dict]]:
+        """The verdict's columns of the state now (``Accumulator.verdict``), the staged steps told first."""
+        self.flush()
+        return self.record.verdict(blocks)
+
+    def kept_verdict(self):
+        """What the verdict's columns are computed from, kept once the session stops (``Record.kept_verdict``)."""
+        self.flush()
+        return self.record.kept_verdict()
+
+    def sample(self) -> dict | None:
+        """The verdict's kept tokens as raw bytes (``Sample.to_dict(raw=True)``), or None where none are kept."""
+        self.flush()
+        return self.record.sample_dict(raw=True)
 
     def take_ended(self) -> list[tuple[str, RequestInfo | None, list[dict]]]:
         """The requests ended since the last call, each with its rows (``RequestRows.take_done``)."""

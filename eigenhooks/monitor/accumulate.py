@@ -10,7 +10,8 @@ until it ends (``end_sequences``). Every state is a dict of float64-able sums in
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 
 import torch
 
@@ -296,22 +297,25 @@ class Accumulator:
 
     def verdict(self, config, blocks: dict[int, int] | None = None) -> dict[int, list[dict]]:
         """Each layer's targets' verdict columns (``verdict.layer_columns``), on ``blocks[layer]`` blocks of draws
-        (1 where not given), each computed once per state of the sample and settings."""
-        from .plan import seed
-        from .verdict import layer_columns
-
+        (1 where not given), each computed once per state of the sample and settings. A sample held in another
+        process (``RemoteSample``) has them computed there."""
         key = (self.sample_version, id(self.sample), config.verdict_draws, config.sample_seed, config.null_seed)
         if self.verdict_cache[0] != key:
             self.verdict_cache = (key, {})
         cache = self.verdict_cache[1]
-        host = self.sample.host if self.sample is not None else (lambda i: None)
-        out = {}
-        for i, lp in self.plan.layers.items():
-            b = (blocks or {}).get(i, 1)
-            if (i, b) not in cache:
-                cache[(i, b)] = layer_columns(host(i), lp.targets, config, seed(config, i, 2000), blocks=b)
-            out[i] = cache[(i, b)]
-        return out
+        if isinstance(self.sample, RemoteSample):
+            want = {i: (blocks or {}).get(i, 1) for i in self.plan.layers}
+            if any((i, b) not in cache for i, b in want.items()):
+                for i, cols in self.sample.columns(blocks or {}).items():
+                    cache[(i, want[i])] = cols
+            return {i: cache[(i, b)] for i, b in want.items()}
+        targets = {i: lp.targets for i, lp in self.plan.layers.items()}
+        return layer_verdicts(self.sample, targets, config, blocks, cache)
+
+    def kept(self, config) -> KeptVerdict:
+        """What the verdict's columns are computed from (the sample and each layer's targets), to keep once the
+        sums are no longer needed (an engine's stopped session, whose monitor may still ask for its table)."""
+        return KeptVerdict(self.sample, {i: lp.targets for i, lp in self.plan.layers.items()}, config)
 
     def running(self) -> list[list[torch.Tensor]]:
         """Each layer's fields that the sinks' running values read (``measures.running_fields``), in layer
@@ -331,11 +335,18 @@ class Accumulator:
         self.zero.clear()
         self.state = {i: stats.merge_states(self.state[i], states[i]) for i in self.state}
         if self.sample is not None and sample is not None:
-            self.sample.merge(sample)
+            self.local_sample().merge(sample)
             self.sample_version += 1
 
-    def replace_sample(self, sample: Sample | None) -> None:
-        """The verdict sample becomes ``sample`` (a loaded state's)."""
+    def local_sample(self) -> Sample:
+        """The sample, brought into this process if another one holds it (a merge needs its tokens here)."""
+        if isinstance(self.sample, RemoteSample):
+            self.sample = Sample.from_dict(self.sample.fetch(), self.sample.R)
+            self.sample_version += 1
+        return self.sample
+
+    def replace_sample(self, sample: Sample | RemoteSample | None) -> None:
+        """The verdict sample becomes ``sample`` (a loaded state's, or one held in another process)."""
         if self.sample is not None:
             self.sample = sample if sample is not None else Sample(self.sample.R)
             self.sample_version += 1
@@ -350,13 +361,61 @@ class Accumulator:
         flat = torch.cat([v.detach().reshape(-1).to(dev, torch.float64) for _, _, v in parts])
         dist.all_reduce(flat, op=dist.ReduceOp.SUM, group=group)
         if self.sample is not None:
-            self.sample.all_gather(dist, group, dev)
+            self.local_sample().all_gather(dist, group, dev)
             self.sample_version += 1
         at = 0
         for i, k, v in parts:
             n = v.numel()
             self.state[i] = {**self.state[i], k: flat[at : at + n].reshape(v.shape).to(v.device)}
             at += n
+
+
+def layer_verdicts(sample: Sample | None, targets: dict[int, list], config, blocks, cache: dict) -> dict[int, list]:
+    """``Accumulator.verdict``'s columns from a sample and each layer's targets; ``cache``: {(layer, blocks): columns}
+    of this sample and settings, filled here."""
+    from .plan import seed
+    from .verdict import layer_columns
+
+    host = sample.host if sample is not None else (lambda i: None)
+    out = {}
+    for i, tg in targets.items():
+        b = (blocks or {}).get(i, 1)
+        if (i, b) not in cache:
+            cache[(i, b)] = layer_columns(host(i), tg, config, seed(config, i, 2000), blocks=b)
+        out[i] = cache[(i, b)]
+    return out
+
+
+@dataclass
+class KeptVerdict:
+    """A stopped record's verdict: its sample and each layer's targets, without the sums or the plan's frames
+    (``Accumulator.kept``)."""
+
+    sample: Sample | None
+    targets: dict[int, list]
+    config: object
+    cache: dict = field(default_factory=dict)
+
+    def verdict(self, blocks: dict[int, int] | None = None) -> dict[int, list[dict]]:
+        return layer_verdicts(self.sample, self.targets, self.config, blocks, self.cache)
+
+
+@dataclass
+class RemoteSample:
+    """The verdict's kept tokens held in another process (an engine's worker), which computes their columns there,
+    so they never cross whole to read a table: ``columns(blocks)`` gives ``Accumulator.verdict``'s result for
+    ``blocks`` computed there; ``fetch()`` the sample itself as raw bytes (``Sample.to_dict(raw=True)``), asked
+    for only when the whole state is (``Monitor.state_dict``) or the tokens are needed here (``local_sample``)."""
+
+    R: int
+    columns: Callable[[dict[int, int]], dict[int, list[dict]]]
+    fetch: Callable[[], dict]
+
+    def to_dict(self) -> dict:
+        """``Sample.to_dict``'s JSON-able form of the tokens held there."""
+        from .verdict.sample import as_text
+
+        return as_text(self.fetch())
 
 
 @dataclass

@@ -66,6 +66,7 @@ class Monitor:
         self._active = False
         self._closing = False  # closed while a forward was running: detach when it returns
         self._entered_at = 0  # forwards counted before the with-block
+        self._states_only = False  # reads states back only: its plan keeps no null frames (``states_only``)
 
     def __repr__(self) -> str:  # one line from what it holds: nothing reduced, no device read
         return views.facts_repr(views.monitor_facts(self))
@@ -110,6 +111,23 @@ class Monitor:
             self._record.ended = self._after_end
         return self._acc
 
+    def states_only(self) -> Monitor:
+        """Make this monitor one that only reads states back (another process measures: an engine's worker),
+        for ``load_state_dict``, ``summary``, ``plot``, ``state_dict``: its plan keeps none of what projecting
+        readings needs (the null frames and their stacks, ``Plan.drop_frames``), and it never attaches.
+        Returns itself."""
+        self._prepare()
+        self._plan.drop_frames()
+        self._states_only = True
+        return self
+
+    def _measuring(self) -> None:
+        if self._states_only:
+            raise RuntimeError(
+                "this monitor only reads states back (states_only(): another process measures, its plan keeps no "
+                "null frames); make another eh.monitor to measure here"
+            )
+
     def _attachment(self) -> Attachment:
         """The adapter's attachment telling the record (the model walked once: a layout made earlier is reused)."""
         layout = getattr(self._att, "layout", None)
@@ -121,6 +139,7 @@ class Monitor:
     def __enter__(self) -> Monitor:
         if self._active:
             raise RuntimeError("this monitor is already active; leave its with-block before entering it again")
+        self._measuring()
         self._prepare()
         if self.config.attach:
             self._att = self._attachment()
@@ -188,6 +207,7 @@ class Monitor:
             raise RuntimeError(
                 "this monitor is already attached to the model; create it with attach=False to use fwd_hooks()"
             )
+        self._measuring()
         self._prepare()
         self._att = self._attachment()
         return self._att.fwd_hooks(lambda: self.adapter.calls.running_mask(self.model))
@@ -277,11 +297,17 @@ class Monitor:
     def record_spec(self) -> RecordSpec:
         """What a record in another process (an engine's worker) is made from: picklable; its
         ``state_dict`` comes back to ``merge_state_dict`` / ``load_state_dict`` here."""
+        self._measuring()
         self._prepare()
         return RecordSpec(worker_plan(self._plan), self.config, self._layout())
 
-    def load_state_dict(self, state: dict) -> None:
+    def load_state_dict(self, state: dict, sample=None) -> None:
         """Replace the statistics with a saved state (``state_dict`` of a monitor that means the same).
+
+        Args:
+            state: the state. sample: where its verdict sample is held when the state does not carry it
+                (``accumulate.RemoteSample``: another process keeps it and computes its columns); None: the
+                state's own.
 
         Raises:
             ValueError: the state comes from other weights, targets, reading points or null
@@ -289,7 +315,7 @@ class Monitor:
         """
         self._prepare()
         layers = fingerprint.check_state(self._layout(), state, self._acc.state)
-        sample = self._state_sample(state)
+        sample = self._state_sample(state) if sample is None else sample
         self._acc.replace(layers)
         self._acc.replace_sample(sample)
 

@@ -79,6 +79,14 @@ class Plan:
     vectors: dict[str, dict[int, str]] = field(default_factory=dict)  # custom target -> {layer: digest}
     measures: tuple = ()
 
+    def drop_frames(self) -> None:
+        """Keep only what reading a state back needs (the table, the verdict of a sample brought here): each
+        layer's null frames and their stacks go (``LayerBases.drop_frames``), and the arenas. A monitor whose
+        readings another process projects (an engine's worker) holds no second copy of them."""
+        for lp in self.layers.values():
+            lp.bases.drop_frames()
+        self.arenas = []
+
 
 def parse_targets(adapter: Adapter, targets) -> tuple[list[TargetDef], dict[str, dict[int, str]]]:
     """The targets checked against the model, and each custom target's vector digests by layer.

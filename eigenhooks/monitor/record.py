@@ -262,11 +262,25 @@ class Record:
             )
 
     # ---- reading back (here, or from another process) ----
-    def state_dict(self) -> dict:
-        """The whole state (open sequences folded in) as plain lists, with the fingerprint it was made with."""
+    def verdict(self, blocks: dict[int, int] | None = None) -> dict[int, list[dict]]:
+        """The verdict's columns of the state now (``Accumulator.verdict``, with this record's settings)."""
+        return self.acc.verdict(self.config, blocks)
+
+    def sample_dict(self, raw: bool = False) -> dict | None:
+        """The verdict's kept tokens (``Sample.to_dict``), or None where none are kept."""
+        return self.acc.sample.to_dict(raw) if self.acc.sample is not None else None
+
+    def kept_verdict(self):
+        """What the verdict's columns are computed from, kept apart from the sums (``Accumulator.kept``)."""
+        return self.acc.kept(self.config)
+
+    def state_dict(self, sample: bool = True) -> dict:
+        """The whole state (open sequences folded in) as plain lists, with the fingerprint it was made with;
+        without the verdict's sample if not ``sample`` (its columns are then asked of this process:
+        ``Accumulator.verdict``)."""
         acc = self.acc
         layers = {str(i): {k: v.tolist() for k, v in acc.current(i).items()} for i in self.plan.layers}
         out = {"fingerprint": self.fingerprint, "layers": layers}
-        if acc.sample is not None:
+        if sample and acc.sample is not None:
             out["sample"] = acc.sample.to_dict()
         return out

@@ -24,14 +24,19 @@ from eigenhooks.models import Adapter
 SETTINGS = {"null_draws": 8, "null_stride": 2}
 
 
-@pytest.fixture(scope="module")
-def llama():
+def tiny_llama():
+    """A seeded 2-layer GQA Llama, checked tiny."""
     torch.manual_seed(0)
     cfg = T.LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
                         num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=128)  # fmt: skip
     model = T.LlamaForCausalLM(cfg).eval()
     assert sum(p.numel() for p in model.parameters()) < 50_000
     return model
+
+
+@pytest.fixture(scope="module")
+def llama():
+    return tiny_llama()
 
 
 def readings_of(model, ids: list[int]) -> dict[str, list[torch.Tensor]]:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import gc
 from pathlib import Path
 
+import pandas as pd
 import pytest
 import torch
 from parity import compare, hf_table, processed_tokens
@@ -60,6 +61,34 @@ def test_eager_engine_table_equals_hf_and_requests_are_rows(llm_opted_eager, tin
     by = req[(req.layer == 0) & (req.target == "ov/modulus")].set_index("request_id")
     for s in seqs:
         assert by.loc[s.request_id, "n_tokens"] == len(s.token_ids)
+
+
+def test_the_verdicts_sample_stays_in_the_worker_and_the_table_is_the_whole_states(llm_opted_eager, tiny_llama):
+    """The state read back carries no verdict sample: its columns are computed in the worker, where the sample
+    is, and equal those of the whole state (``state_dict()``: the sample crosses then) read in this process;
+    the worker lets the sample go when the monitor goes."""
+    from parity import hf_model
+
+    from eigenhooks.monitor.accumulate import RemoteSample
+    from eigenhooks.monitor.verdict import SAMPLE_COLUMNS
+
+    opts = dict(OPTS, verdict_draws=99, verdict_tokens=128)
+    with eh.monitor(llm_opted_eager, **opts) as mon:
+        llm_opted_eager.generate(prompts([9 + i % 7 for i in range(24)], seed=7), greedy(4))
+    assert isinstance(mon._mon._acc.sample, RemoteSample)  # your process holds none of the kept tokens
+    got = mon.summary()
+    assert got["p_tilt"].notna().all() and (got["verdict_sequences"] >= 10).all()
+    here = eh.Monitor(hf_model(tiny_llama), attach=False, **opts)
+    here.load_state_dict(mon.state_dict())
+    want = here.summary()
+    cols = [*SAMPLE_COLUMNS, "detectable_tilt"]
+    pd.testing.assert_frame_equal(got[cols], want[cols])
+    sid = mon._sid
+    del mon
+    gc.collect()
+    with eh.monitor(llm_opted_eager, **opts):  # the next call into the engine lets go of the gone monitor's
+        pass
+    assert llm_opted_eager.collective_rpc("eigenhooks_release", args=([sid],)) == [0]  # let go already
 
 
 def test_a_request_beside_others_equals_it_alone(llm_opted_eager):

@@ -8,19 +8,30 @@ checkpoint's attention tensors (``session.checkpoint_adapter``; ``load_state_dic
 checked), so ``summary()``,
 ``plot()``, ``save()``, ``state_dict()`` and the sinks are the HF monitor's own. ``requests()`` is one row
 per (request, layer, target).
+
+The verdict's kept tokens stay in the worker: a read carries the sums without them, the table's verdict
+columns are computed there (``eigenhooks_verdict``, through ``accumulate.RemoteSample``), and the tokens
+cross only for ``state_dict()`` (``eigenhooks_sample``, raw bytes). A stopped session's are kept there until
+this monitor is entered again or let go (``eigenhooks_release``, sent at the next call into the engine after
+``weakref.finalize`` noted it).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import logging
 import warnings
+import weakref
 
 from ...models.vllm import check_architecture
 from ...monitor import MeasurementWarning, views
+from ...monitor.accumulate import RemoteSample
 from ...monitor.facade import make_config
 from ..checkpoint import drop_resident
 from .plugin import KEY
-from .session import make_monitor
+from .session import make_monitor, verdict_from_wire
+
+log = logging.getLogger(__name__)
 
 
 class NotOptedInError(RuntimeError):
@@ -69,6 +80,7 @@ class EngineMonitor:
         self.dropped = 0
         self._active = False
         self._reading = False
+        self._release = None  # lets go of the last session's verdict sample in the worker (weakref.finalize)
 
     def __repr__(self) -> str:  # one line from what was read back last: no call into the engine
         return views.facts_repr(self._facts())
@@ -99,8 +111,22 @@ class EngineMonitor:
         started = [s for s in self.llm.collective_rpc("eigenhooks_start", args=(self._wire, log_every)) if s]
         if not started:
             raise RuntimeError("no vLLM worker took the eigenhooks session (expected tensor-parallel rank 0 to)")
+        if self._release is not None:  # the last block's sample: this block's state will replace its table
+            self._release()
         self._sid, self._active = started[0], True
+        # when this monitor goes, its session's id joins the engine's list to let go of: a finalizer may run
+        # inside any code (a garbage collection), so it only appends; the next call into the engine sends it
+        self._release = weakref.finalize(self, _to_let_go(self.llm).append, self._sid)
+        self._release.atexit = False  # at exit the engine's processes go, and their memory with them
+        _let_go(self.llm)
+        _before_shutdown(self.llm).add(self)
         return self
+
+    def _bring_sample_here(self) -> None:
+        """The engine is shutting down: its worker's copy of the verdict's sample comes here (raw bytes), so the
+        table is still whole afterwards (computed here then, from the same tokens and targets)."""
+        if self._mon is not None and not self._active:
+            self._mon._acc.local_sample()
 
     def __exit__(self, *exc) -> None:
         self._active = False
@@ -114,6 +140,7 @@ class EngineMonitor:
         """Read the worker's state now (during the block; the summary then includes open requests)."""
         if self._sid is None:
             raise RuntimeError("this monitor was never entered: read() reads an entered monitor's state")
+        _let_go(self.llm)
         self._absorb(self.llm.collective_rpc("eigenhooks_read", args=(self._sid,)))
         return self
 
@@ -123,8 +150,10 @@ class EngineMonitor:
             return
         res = got[0]
         mon = self._monitor()
-        mon.load_state_dict(res["state"])  # the plan is built by now: the checkpoint's pages are not needed
-        drop_resident(mon.adapter)
+        # the verdict's sample stays in the worker, which computes the table's verdict columns where it is
+        remote = RemoteSample(mon.config.verdict_tokens, _Columns(self.llm, self._sid), _Fetch(self.llm, self._sid))
+        mon.load_state_dict(res["state"], sample=remote)
+        drop_resident(mon.adapter)  # the plan is built by now: the checkpoint's pages are not needed
         self._rows = res["requests"]
         self.n_forwards, self.dropped = res["n_forwards"], res["dropped"]
         for step, values in res.get("log_points") or ():  # the worker's log points, in order
@@ -177,6 +206,83 @@ class EngineMonitor:
 
     def scalars(self) -> dict:
         return self._monitor().scalars()
+
+
+def _one(llm, method: str, *args):
+    """The answer of the worker that counts (tensor-parallel rank 0) to ``method``; None from the others."""
+    got = [r for r in llm.collective_rpc(method, args=args) if r is not None]
+    if not got:
+        raise RuntimeError(
+            "the vLLM engine no longer holds this monitor's verdict sample (its engine was shut down or reset): "
+            "read summary() or state_dict() while the engine runs"
+        )
+    return got[0]
+
+
+@dataclasses.dataclass
+class _Columns:
+    """``RemoteSample.columns``: the verdict's columns computed in the worker, where the sample is."""
+
+    llm: object
+    sid: int
+
+    def __call__(self, blocks: dict[int, int]) -> dict[int, list[dict]]:
+        return verdict_from_wire(_one(self.llm, "eigenhooks_verdict", self.sid, [[i, b] for i, b in blocks.items()]))
+
+
+@dataclasses.dataclass
+class _Fetch:
+    """``RemoteSample.fetch``: the sample itself, sent as raw bytes (``Sample.to_dict(raw=True)``)."""
+
+    llm: object
+    sid: int
+
+    def __call__(self) -> dict:
+        return _one(self.llm, "eigenhooks_sample", self.sid)
+
+
+def _before_shutdown(llm) -> weakref.WeakSet:
+    """The monitors whose verdict sample the engine's worker keeps; its client's ``shutdown`` (what
+    ``llm.llm_engine.engine_core.shutdown()`` calls) first brings each one's sample into this process."""
+    engine = llm.llm_engine
+    mons = getattr(engine, "_eigenhooks_monitors", None)
+    if mons is None:
+        mons = engine._eigenhooks_monitors = weakref.WeakSet()
+        core = getattr(engine, "engine_core", None)
+        inner = getattr(core, "shutdown", None)
+        if inner is None:  # a client without a shutdown of its own: nothing to hook
+            return mons
+
+        def shutdown(*args, **kwargs):
+            for mon in list(mons):
+                try:
+                    mon._bring_sample_here()
+                except Exception as e:  # the engine is already gone: its table cannot be whole, say so when read
+                    log.warning("eigenhooks: the verdict's sample could not be read before shutdown: %s", e)
+            mons.clear()
+            _to_let_go(llm).clear()  # the worker, and every sample it kept, go with the engine
+            engine._eigenhooks_shut = True
+            return inner(*args, **kwargs)
+
+        core.shutdown = shutdown
+    return mons
+
+
+def _to_let_go(llm) -> list[int]:
+    """The engine's stopped sessions whose monitors are gone: their samples are let go of at the next call."""
+    engine = llm.llm_engine
+    ids = getattr(engine, "_eigenhooks_let_go", None)
+    if ids is None:
+        ids = engine._eigenhooks_let_go = []
+    return ids
+
+
+def _let_go(llm) -> None:
+    """Let go, in the worker, of the samples of the stopped sessions whose monitors are gone (``_to_let_go``)."""
+    ids = _to_let_go(llm)
+    if ids and not getattr(llm.llm_engine, "_eigenhooks_shut", False):
+        sids, ids[:] = list(ids), []
+        llm.collective_rpc("eigenhooks_release", args=(sids,))
 
 
 __all__ = ["EngineMonitor", "NotOptedInError"]

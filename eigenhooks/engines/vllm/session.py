@@ -53,13 +53,38 @@ def engine_dtype(vllm_config) -> str:
 
 def make_monitor(vllm_config, settings: dict, sink=None, llm=None):
     """An unattached ``eh.Monitor`` over the engine's checkpoint (``checkpoint_adapter``; in the user's process,
-    ``llm`` given, the one ``eh.spectra(llm)`` reads, shared), with ``settings`` (and ``sink``). Its
-    fingerprint is the HF monitor's of the same checkpoint: the weights it digests are the same tensors."""
+    ``llm`` given, the one ``eh.spectra(llm)`` reads, shared, and a monitor that only reads states back:
+    ``Monitor.states_only``), with ``settings`` (and ``sink``). Its fingerprint is the HF monitor's of the same
+    checkpoint: the weights it digests are the same tensors."""
     from ...monitor import Monitor
     from .checkpoint import engine_adapter
 
     adapter = engine_adapter(llm) if llm is not None else checkpoint_adapter(vllm_config)
-    return Monitor(adapter, attach=False, sink=sink, **settings_from_wire(settings))
+    mon = Monitor(adapter, attach=False, sink=sink, **settings_from_wire(settings))
+    return mon.states_only() if llm is not None else mon  # the worker projects: yours keeps no null frames
+
+
+def verdict_to_wire(columns: dict[int, list[dict]]) -> dict[str, list[dict]]:
+    """``Accumulator.verdict``'s columns as plain data for an rpc: layers as strings, each row's tilt draws
+    (``_null``, float64) as raw bytes."""
+    out = {}
+    for i, rows in columns.items():
+        out[str(i)] = [
+            {k: (v.detach().to("cpu", torch.float64).numpy().tobytes() if k == "_null" else v) for k, v in r.items()}
+            for r in rows
+        ]
+    return out
+
+
+def verdict_from_wire(wire: dict[str, list[dict]]) -> dict[int, list[dict]]:
+    """``verdict_to_wire``'s inverse."""
+    return {
+        int(i): [
+            {k: (torch.frombuffer(bytearray(v), dtype=torch.float64) if k == "_null" else v) for k, v in r.items()}
+            for r in rows
+        ]
+        for i, rows in wire.items()
+    }
 
 
 class Session:
@@ -136,4 +161,6 @@ __all__ = [
     "make_monitor",
     "make_session",
     "settings_from_wire",
+    "verdict_from_wire",
+    "verdict_to_wire",
 ]

@@ -34,6 +34,9 @@ def opted_in(vllm_config) -> dict | None:
 # The entered monitors' sessions (session.Session) in this process, by id: each forward is told to every one,
 # so monitors nested on one engine each count exactly the forwards of their own block.
 SESSIONS: dict[int, object] = {}
+# Stopped sessions' verdicts (``KeptVerdict``: the sample and the targets, no sums), by id: their monitors ask for
+# the table's verdict columns here, where the sample is, until they let go (``eigenhooks_release``).
+KEPT: dict[int, object] = {}
 _IDS = itertools.count(1)
 
 
@@ -190,24 +193,56 @@ class EigenhooksWorker:
         return sid
 
     def eigenhooks_read(self, sid: int) -> dict | None:
-        """Session ``sid``'s state (open requests folded in) and its per-request rows."""
+        """Session ``sid``'s state (open requests folded in) without the verdict's sample, which stays here
+        (``eigenhooks_verdict`` computes its columns, ``eigenhooks_sample`` sends it), and its per-request rows."""
         s = SESSIONS.get(sid)
         if s is None:
             return None
         with s.lock:
-            return {"state": s.engine.state_dict(), "requests": s.engine.rows(), "dropped": s.dropped + s.missed(),
-                    "n_forwards": s.engine.n_forwards, "log_points": s.engine.take_log_points()}  # fmt: skip
+            return {"state": s.engine.state_dict(sample=False), "requests": s.engine.rows(),
+                    "dropped": s.dropped + s.missed(), "n_forwards": s.engine.n_forwards,
+                    "log_points": s.engine.take_log_points()}  # fmt: skip
+
+    def eigenhooks_verdict(self, sid: int, blocks: list) -> dict | None:
+        """Session ``sid``'s verdict columns now (``Accumulator.verdict``, ``blocks`` as [layer, blocks] pairs),
+        as ``session.verdict_to_wire`` gives them; a stopped session's from what it kept. None: unknown here."""
+        from .session import verdict_to_wire
+
+        want = {int(i): int(b) for i, b in blocks}
+        s = SESSIONS.get(sid)
+        if s is not None:
+            with s.lock:
+                return verdict_to_wire(s.engine.verdict(want))
+        kept = KEPT.get(sid)
+        return None if kept is None else verdict_to_wire(kept.verdict(want))
+
+    def eigenhooks_sample(self, sid: int) -> dict | None:
+        """Session ``sid``'s verdict sample as raw bytes (``Sample.to_dict(raw=True)``): only for a whole state."""
+        s = SESSIONS.get(sid)
+        if s is not None:
+            with s.lock:
+                return s.engine.sample()
+        kept = KEPT.get(sid)
+        return None if kept is None or kept.sample is None else kept.sample.to_dict(raw=True)
 
     def eigenhooks_stop(self, sid: int) -> dict | None:
-        """Leave session ``sid``: its final read, then it is told nothing more (the others go on)."""
+        """Leave session ``sid``: its final read, then it is told nothing more (the others go on); its verdict's
+        sample is kept until its monitor lets go (``eigenhooks_release``)."""
         out = self.eigenhooks_read(sid)
         s = SESSIONS.pop(sid, None)
         if s is not None:
             s.close()
+            with s.lock:
+                KEPT[sid] = s.engine.kept_verdict()
         return out
+
+    def eigenhooks_release(self, sids: list) -> int:
+        """Forget stopped sessions' verdicts (their monitors are gone or entered again). Returns how many were
+        kept."""
+        return sum(KEPT.pop(int(sid), None) is not None for sid in sids)
 
 
 if "vllm" in sys.modules:  # imported by vLLM resolving the worker extension (not by a walk of the package)
     install()
 
-__all__ = ["SESSIONS", "EigenhooksWorker", "install", "opted_in"]
+__all__ = ["KEPT", "SESSIONS", "EigenhooksWorker", "install", "opted_in"]

@@ -114,6 +114,12 @@ class LayerBases:
         if self.arena is not None:  # its group's device constants were made for the old layout
             self.arena.constants.clear()
 
+    def drop_frames(self) -> None:
+        """Forget what only projecting readings needs: the Haar and F-null frames, the null columns ``Bn64``
+        and their device copies (``Plan.drop_frames``). The sizes, the targets and their eigen-subspaces stay."""
+        self.Bn64 = self._haar = None
+        self._fnull, self._dev, self.arena = {}, {}, None
+
     @property
     def eig_width(self) -> int:
         """Columns of the eigen-subspaces (zero-padded) in ``Bn64``: where the other nulls start."""

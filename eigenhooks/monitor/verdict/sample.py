@@ -298,11 +298,13 @@ class Sample:
         order = torch.argsort(cpu["keys"][ok], stable=True)
         return {k: v[ok][order] for k, v in cpu.items()}
 
-    def to_dict(self) -> dict:
-        """JSON-able: per layer, each tensor as {dtype, shape, base64 of its bytes}."""
+    def to_dict(self, raw: bool = False) -> dict:
+        """JSON-able: per layer, each tensor as {dtype, shape, base64 of its bytes}. ``raw``: the bytes themselves,
+        for a channel that carries bytes (an engine's rpc), where base64's text would be a third larger
+        (``as_text`` makes it JSON-able)."""
         return {
             "R": self.R,
-            "layers": {str(i): {k: _pack(v) for k, v in buf.items()} for i, buf in self.layers.items()},
+            "layers": {str(i): {k: _pack(v, raw) for k, v in buf.items()} for i, buf in self.layers.items()},
         }
 
     @staticmethod
@@ -361,18 +363,33 @@ def _waiting(g: Group, pending: list[dict], sizes: list[int]):
     return keys, seq, pos
 
 
-def _pack(t: torch.Tensor) -> dict:
+def as_text(d: dict) -> dict:
+    """``Sample.to_dict(raw=True)``'s form made JSON-able (each tensor's bytes as base64), as ``to_dict()`` gives it,
+    without building the tensors."""
+    return {**d, "layers": {i: {k: {**v, "data": _text(v["data"])} for k, v in buf.items()}
+                            for i, buf in d["layers"].items()}}  # fmt: skip
+
+
+def _text(data) -> str:
+    return data if isinstance(data, str) else base64.b64encode(data).decode("ascii")
+
+
+def _pack(t: torch.Tensor, raw: bool = False) -> dict:
     t = t.detach().cpu().contiguous()
+    data = t.numpy().tobytes()
     return {"dtype": str(t.dtype).replace("torch.", ""), "shape": list(t.shape),
-            "data": base64.b64encode(t.numpy().tobytes()).decode("ascii")}  # fmt: skip
+            "data": data if raw else base64.b64encode(data).decode("ascii")}  # fmt: skip
 
 
 def _unpack(d: dict, device=None) -> torch.Tensor:
+    """A tensor from ``_pack``'s dict, its data base64 text or the raw bytes."""
     import numpy as np
 
     try:
         dtype = {"float64": np.float64, "float32": np.float32, "int64": np.int64}[d["dtype"]]
-        a = np.frombuffer(base64.b64decode(d["data"]), dtype=dtype).reshape(d["shape"]).copy()
+        data = d["data"]
+        data = data if isinstance(data, (bytes, bytearray, memoryview)) else base64.b64decode(data)
+        a = np.frombuffer(data, dtype=dtype).reshape(d["shape"]).copy()
     except (KeyError, TypeError, ValueError) as e:
         raise ValueError(f"the state's verdict sample is damaged ({e})") from None
     return torch.from_numpy(a).to(device) if device is not None else torch.from_numpy(a)
