@@ -61,6 +61,10 @@ def test_the_table_and_state_equal_those_read_back_whole(worker):
     asked = []
     user = eh.Monitor(model, attach=False, **SETTINGS).states_only()  # no null frames: the worker projects
     user.load_state_dict(lean_state, sample=remote(eng, asked))
+    for lp in user._plan.layers.values():  # no null frame holds memory here: shapes alone
+        b = lp.bases
+        leaves = [f for v in b.frames.values() for f in (v.values() if isinstance(v, dict) else [v])]
+        assert leaves and b.Bn64 is None and all(f.is_meta for f in leaves)
     want, got = whole.summary(), user.summary()
     assert want["verdict_sequences"].min() >= 10 and want["p_tilt"].notna().all()
     pd.testing.assert_frame_equal(got, want)  # every column, the verdict's and detectable_tilt included

@@ -115,10 +115,12 @@ class LayerBases:
             self.arena.constants.clear()
 
     def drop_frames(self) -> None:
-        """Forget what only projecting readings needs: the Haar and F-null frames, the null columns ``Bn64``
-        and their device copies (``Plan.drop_frames``). The sizes, the targets and their eigen-subspaces stay."""
-        self.Bn64 = self._haar = None
-        self._fnull, self._dev, self.arena = {}, {}, None
+        """Forget what only projecting readings needs: the null families' frames (kept as shapes alone, on the
+        meta device: the state's sizes are read from them), the null columns ``Bn64`` and their device copies
+        (``Plan.drop_frames``). The targets and their eigen-subspaces stay."""
+        shape = lambda f: {k: shape(v) for k, v in f.items()} if isinstance(f, dict) else f.to("meta")  # noqa: E731
+        self.frames = {name: shape(f) for name, f in self.frames.items()}
+        self.Bn64, self._dev, self.arena = None, {}, None
 
     @property
     def eig_width(self) -> int:
