@@ -92,3 +92,19 @@ def test_targets_drawn_from_disjoint_text_are_called_at_the_nominal_rate():
     rate, haar_rate = called / total, haar_called / total
     assert 0.02 <= rate <= 0.08, rate  # 1000 targets: the binomial 99.9% band around 0.05 is about 0.03-0.075
     assert haar_rate > 0.5, haar_rate  # an isotropic null calls directions the stream favours
+
+
+def test_a_sample_filled_in_inference_mode_merges_outside_it():
+    """A forward under ``torch.inference_mode`` fills the buffers; merging a loaded state afterwards (outside it)
+    updates them in place: they must be normal tensors (an inference tensor refuses in-place updates there)."""
+    g = torch.Generator().manual_seed(2)
+    R, d = 8, 3
+    ka, kb = torch.rand(12, generator=g, dtype=torch.float64), torch.rand(12, generator=g, dtype=torch.float64)
+    a, b = Sample(R), Sample(R)
+    with torch.inference_mode():
+        for s, k, off in ((a, ka, 0), (b, kb, 100)):
+            for chunk in torch.arange(12).split(3):  # a merge of waiting candidates inside, too
+                x = torch.randn(len(chunk), 2, d, generator=g)
+                s.add([_cands(k[chunk], chunk + off, torch.zeros(len(chunk), dtype=torch.int64), {4: x})])
+    a.merge(b)
+    assert torch.equal(a.host(4)["keys"], torch.sort(torch.cat([ka, kb])).values[:R])

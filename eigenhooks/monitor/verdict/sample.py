@@ -194,7 +194,8 @@ class Sample:
         """Buffers for these layers (one group for those not held yet), empty."""
         new = [i for i in layers if i not in self.of]
         if new:
-            g = Group(new, self.R, d, device)
+            with torch.inference_mode(False):  # normal tensors: a merge outside a forward run in inference mode
+                g = Group(new, self.R, d, device)  # updates them in place
             self.groups.append(g)
             self.of.update({i: g for i in new})
 
