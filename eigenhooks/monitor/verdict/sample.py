@@ -184,7 +184,6 @@ class Sample:
         self.groups: list[Group] = []
         self.of: dict[int, Group] = {}  # layer -> its group
         self.pending: list[dict[int, Candidates]] = []  # forwards' candidates not merged yet: layer -> Candidates
-        self.n_pending = 0  # their tokens a layer (the most of any layer)
 
     @property
     def layers(self) -> dict[int, dict[str, torch.Tensor]]:
@@ -209,11 +208,10 @@ class Sample:
             if i not in self.of:
                 d = c.X[i][0].shape[-1]
                 self.ensure([j for j in got if got[j].X[j][0].shape[-1] == d], d, c.X[i][0].device)
-        n = max(c.keys.numel() for c in got.values())
-        if self.pending and self.n_pending + n > max(self.R // PENDING, 1):
+        waiting = sum(_tokens(e) for e in self.pending)
+        if self.pending and waiting + _tokens(got) > max(self.R // PENDING, 1):
             self.flush()
         self.pending.append(got)
-        self.n_pending += n
         return got if undoable else None
 
     def undo(self, undo: dict | None) -> None:
@@ -224,7 +222,6 @@ class Sample:
         if at is None:
             raise RuntimeError("eigenhooks: the verdict sample merged a forward it was asked to take back")
         del self.pending[at]
-        self.n_pending = sum(max(c.keys.numel() for c in e.values()) for e in self.pending)
 
     def flush(self) -> None:
         """Merge the waiting candidates into every layer's buffers, in place: each layer keeps the union's R
@@ -237,7 +234,7 @@ class Sample:
         for g in self.groups:
             if any(i in e for e in self.pending for i in g.layers):
                 self._flush_group(g)
-        self.pending, self.n_pending = [], 0
+        self.pending = []
 
     def _flush_group(self, g: Group) -> None:
         R, L = self.R, len(g.layers)
@@ -339,6 +336,11 @@ class Sample:
                 for k, v in other.of[layer].view(layer).items():
                     v.copy_(parts[k][r])
                 self.merge(other)
+
+
+def _tokens(entry: dict) -> int:
+    """A forward's waiting candidates: the most any layer has."""
+    return max(c.keys.numel() for c in entry.values())
 
 
 def _waiting(g: Group, pending: list[dict], sizes: list[int]):
