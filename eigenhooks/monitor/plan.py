@@ -41,14 +41,29 @@ class TargetDef(NamedTuple):
 
 
 @dataclass(frozen=True)
+class SpecFacts:
+    """What a summary row says of a built-in target's spectrum: the spectrum itself (its eigenvectors, its
+    heads') is not kept by the plan, which would hold a copy of every layer's for as long as the monitor."""
+
+    kind: str
+    lambda_1: complex
+    gap_ratio: float
+
+    @classmethod
+    def of(cls, s) -> SpecFacts | None:
+        """The facts of a LayerSpectrum or HeadSpectrum (None: a custom target's, which has none)."""
+        return None if s is None else cls(s.kind, complex(s.lambda_1), float(s.gap_ratio))
+
+
+@dataclass(frozen=True)
 class TargetMeta:
-    """What a summary row says of its target: its name, and for a built-in one the layer's spectrum
-    (a head target's: its head's)."""
+    """What a summary row says of its target: its name, and for a built-in one the facts of the layer's
+    spectrum (a head target's: its head's)."""
 
     name: str
     variant: str | None
     rank: str | None
-    spec: object | None  # LayerSpectrum of a built-in target, HeadSpectrum of a head's, None for a custom one
+    spec: SpecFacts | None  # a built-in target's layer spectrum's, a head target's head's; None for a custom one
     head: int | None = None  # a head target's query head
 
 
@@ -211,7 +226,7 @@ def _targets(ad: Adapter, config: MonitorConfig, d: TargetDef, specs: dict, i: i
             name = H.row_name(d.name, p.head)
             U = stats.check_target(name, p.basis, ad.width(i))
             t = stats.TargetSpec(name, U, U[:, 0] if U.shape[1] == 1 else None, eig, variant)
-            out.append((t, TargetMeta(name, d.variant, d.rank, p, p.head)))
+            out.append((t, TargetMeta(name, d.variant, d.rank, SpecFacts.of(p), p.head)))
         return out
     eig = stats.eig_subspaces(s.eigenvalues, s.eigenvectors, config.eig_top + (1 if d.builtin else 0))
     if d.builtin:
@@ -220,7 +235,10 @@ def _targets(ad: Adapter, config: MonitorConfig, d: TargetDef, specs: dict, i: i
         U = d.per_layer[i]
     v1 = U[:, 0] if U.shape[1] == 1 else None
     return [
-        (stats.TargetSpec(d.name, U, v1, eig, variant), TargetMeta(d.name, d.variant, d.rank, s if d.builtin else None))
+        (
+            stats.TargetSpec(d.name, U, v1, eig, variant),
+            TargetMeta(d.name, d.variant, d.rank, SpecFacts.of(s if d.builtin else None)),
+        )
     ]
 
 
