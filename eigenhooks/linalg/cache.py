@@ -236,7 +236,8 @@ def _read(path: Path, key: str, layer: int) -> LayerSpectrum:
 
     with safe_open(str(path), framework="pt") as f:
         header = f.metadata() or {}
-        t = {k: f.get_tensor(k) for k in f.keys()}
+        t = {k: f.get_tensor(k).clone() for k in f.keys()}  # copies: a tensor kept (the basis) would otherwise
+        # keep its whole entry mapped and resident (safetensors maps the file), for as long as a plan lives
     if header.get("key") != key:
         raise ValueError(f"entry holds key {header.get('key')!r}, not {key!r} (a swapped or renamed file)")
     meta_s = header.get("eigenhooks", "")

@@ -118,7 +118,8 @@ class Monitor:
         Returns itself."""
         self._prepare()
         self._plan.drop_frames()
-        self._states_only = True
+        self._layout()  # the fingerprint every state read back is checked against: read from the weights now,
+        self._states_only = True  # while they are in memory (an engine's adapter gives their pages back next)
         return self
 
     def _measuring(self) -> None:

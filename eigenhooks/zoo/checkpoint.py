@@ -120,14 +120,14 @@ def drop_resident(tensors) -> int:
     written (a safetensors file ``read_tensors`` left mapped, read in the stored dtype; a map with no
     private copy of any page): they stay valid, a page read again being faulted back in from the page
     cache. Anything else (a tensor in anonymous memory, a map with a page written) is left alone. Linux
-    only; elsewhere, nothing. Returns the bytes given back.
+    only; elsewhere, nothing. Each map holding one of the tensors is given back whole (the pages the kernel
+    mapped around them too). Returns the resident bytes given back.
 
     Why: building a plan reads every byte of the attention weights (their digest, F); afterwards a
     monitor of an engine never reads them again, yet they would count in the process's RSS for as long as
     the adapter lives (a checkpoint's V and O: 10 % of SmolLM2's).
     """
     import ctypes
-    import mmap
 
     try:
         with open("/proc/self/smaps") as fh:
@@ -135,24 +135,25 @@ def drop_resident(tensors) -> int:
         libc = ctypes.CDLL(None, use_errno=True)
     except OSError:
         return 0
-    files, here = [], None  # (start, end) of file maps none of whose pages was written (no private copy)
+    files, here, rss = {}, None, 0  # (start, end) -> resident bytes, of file maps with no page written (no copy)
     for line in lines:
         parts = line.split()
         if parts and "-" in parts[0] and not parts[0].endswith(":"):  # a header: range perms offset dev inode path
             here = parts[0] if len(parts) >= 6 and parts[5].startswith("/") else None
+        elif here is not None and parts[:1] == ["Rss:"]:
+            rss = int(parts[1]) * 1024
         elif here is not None and parts[:1] == ["Anonymous:"] and parts[1] == "0":
-            a, b = (int(x, 16) for x in here.split("-"))
-            files.append((a, b))
-    page, done = mmap.PAGESIZE, 0
-    madvise = libc.madvise
-    madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
-    for t in tensors:
+            files[tuple(int(x, 16) for x in here.split("-"))] = rss
+    maps = set()  # each clean map holding one of the tensors, whole: safetensors maps the whole file for each
+    for t in tensors:  # tensor read, and the kernel maps pages around each page read (fault-around, ~64 KB)
         if t.device.type != "cpu" or t.numel() == 0:
             continue
         lo, hi = t.data_ptr(), t.data_ptr() + t.numel() * t.element_size()
-        if not any(a <= lo and hi <= b for a, b in files):
-            continue
-        lo, hi = -(-lo // page) * page, hi // page * page  # whole pages inside the tensor only
-        if hi > lo and madvise(lo, hi - lo, 4) == 0:  # MADV_DONTNEED
-            done += hi - lo
+        maps.update((a, b) for a, b in files if a <= lo and hi <= b)
+    madvise = libc.madvise
+    madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+    done = 0
+    for a, b in sorted(maps):
+        if madvise(a, b - a, 4) == 0:  # MADV_DONTNEED: a clean private file map's pages are read back on use
+            done += files[(a, b)]
     return done

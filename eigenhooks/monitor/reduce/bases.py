@@ -117,9 +117,11 @@ class LayerBases:
     def drop_frames(self) -> None:
         """Forget what only projecting readings needs: the null families' frames (kept as shapes alone, on the
         meta device: the state's sizes are read from them), the null columns ``Bn64`` and their device copies
-        (``Plan.drop_frames``). The targets and their eigen-subspaces stay."""
+        (``Plan.drop_frames``), and the eigen-subspaces' distinct columns they were built from (shapes alone).
+        The targets and their eigen-subspaces stay (the verdict of a sample brought here ranks among them)."""
         shape = lambda f: {k: shape(v) for k, v in f.items()} if isinstance(f, dict) else f.to("meta")  # noqa: E731
         self.frames = {name: shape(f) for name, f in self.frames.items()}
+        self._eig_cols = [E.to("meta") for E in self._eig_cols]
         self.Bn64, self._dev, self.arena = None, {}, None
 
     @property
