@@ -221,3 +221,33 @@ def test_a_narrow_forward_is_read_from_the_slab_whatever_its_dtype():
     torch.testing.assert_close(got["attn"][0], xs[1].float())
     with pytest.raises(RuntimeError, match=r"does not fit the taps' slab"):
         store.write(0, torch.randn(3, 8))
+
+
+def test_the_wide_buffers_go_when_the_last_monitor_leaves():
+    """A forward wider than the slab is written into buffers grown to it (a prefill's: 144 MB on SmolLM2);
+    they are kept while any monitor is entered (nested ones share the taps) and freed when the last leaves,
+    so an idle engine holds the slab alone. The next wide forward grows them again, read as before."""
+    store = TapStore()
+    store.n_slots, store.capacity, store.fixed = 2 * L + 1, 64, FIXED
+    store.reserve(16, torch.float32, "cpu")
+    wide = FIXED + 5
+    xs = [torch.randn(wide, 16) for _ in range(2 * L + 1)]
+
+    def forward():
+        for slot, x in enumerate(xs):
+            store.write(slot, x)
+        assert bool(store.check())
+        return store.readings(L, wide)
+
+    store.attach()
+    store.attach()  # a monitor nested in the first
+    forward()
+    assert len(store.wide) == 2 * L + 1
+    store.detach()
+    assert len(store.wide) == 2 * L + 1  # the outer one is still entered
+    store.detach()
+    assert store.wide == {} and store.slab is not None  # the slab stays: a graph holds its address
+    store.attach()
+    got = forward()
+    torch.testing.assert_close(got["attn"][1], xs[3])
+    torch.testing.assert_close(got["post"][L - 1], xs[2 * L])

@@ -37,7 +37,7 @@ class TapStore:
     (no host read a forward; a forward they did not write then counts none of its tokens, and ``missed``
     says how many there were when the state is read). A forward wider than ``fixed`` (a prefill past the
     graphs' largest batch, which no graph replays: this Python runs) is written into ``wide``, a buffer a
-    slot grown to the widest forward measured.
+    slot grown to the widest forward measured while a monitor is entered, freed when the last one leaves.
 
     ``active``: write (a monitor is entered: ``attach``/``detach`` count them, nested monitors sharing the
     taps). Off, the op returns at once; a CUDA graph being captured always writes (its replays write
@@ -104,8 +104,16 @@ class TapStore:
         self.active = True
 
     def detach(self) -> None:
+        """One session fewer; after the last, the wide buffers go (sized by the widest forward measured: a
+        1,024-token prefill's are 144 MB on SmolLM2, which an idle engine would otherwise keep). The slab
+        stays: a CUDA graph holds its address."""
         self.users = max(self.users - 1, 0)
         self.active = self.users > 0
+        if not self.active and self.wide:
+            self.wide = {}
+            from ..checkpoint import trim_heap
+
+            trim_heap()
 
     def check(self) -> torch.Tensor | None:
         """After a forward: whether the taps wrote it, every slot once, as a device bool (nothing read back;
