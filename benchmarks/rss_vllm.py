@@ -47,9 +47,10 @@ def maps(pid: int) -> dict[str, int]:
     return out
 
 
-def grown(before: dict[str, int], after: dict[str, int], top: int = 4) -> str:
-    d = sorted(((after.get(k, 0) - before.get(k, 0), k) for k in set(before) | set(after)), reverse=True)
-    return ", ".join(f"{Path(k).name or k} {v / MB:+.0f}" for v, k in d[:top] if v >= MB)
+def grown(before: dict[str, int], after: dict[str, int], top: int = 4, shrank: bool = False) -> str:
+    """The mappings that grew most (``shrank``: that shrank most), in MB."""
+    d = sorted(((after.get(k, 0) - before.get(k, 0), k) for k in set(before) | set(after)), reverse=not shrank)
+    return ", ".join(f"{Path(k).name or k} {v / MB:+.0f}" for v, k in d[:top] if abs(v) >= MB and (v < 0) == shrank)
 
 
 def main() -> None:
@@ -89,6 +90,8 @@ def main() -> None:
             f"anonymous {anon:+.0f} MB, file-backed {file:+.0f} MB)"
         )
         print(f"      grew most (MB): {grown(before_maps[p], after_maps[p])}")
+        if less := grown(before_maps[p], after_maps[p], shrank=True):  # memory freed before the monitor, given
+            print(f"      shrank most (MB): {less}")  # back by its heap trim (malloc_trim), nets out of the growth
     llm.llm_engine.engine_core.shutdown()
 
 
