@@ -1,4 +1,5 @@
-"""Requests that share an id, and monitors nested on one engine: each counted exactly (issue 57).
+"""Requests that share an id, monitors nested on one engine, and dummy forwards between steps: each request
+counted exactly (issue 57).
 
 vLLM accepts duplicate request ids and keeps them apart internally (``{id}-{8 random characters}``); the
 monitor counts each request by that internal id, so two requests the user gave one id are two sequences,
@@ -62,3 +63,23 @@ def test_nested_monitors_on_one_engine_each_count_their_own_block(llm, tiny_llam
     compare(outer.summary(), hf_table(tiny_llama, processed_tokens(a + b + c), **OPTS))
     assert int(outer.summary()["n_sequences"].iloc[0]) == 5 and int(nested.summary()["n_sequences"].iloc[0]) == 1
     assert "closed" in repr(outer) and "closed" in repr(nested)
+
+
+def test_a_dummy_forward_between_steps_loses_no_token(llm, tiny_llama):
+    """Data parallel's idle ranks run a dummy forward whenever another rank has work (``execute_dummy_batch``):
+    the taps write it, nothing drains it. Between two decoding steps of open requests it must count nothing
+    and make no real forward look unwritten (the next one was dropped: ``dropped``, and 2 tokens short)."""
+    ps = prompts([14, 10], seed=21)
+    engine = llm.llm_engine
+    with eh.monitor(llm, **OPTS) as mon:
+        engine.add_request("a", ps[0], greedy(5))
+        engine.add_request("b", ps[1], greedy(5))
+        done, steps = [], 0
+        while engine.has_unfinished_requests():
+            done += [o for o in engine.step() if o.finished]
+            steps += 1
+            if steps in (1, 3):  # after the prefill, and between two decoding steps
+                llm.collective_rpc("execute_dummy_batch")
+    assert mon.dropped == 0
+    compare(mon.summary(), hf_table(tiny_llama, processed_tokens(done), **OPTS))
+    assert int(mon.summary()["n_tokens"].iloc[0]) == (14 + 4) + (10 + 4)

@@ -115,6 +115,13 @@ class TapStore:
 
             trim_heap()
 
+    def forget(self) -> None:
+        """The writes since the last check were of no request's forward (a dummy one: data parallel's idle
+        ranks run one whenever another rank has work): not checked, not counted, and the next forward's check
+        counts from here (a device copy; nothing read back)."""
+        if self.count is not None:
+            self.seen.copy_(self.count)
+
     def check(self) -> torch.Tensor | None:
         """After a forward: whether the taps wrote it, every slot once, as a device bool (nothing read back;
         ``missed`` counts the forwards they did not write). None: nothing was ever written (no slab)."""

@@ -82,6 +82,21 @@ def _wrap_execute(runner) -> None:
         return out
 
     runner.execute_model = execute_model
+    dummy = getattr(runner, "_dummy_run", None)
+    if dummy is None:
+        return
+
+    def _dummy_run(*args, **kwargs):
+        """A forward of no request (vLLM's warm-ups, graph captures, data parallel's idle ranks, and
+        ``execute_model`` with nothing scheduled under DP): the taps write it while a monitor is entered, and
+        nothing drains it, so its writes are forgotten, lest the next forward count as one they missed."""
+        try:
+            return dummy(*args, **kwargs)
+        finally:
+            if SESSIONS:
+                STORE.forget()
+
+    runner._dummy_run = _dummy_run
 
 
 def drain(sessions, total: int, token_map, store=STORE) -> None:
