@@ -25,6 +25,7 @@ from typing import NamedTuple
 import torch
 
 from ..models.attach import CallFacts, FlatRows
+from ..monitor.accumulate import BUFFER_TOKENS
 
 
 class TokenMap(NamedTuple):
@@ -151,7 +152,7 @@ class RequestRows:
         return out
 
 
-STEP_TOKENS = 256  # decoding steps staged until they hold this many tokens (the HF monitor's BUFFER_TOKENS)
+STEP_TOKENS = BUFFER_TOKENS  # decoding steps staged until they hold this many tokens, as the HF monitor's
 
 
 class Steps:

@@ -302,6 +302,11 @@ class Monitor:
         self._prepare()
         return RecordSpec(worker_plan(self._plan), self.config, self._layout())
 
+    def hold_sample(self) -> None:
+        """Bring the verdict's kept tokens into this process if another holds them (``load_state_dict``'s
+        ``sample``: an engine's worker, about to stop), so the table is still whole once that process is gone."""
+        self._prepare().local_sample()
+
     def load_state_dict(self, state: dict, sample=None) -> None:
         """Replace the statistics with a saved state (``state_dict`` of a monitor that means the same).
 

@@ -126,7 +126,7 @@ class EngineMonitor:
         """The engine is shutting down: its worker's copy of the verdict's sample comes here (raw bytes), so the
         table is still whole afterwards (computed here then, from the same tokens and targets)."""
         if self._mon is not None and not self._active:
-            self._mon._acc.local_sample()
+            self._mon.hold_sample()
 
     def __exit__(self, *exc) -> None:
         self._active = False
