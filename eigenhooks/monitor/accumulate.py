@@ -372,7 +372,7 @@ class Accumulator:
 
 def layer_verdicts(sample: Sample | None, targets: dict[int, list], config, blocks, cache: dict) -> dict[int, list]:
     """``Accumulator.verdict``'s columns from a sample and each layer's targets; ``cache``: {(layer, blocks): columns}
-    of this sample and settings, filled here."""
+    of this sample and settings, and {("first", layer): its first block's null scores}, filled here."""
     from .plan import seed
     from .verdict import layer_columns
 
@@ -381,7 +381,8 @@ def layer_verdicts(sample: Sample | None, targets: dict[int, list], config, bloc
     for i, tg in targets.items():
         b = (blocks or {}).get(i, 1)
         if (i, b) not in cache:
-            cache[(i, b)] = layer_columns(host(i), tg, config, seed(config, i, 2000), blocks=b)
+            first = cache.setdefault(("first", i), {})  # the first block's scores: an extension adds blocks to them
+            cache[(i, b)] = layer_columns(host(i), tg, config, seed(config, i, 2000), blocks=b, first=first)
         out[i] = cache[(i, b)]
     return out
 

@@ -50,6 +50,28 @@ def test_more_blocks_keep_the_first_blocks_draws():
     assert three["tilt"] == one["tilt"] and three["tilt_ci_lo"] == one["tilt_ci_lo"]  # the target is scored alike
 
 
+def test_an_extension_scores_the_first_block_once(monkeypatch):
+    """Extending a layer adds blocks to the first one, whose scores the caller kept (``first``): the columns
+    equal those computed from scratch, bit for bit, and the null is drawn and scored on the new blocks only."""
+    h = _layer(seed=2)
+    g = torch.Generator().manual_seed(6)
+    ts = [_Target(torch.linalg.qr(torch.randn(16, k, generator=g))[0]) for k in (1, 2, 2)]
+    config = type("C", (), {"verdict_draws": 99, "sample_seed": 0})()
+    fresh = layer_columns(h, ts, config, seed=4, blocks=4)
+    first: dict = {}
+    layer_columns(h, ts, config, seed=4, first=first)
+    assert sorted(first) == [1, 2]  # one stream a subspace width
+    drawn = []
+    family = V.NULLS["covariance"]
+    monkeypatch.setattr(family, "draws", lambda *a, _d=family.draws: drawn.append(a[2]) or _d(*a))
+    more = layer_columns(h, ts, config, seed=4, blocks=4, first=first)
+    assert len(drawn) == 2 * 3  # 3 new blocks of each width, the first of each not drawn again
+    for a, b in zip(fresh, more):
+        assert a.keys() == b.keys()
+        for c in a:
+            assert torch.equal(a[c], b[c]) if c == "_null" else (a[c] == b[c] or (a[c] != a[c] and b[c] != b[c])), c
+
+
 @pytest.fixture(scope="module")
 def gpt2():
     return eh.zoo.load("gpt2-tiny")

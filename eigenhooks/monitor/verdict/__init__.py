@@ -101,7 +101,13 @@ def nan_columns(n_seq: int = 0, n_tok: int = 0, K: int = 0) -> dict:
 
 
 def layer_columns(
-    h: dict | None, targets: list, config, seed: int, null: str = "covariance", blocks: int = 1
+    h: dict | None,
+    targets: list,
+    config,
+    seed: int,
+    null: str = "covariance",
+    blocks: int = 1,
+    first: dict | None = None,
 ) -> list[dict]:
     """Every target's verdict columns at one layer (``COLUMNS``), from its kept tokens ``h`` (``Sample.host``).
 
@@ -111,6 +117,8 @@ def layer_columns(
         null: the null family (``NULLS``). blocks: the draws are ``blocks`` x verdict_draws, in blocks of
             verdict_draws, each its own seeded stream (the first block is the same whatever ``blocks``:
             ``EXTEND`` adds blocks where a call hangs on the draws).
+        first: {k: the first block's (tilts, statics)}, kept by the caller for this layer, sample and settings:
+            a block computed before is not computed again when the layer is extended (filled here).
     """
     K = config.verdict_draws * blocks
     if h is None or not len(h["seq"]):
@@ -132,10 +140,16 @@ def layer_columns(
         if k not in frames:  # one seeded stream a (k, block): a subspace's draws do not depend on the other targets
             tilts, statics = [], []
             for b in range(blocks):  # a block's frames are dropped once scored: memory is one block's
+                if b == 0 and first is not None and k in first:
+                    tilts.append(first[k][0])
+                    statics.append(first[k][1])
+                    continue
                 gen_b = torch.Generator().manual_seed(seed + 7919 * k + BLOCK_SEED * b)
                 sp, sm = per_sequence(family.draws(fitted, config.verdict_draws, k, gen_b), Xb_S, Xm_S, seq_S, n_S)
                 tilts.append((sm - sp).sum(1) / n.sum())
                 statics.append(sp.sum(1) / n.sum())
+                if b == 0 and first is not None:
+                    first[k] = (tilts[0], statics[0])
             frames[k] = (torch.cat(tilts), torch.cat(statics))
         tilt_null, static_null = frames[k]
         sp, sm = per_sequence(t.U.to(torch.float64)[None], Xb_S, Xm_S, seq_S, n_S)
