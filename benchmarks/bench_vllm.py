@@ -22,7 +22,9 @@ with another job in the other (load 3.5-3.9): eager 1.033 (rounds 1.006, 1.106, 
 (issue 56) and its merge batched, the sample kept in the worker (issue 57), ``--modes eager --rounds 3
 --repeats 3`` with another job in the other slot (load 2.9-3.6): eager 1.046 (rounds 1.074, 1.034, 1.046),
 ``read_s`` 48-54 s (the verdict's columns, computed in the worker, which vLLM binds to one core); compiled,
-``--rounds 2 --repeats 2`` beside another session's engine (load 3.5-4.6): 1.108 (rounds 1.072, 1.152).
+``--rounds 2 --repeats 2`` beside another session's engine (load 3.5-4.6): 1.108 (rounds 1.072, 1.152). Quiet
+(2026-12-07 22:52-23:12, nothing else running, load 1.0-1.5), ``--modes compiled --rounds 3 --repeats 2``:
+compiled 0.967 (rounds 1.059, 0.896, 0.952; the plain arm's own batches spread 10.3-12.9 s).
 
 Usage: python benchmarks/bench_vllm.py [--modes eager,compiled] [--against monitored|optin|plain]
        [--rounds 2] [--repeats 2]   (run under `flock /tmp/eigenhooks-heavy.lock`; the vllm venv)
