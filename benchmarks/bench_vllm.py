@@ -25,6 +25,8 @@ with another job in the other (load 3.5-3.9): eager 1.033 (rounds 1.006, 1.106, 
 ``--rounds 2 --repeats 2`` beside another session's engine (load 3.5-4.6): 1.108 (rounds 1.072, 1.152). Quiet
 (2026-12-07 22:52-23:12, nothing else running, load 1.0-1.5), ``--modes compiled --rounds 3 --repeats 2``:
 compiled 0.967 (rounds 1.059, 0.896, 0.952; the plain arm's own batches spread 10.3-12.9 s).
+Eager, quiet, twice on one code (23:39, 23:49): 1.078 (rounds 0.972, 1.078, 1.056), 1.006 (rounds 1.032, 1.028,
+0.963, 0.990): a run is one draw from a spread of about +-5 % here.
 
 Usage: python benchmarks/bench_vllm.py [--modes eager,compiled] [--against monitored|optin|plain]
        [--rounds 2] [--repeats 2]   (run under `flock /tmp/eigenhooks-heavy.lock`; the vllm venv)
