@@ -3,7 +3,8 @@
 The key is a 128-bit xxh3 hash of every byte of a layer's O, V and attention norm, never the parameters'
 identity or version: ``p.data`` writes keep ``_version`` and ``data_ptr``, and a sample of entries
 misses most edits, so only every byte says the weights are the same (issue 41). SmolLM2's 30
-layers hash in ~45 ms (docs/scale.md, "In-process memo"). Least recently used entries go first.
+layers hash in ~45 ms (docs/scale.md, "In-process memo"). Least recently used entries go first, past 512
+entries or 256 MB of tensors (SmolLM2's two default targets keep 17 MB).
 """
 
 from __future__ import annotations
@@ -18,8 +19,9 @@ from ..linalg import cache as disk
 from ..linalg.eig import LayerSpectrum
 from ..models import Adapter
 
-_MEMO: OrderedDict[tuple, LayerSpectrum] = OrderedDict()
+_MEMO: OrderedDict[tuple, tuple[LayerSpectrum, int]] = OrderedDict()  # key -> (spectrum, its tensors' bytes)
 _MEMO_SIZE = 512
+_MEMO_BYTES = 256 << 20  # the memo's tensors at most (an 8B model's 512 entries would be ~1 GB of eigenvectors)
 _memo_lock = threading.Lock()
 
 
@@ -61,21 +63,36 @@ def get(key) -> LayerSpectrum | None:
     if key is None:
         return None
     with _memo_lock:
-        spec = _MEMO.get(key)
-        if spec is None:
+        got = _MEMO.get(key)
+        if got is None:
             return None
         _MEMO.move_to_end(key)
-    return _fresh(spec)
+    return _fresh(got[0])
 
 
 def put(key, spec: LayerSpectrum) -> LayerSpectrum:
+    """Keep a copy of ``spec``; the least recently used entries go while more than ``_MEMO_SIZE`` are kept or
+    their tensors pass ``_MEMO_BYTES`` (the newest always stays)."""
     if key is not None:
+        kept = _fresh(spec)
         with _memo_lock:
-            _MEMO[key] = _fresh(spec)
+            _MEMO[key] = (kept, _nbytes(kept))
             _MEMO.move_to_end(key)
-            while len(_MEMO) > _MEMO_SIZE:
-                _MEMO.popitem(last=False)
+            total = sum(n for _, n in _MEMO.values())
+            while len(_MEMO) > 1 and (len(_MEMO) > _MEMO_SIZE or total > _MEMO_BYTES):
+                total -= _MEMO.popitem(last=False)[1][1]
     return spec
+
+
+def _nbytes(x) -> int:
+    """The bytes of every tensor in a spectrum (its heads' and groups' too)."""
+    if isinstance(x, torch.Tensor):
+        return x.numel() * x.element_size()
+    if isinstance(x, list):
+        return sum(_nbytes(v) for v in x)
+    if is_dataclass(x) and not isinstance(x, type):
+        return sum(_nbytes(getattr(x, f.name)) for f in fields(x))
+    return 0
 
 
 def _fresh(x):
