@@ -44,12 +44,6 @@ class Coord(Builtin):
     def draw(self, at):
         return coord_frames(at.adapter.width(at.layer), at.k_max, at.seed(WHICH))
 
-    def draws(self, frames):
-        return frames.shape[0]
-
-    def kind(self, frames, lb):
-        return (frames.shape[0],)
-
     def zero(self, size):
         n = size.draws.get(self.name, 0)
         return {f: torch.zeros(size.n_k, n, dtype=torch.float64) for f in self.fields}

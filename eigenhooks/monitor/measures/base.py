@@ -166,12 +166,13 @@ class Builtin:
         return None
 
     def draws(self, frames) -> int:
-        """How many draws its ``frames`` hold (``Sizes.draws``)."""
-        return 0
+        """How many draws its ``frames`` hold (``Sizes.draws``): by default, frames as one (draws, d, k) tensor."""
+        return frames.shape[0]
 
     def kind(self, frames, lb) -> tuple:
-        """What layers' frames must share for their reductions to stack (``LayerBases.kind``)."""
-        return ()
+        """What layers' frames must share for their reductions to stack (``LayerBases.kind``): by default, their
+        number of draws."""
+        return (self.draws(frames),)
 
     def columns(self, lb, width: int) -> list[torch.Tensor]:
         """Its (d, c) blocks of the layer's null matrix ``Bn64``, in order (null measures)."""

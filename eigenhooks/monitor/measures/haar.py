@@ -63,12 +63,6 @@ class Haar(Builtin):
         frames = haar_frames(at.adapter.width(at.layer), at.k_draw, at.config.null_draws, at.seed(0))
         return H.widen(frames, at.k_max, at.seed(H.WIDEN_SEED))
 
-    def draws(self, frames):
-        return frames.shape[0]
-
-    def kind(self, frames, lb):
-        return (frames.shape[0],)
-
     def zero(self, size):
         K = size.draws.get(self.name, 0)
         z = lambda *s: torch.zeros(*s, dtype=torch.float64)  # noqa: E731
